@@ -1,0 +1,185 @@
+//! What a check answers: admitted or not, and the numbers behind it.
+//!
+//! ```
+//! use tollgate::{MemoryStore, Quota, RateLimiter};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), tollgate::Error> {
+//! let limiter = RateLimiter::new(MemoryStore::new(), Quota::per_minute(2)?);
+//! let first = limiter.check("client-1", 1).await?;
+//! assert!(first.allowed());
+//! assert_eq!((first.limit(), first.remaining()), (2, 1));
+//! limiter.check("client-1", 1).await?;
+//! let third = limiter.check("client-1", 1).await?;
+//! assert!(!third.allowed());
+//! assert!(third.retry_after().as_secs() >= 29); // one token every 30 s
+//! # Ok(())
+//! # }
+//! ```
+
+use std::time::Duration;
+
+use crate::Quota;
+
+/// The answer to one check. See the [module example](crate::decision).
+///
+/// When several quotas were checked at once, the accessors describe the most
+/// restrictive one ([`Decision::quota`]): for a denial, the quota that forces the
+/// longest wait; for an admission, the one with the fewest tokens left.
+/// [`Decision::states`] lists every quota.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Decision {
+    allowed: bool,
+    binding: usize,
+    states: Vec<QuotaState>,
+}
+
+/// One quota's part in a [`Decision`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QuotaState {
+    quota: Quota,
+    remaining: u64,
+    retry_after: Duration,
+    reset_after: Duration,
+}
+
+impl QuotaState {
+    pub(crate) fn new(
+        quota: Quota,
+        remaining: u64,
+        retry_after_us: u64,
+        reset_after_us: u64,
+    ) -> Self {
+        QuotaState {
+            quota,
+            remaining,
+            retry_after: Duration::from_micros(retry_after_us),
+            reset_after: Duration::from_micros(reset_after_us),
+        }
+    }
+
+    /// The quota this state belongs to.
+    pub fn quota(&self) -> &Quota {
+        &self.quota
+    }
+
+    /// The bucket capacity.
+    pub fn limit(&self) -> u64 {
+        self.quota.capacity()
+    }
+
+    /// Whole tokens left in this bucket after the check.
+    pub fn remaining(&self) -> u64 {
+        self.remaining
+    }
+
+    /// How long until this bucket holds the cost asked for; zero when it does now.
+    pub fn retry_after(&self) -> Duration {
+        self.retry_after
+    }
+
+    /// How long until this bucket is full again.
+    pub fn reset_after(&self) -> Duration {
+        self.reset_after
+    }
+}
+
+impl Decision {
+    /// Builds a decision from every quota's state. `states` must not be empty.
+    pub(crate) fn new(allowed: bool, states: Vec<QuotaState>) -> Self {
+        let binding = if allowed {
+            most_restrictive(&states, |s| (std::cmp::Reverse(s.remaining), s.reset_after))
+        } else {
+            most_restrictive(&states, |s| (std::cmp::Reverse(0), s.retry_after))
+        };
+        Decision {
+            allowed,
+            binding,
+            states,
+        }
+    }
+
+    fn binding(&self) -> Option<&QuotaState> {
+        self.states.get(self.binding)
+    }
+
+    /// True when the cost was admitted (and consumed from every quota).
+    pub fn allowed(&self) -> bool {
+        self.allowed
+    }
+
+    /// The capacity of the most restrictive quota.
+    pub fn limit(&self) -> u64 {
+        self.binding().map_or(0, QuotaState::limit)
+    }
+
+    /// Whole tokens left in the most restrictive quota after this call. A denied
+    /// call consumed nothing, so this is what is left now.
+    pub fn remaining(&self) -> u64 {
+        self.binding().map_or(0, QuotaState::remaining)
+    }
+
+    /// How long until the same cost would be admitted (if nobody else spends in the
+    /// meantime); zero when allowed.
+    pub fn retry_after(&self) -> Duration {
+        if self.allowed {
+            return Duration::ZERO;
+        }
+        self.binding()
+            .map_or(Duration::ZERO, QuotaState::retry_after)
+    }
+
+    /// How long until the most restrictive quota's bucket is full again.
+    pub fn reset_after(&self) -> Duration {
+        self.binding()
+            .map_or(Duration::ZERO, QuotaState::reset_after)
+    }
+
+    /// The most restrictive quota, the one the other accessors describe.
+    pub fn quota(&self) -> Option<&Quota> {
+        self.binding().map(QuotaState::quota)
+    }
+
+    /// Every quota checked, in the order they were given.
+    pub fn states(&self) -> &[QuotaState] {
+        &self.states
+    }
+}
+
+fn most_restrictive<K: Ord>(states: &[QuotaState], key: impl Fn(&QuotaState) -> K) -> usize {
+    states
+        .iter()
+        .enumerate()
+        .max_by_key(|(i, s)| (key(s), std::cmp::Reverse(*i)))
+        .map_or(0, |(i, _)| i)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(remaining: u64, retry: u64, reset: u64) -> QuotaState {
+        QuotaState::new(Quota::per_second(10).unwrap(), remaining, retry, reset)
+    }
+
+    #[test]
+    fn denial_reports_the_longest_wait() {
+        let d = Decision::new(
+            false,
+            vec![state(0, 100, 900), state(5, 0, 100), state(0, 500, 700)],
+        );
+        assert_eq!(d.retry_after(), Duration::from_micros(500));
+        assert_eq!(d.reset_after(), Duration::from_micros(700));
+    }
+
+    #[test]
+    fn admission_reports_the_fewest_remaining() {
+        let d = Decision::new(
+            true,
+            vec![state(7, 0, 100), state(3, 0, 50), state(3, 0, 90)],
+        );
+        assert_eq!(d.remaining(), 3);
+        assert_eq!(d.reset_after(), Duration::from_micros(90));
+        assert_eq!(d.retry_after(), Duration::ZERO);
+    }
+}

@@ -1,0 +1,64 @@
+//! # tollgate
+//!
+//! Distributed rate limiting for tower services (axum, hyper, tonic): an exact
+//! token bucket kept in Redis and updated atomically by one Lua script, or kept in
+//! memory for a single instance.
+//!
+//! - [`Quota`]: a bucket capacity and a refill rate (`Quota::per_second(10)` means
+//!   ten tokens a second).
+//! - [`Store`]: where buckets live: [`RedisStore`] (shared by every instance,
+//!   time from Redis `TIME`, one round trip per decision) or [`MemoryStore`].
+//! - [`RateLimiter`]: `check`, `acquire` (waits), `peek` and `reset` over a store.
+//! - [`Decision`]: what a check answers: allowed, limit, remaining, retry-after,
+//!   reset-after.
+//!
+//! ## Quick start
+//!
+//! ```
+//! use tollgate::{MemoryStore, Quota, RateLimiter};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), tollgate::Error> {
+//! // Use RedisStore::from_url("redis://127.0.0.1:6379")? to share the limit
+//! // between instances; MemoryStore keeps it in this process.
+//! let limiter = RateLimiter::new(MemoryStore::new(), Quota::per_second(5)?.burst(10)?);
+//!
+//! let decision = limiter.check("user:42", 1).await?;
+//! if decision.allowed() {
+//!     println!("admitted, {} left", decision.remaining());
+//! } else {
+//!     println!("limited, retry in {:?}", decision.retry_after());
+//! }
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! ## Guarantees
+//!
+//! - Time comes from one clock per store (Redis `TIME` with microseconds for
+//!   [`RedisStore`]); the application's clock never decides.
+//! - Refills are exact integers (levels are counted in fractions of a token), so
+//!   one token an hour and seven a second both refill exactly on schedule.
+//! - A denied check spends nothing; several quotas are decided all or nothing.
+//! - A cost above the capacity is [`Error::CostExceedsCapacity`], not a wait.
+//! - Every number the script handles stays below 2^53, exact in Lua; quotas that
+//!   could break this are refused when built.
+#![cfg_attr(
+    not(test),
+    warn(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)
+)]
+#![cfg_attr(docsrs, feature(doc_auto_cfg))]
+
+pub mod decision;
+mod error;
+pub mod limiter;
+pub mod quota;
+pub mod store;
+
+pub use decision::{Decision, QuotaState};
+pub use error::Error;
+pub use limiter::RateLimiter;
+pub use quota::Quota;
+#[cfg(feature = "redis")]
+pub use store::RedisStore;
+pub use store::{MemoryStore, Store};

@@ -1,0 +1,276 @@
+//! What a limit is: a bucket capacity (burst) and a refill rate.
+//!
+//! `Quota::per_minute(60)` means 60 tokens refilled per minute (one a second) and a
+//! bucket that holds 60, not "one token every 60 seconds". `.burst(n)` changes the
+//! capacity without changing the rate.
+//!
+//! ```
+//! use std::time::Duration;
+//! use tollgate::Quota;
+//!
+//! # fn main() -> Result<(), tollgate::Error> {
+//! let api = Quota::per_second(10)?.burst(20)?; // 10/s, bursts of 20
+//! let daily = Quota::new(1_000, Duration::from_secs(86_400))?; // 1000 a day
+//! assert_eq!(api.capacity(), 20);
+//! assert_eq!(daily.period(), Duration::from_secs(86_400));
+//! assert!(Quota::per_second(0).is_err());
+//! # Ok(())
+//! # }
+//! ```
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::Error;
+
+/// Largest value the store arithmetic may reach. Lua numbers are doubles, exact
+/// only below 2^53; staying at or below 2^52 leaves room for the sums the bucket
+/// computes (level + elapsed x rate never exceeds twice this bound).
+pub(crate) const MAX_EXACT: u64 = 1 << 52;
+
+/// The longest period a quota may have.
+pub const MAX_PERIOD: Duration = Duration::from_secs(366 * 24 * 3600);
+
+/// The shortest period a quota may have.
+pub const MIN_PERIOD: Duration = Duration::from_millis(1);
+
+/// A token bucket: `capacity` tokens at most, refilled at `tokens` per `period`.
+///
+/// Build it with [`Quota::per_second`], [`Quota::per_minute`], [`Quota::per_hour`]
+/// or [`Quota::new`]; each checks its values and returns [`Error::InvalidQuota`]
+/// for zero, absurd, or inexact ones. See the [module example](crate::quota).
+///
+/// Internally the rate is kept as the reduced fraction `num / den` tokens per
+/// microsecond, and bucket levels are counted in units of `1 / den` token, so every
+/// refill is an exact integer: no token is ever lost to rounding.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Quota {
+    tokens: u64,
+    period_us: u64,
+    capacity: u64,
+    /// Refill per microsecond is `num / den` tokens (the reduced `tokens / period_us`).
+    num: u64,
+    den: u64,
+}
+
+impl Quota {
+    /// `tokens` refilled per `period`, with a capacity of `tokens`.
+    ///
+    /// The period must lie between [`MIN_PERIOD`] and [`MAX_PERIOD`] and be a whole
+    /// number of microseconds; `tokens` must not be zero; and the bucket must stay
+    /// exact (capacity x period-in-microseconds / gcd below 2^52).
+    pub fn new(tokens: u64, period: Duration) -> Result<Self, Error> {
+        if tokens == 0 {
+            return Err(Error::InvalidQuota(
+                "tokens per period must be at least 1".into(),
+            ));
+        }
+        if period < MIN_PERIOD || period > MAX_PERIOD {
+            return Err(Error::InvalidQuota(format!(
+                "period {period:?} is outside {MIN_PERIOD:?}..={MAX_PERIOD:?}"
+            )));
+        }
+        if !period.subsec_nanos().is_multiple_of(1_000) {
+            return Err(Error::InvalidQuota(format!(
+                "period {period:?} is not a whole number of microseconds"
+            )));
+        }
+        // MAX_PERIOD bounds this well inside u64.
+        let period_us = period.as_micros() as u64;
+        let g = gcd(tokens, period_us);
+        Self::checked(tokens, period_us, tokens, tokens / g, period_us / g)
+    }
+
+    /// `n` tokens refilled per second, capacity `n`.
+    pub fn per_second(n: u64) -> Result<Self, Error> {
+        Self::new(n, Duration::from_secs(1))
+    }
+
+    /// `n` tokens refilled per minute, capacity `n`.
+    pub fn per_minute(n: u64) -> Result<Self, Error> {
+        Self::new(n, Duration::from_secs(60))
+    }
+
+    /// `n` tokens refilled per hour, capacity `n`.
+    pub fn per_hour(n: u64) -> Result<Self, Error> {
+        Self::new(n, Duration::from_secs(3600))
+    }
+
+    /// The same rate with a bucket of `capacity` tokens: the largest burst admitted
+    /// at once, and the largest cost a single check may ask for.
+    pub fn burst(self, capacity: u64) -> Result<Self, Error> {
+        if capacity == 0 {
+            return Err(Error::InvalidQuota(
+                "burst capacity must be at least 1".into(),
+            ));
+        }
+        Self::checked(self.tokens, self.period_us, capacity, self.num, self.den)
+    }
+
+    fn checked(
+        tokens: u64,
+        period_us: u64,
+        capacity: u64,
+        num: u64,
+        den: u64,
+    ) -> Result<Self, Error> {
+        let full = capacity.checked_mul(den).filter(|f| *f <= MAX_EXACT);
+        if full.is_none() || num > MAX_EXACT {
+            return Err(Error::InvalidQuota(format!(
+                "{tokens} per {:?} with capacity {capacity} is too large to count exactly; \
+                 use a smaller capacity or a rate that divides the period more evenly",
+                Duration::from_micros(period_us)
+            )));
+        }
+        Ok(Quota {
+            tokens,
+            period_us,
+            capacity,
+            num,
+            den,
+        })
+    }
+
+    /// The bucket capacity: the most tokens it holds, and the `limit` reported.
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    /// Tokens refilled per [`period`](Self::period).
+    pub fn tokens(&self) -> u64 {
+        self.tokens
+    }
+
+    /// The refill period.
+    pub fn period(&self) -> Duration {
+        Duration::from_micros(self.period_us)
+    }
+
+    /// Time for an empty bucket to refill completely.
+    pub fn refill_time(&self) -> Duration {
+        Duration::from_micros(ceil_div(self.full(), self.num))
+    }
+
+    /// Refill per microsecond, numerator of the reduced fraction.
+    pub(crate) fn num(&self) -> u64 {
+        self.num
+    }
+
+    /// Refill per microsecond, denominator: one token is `den` units of level.
+    pub(crate) fn den(&self) -> u64 {
+        self.den
+    }
+
+    /// A full bucket, in units of `1 / den` token.
+    pub(crate) fn full(&self) -> u64 {
+        self.capacity * self.den
+    }
+
+    /// A short stable name for storage keys, e.g. `10/1s:20`: two different quotas
+    /// never share a bucket, and changing a quota starts fresh buckets instead of
+    /// reinterpreting old ones.
+    pub(crate) fn id(&self) -> String {
+        format!(
+            "{}/{}:{}",
+            self.tokens,
+            PeriodName(self.period_us),
+            self.capacity
+        )
+    }
+}
+
+impl fmt::Debug for Quota {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Quota({self})")
+    }
+}
+
+impl fmt::Display for Quota {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} per {}, burst {}",
+            self.tokens,
+            PeriodName(self.period_us),
+            self.capacity
+        )
+    }
+}
+
+/// A period in the largest unit that divides it: `1s`, `15m`, `2h`, `1500ms`.
+struct PeriodName(u64);
+
+impl fmt::Display for PeriodName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const UNITS: [(u64, &str); 5] = [
+            (86_400_000_000, "d"),
+            (3_600_000_000, "h"),
+            (60_000_000, "m"),
+            (1_000_000, "s"),
+            (1_000, "ms"),
+        ];
+        for (size, unit) in UNITS {
+            if self.0.is_multiple_of(size) {
+                return write!(f, "{}{unit}", self.0 / size);
+            }
+        }
+        write!(f, "{}us", self.0)
+    }
+}
+
+pub(crate) fn gcd(mut a: u64, mut b: u64) -> u64 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
+}
+
+/// `ceil(a / b)` for `b > 0`.
+pub(crate) fn ceil_div(a: u64, b: u64) -> u64 {
+    a.div_ceil(b.max(1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn per_period_means_n_tokens_per_period() {
+        let q = Quota::per_minute(60).unwrap();
+        assert_eq!(q.capacity(), 60);
+        assert_eq!(q.refill_time(), Duration::from_secs(60));
+        let q = Quota::per_hour(1).unwrap();
+        assert_eq!(q.refill_time(), Duration::from_secs(3600));
+        let q = Quota::per_second(7).unwrap().burst(14).unwrap();
+        assert_eq!(q.refill_time(), Duration::from_secs(2));
+        assert_eq!((q.num(), q.den()), (7, 1_000_000));
+    }
+
+    #[test]
+    fn zero_and_absurd_values_are_rejected() {
+        assert!(Quota::per_second(0).is_err());
+        assert!(Quota::per_second(1).unwrap().burst(0).is_err());
+        assert!(Quota::new(1, Duration::ZERO).is_err());
+        assert!(Quota::new(1, Duration::from_nanos(1_500_001)).is_err());
+        assert!(Quota::new(1, MAX_PERIOD + Duration::from_secs(1)).is_err());
+        // One token per (prime) microsecond count with a huge burst cannot stay exact.
+        let err = Quota::new(1, Duration::from_micros(86_399_999))
+            .unwrap()
+            .burst(1 << 40)
+            .unwrap_err();
+        assert!(err.to_string().contains("too large"), "{err}");
+        assert!(Quota::per_second(u64::MAX).is_err());
+    }
+
+    #[test]
+    fn ids_name_the_whole_quota() {
+        let a = Quota::per_second(10).unwrap();
+        assert_eq!(a.id(), "10/1s:10");
+        assert_eq!(a.burst(20).unwrap().id(), "10/1s:20");
+        assert_eq!(
+            Quota::new(3, Duration::from_millis(1500)).unwrap().id(),
+            "3/1500ms:3"
+        );
+        assert_eq!(a.to_string(), "10 per 1s, burst 10");
+    }
+}

@@ -1,0 +1,92 @@
+//! How a client key becomes a storage key. Request data is hostile: a key never
+//! reaches Redis raw.
+//!
+//! A key made only of `[A-Za-z0-9._:@/=+#-]`, not starting with `#`, and at most
+//! [`MAX_RAW_KEY_LEN`] bytes is kept as it is, so keys stay readable in
+//! `redis-cli`. Anything else (long, binary, braces that would move the
+//! `{hash tag}`, spaces) becomes `#` and the first 128 bits of its SHA-256 in hex.
+//! Only hashed keys start with `#`, so a hashed key never equals a raw one, and a
+//! hashed part can be embedded in a longer raw key (`policy:header:#1f...`).
+
+use sha2::{Digest, Sha256};
+use std::borrow::Cow;
+use std::fmt::Write;
+
+/// Longest client key kept verbatim; longer ones are hashed.
+pub const MAX_RAW_KEY_LEN: usize = 96;
+
+/// The storage-safe form of a client key: bounded length, no braces, no bytes that
+/// need escaping.
+pub fn safe_key(key: &str) -> Cow<'_, str> {
+    if is_safe(key.as_bytes()) {
+        Cow::Borrowed(key)
+    } else {
+        Cow::Owned(hashed(key.as_bytes()))
+    }
+}
+
+/// [`safe_key`] for a value that may not be UTF-8 (a raw header).
+pub fn safe_key_bytes(key: &[u8]) -> String {
+    match std::str::from_utf8(key) {
+        Ok(s) if is_safe(key) => s.to_owned(),
+        _ => hashed(key),
+    }
+}
+
+fn is_safe(key: &[u8]) -> bool {
+    key.first().is_some_and(|b| *b != b'#')
+        && key.len() <= MAX_RAW_KEY_LEN
+        && key
+            .iter()
+            .all(|b| b.is_ascii_alphanumeric() || b"._:@/=+#-".contains(b))
+}
+
+fn hashed(key: &[u8]) -> String {
+    let digest = Sha256::digest(key);
+    let mut out = String::with_capacity(33);
+    out.push('#');
+    for byte in digest.iter().take(16) {
+        // Writing to a String cannot fail.
+        let _ = write!(out, "{byte:02x}");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn safe_keys_stay_readable() {
+        assert_eq!(safe_key("user:42"), "user:42");
+        assert_eq!(safe_key("ip:2001:db8::/64"), "ip:2001:db8::/64");
+    }
+
+    #[test]
+    fn hostile_keys_are_hashed_and_bounded() {
+        for k in [
+            "a{b}c",
+            "",
+            "has space",
+            "#123",
+            "é",
+            &"x".repeat(MAX_RAW_KEY_LEN + 1),
+        ] {
+            let s = safe_key(k);
+            assert!(s.starts_with('#') && s.len() == 33, "{k:?} -> {s}");
+            assert!(!s.contains('{') && !s.contains('}'));
+        }
+        assert_ne!(safe_key("a{b"), safe_key("a{c"));
+        assert_eq!(safe_key_bytes(b"\xff\xfe{"), safe_key_bytes(b"\xff\xfe{"));
+        assert_eq!(safe_key_bytes(b"user:1"), "user:1");
+    }
+
+    #[test]
+    fn hashed_parts_embed_in_raw_keys() {
+        let part = safe_key("a}{b").into_owned();
+        let composed = format!("policy:header:{part}");
+        assert_eq!(safe_key(&composed), composed.as_str());
+        // A raw key that looks like a hash is hashed itself, so it cannot pose as one.
+        assert_ne!(safe_key(&part), part.as_str());
+    }
+}

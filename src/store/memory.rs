@@ -1,0 +1,269 @@
+//! Buckets in this process: for single instances, tests, and as a fallback.
+
+use std::collections::HashMap;
+use std::collections::hash_map::RandomState;
+use std::hash::BuildHasher;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tokio::time::Instant;
+
+use super::bucket::{Level, spend};
+use super::{Store, safe_key, validate};
+use crate::{Decision, Error, Quota};
+
+/// The default key limit of [`MemoryStore::new`].
+pub const DEFAULT_MAX_KEYS: usize = 100_000;
+
+const MAX_SHARDS: usize = 64;
+
+/// Token buckets in memory, with the same semantics as
+/// [`RedisStore`](crate::RedisStore) for one process.
+///
+/// - **Thread-safe without one global lock:** keys are spread over up to 64
+///   shards, each behind its own short-held mutex; the quotas of one key live in
+///   one shard, so a multi-quota check is atomic.
+/// - **Bounded memory:** a key is at most [`MAX_RAW_KEY_LEN`](crate::store::MAX_RAW_KEY_LEN)
+///   bytes (longer keys are hashed), and the store holds at most `max_keys` keys
+///   (default [`DEFAULT_MAX_KEYS`]), split evenly over the shards. When a key
+///   arrives at a full shard, the shard first forgets every key whose buckets have
+///   refilled completely (forgetting them changes no decision). If none has, the
+///   check fails with [`Error::StoreFull`], a store error: the HTTP layer then
+///   applies its store-error policy. Existing keys keep being limited; a flood of
+///   new keys cannot evict a limited client and so reset its bucket.
+/// - **Clock:** tokio's [`Instant`], so tests can pause and advance time.
+///
+/// Clones share the same buckets.
+///
+/// ```
+/// use tollgate::{MemoryStore, Quota, RateLimiter};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), tollgate::Error> {
+/// let limiter = RateLimiter::new(MemoryStore::with_max_keys(10_000)?, Quota::per_second(5)?);
+/// assert!(limiter.check("job-queue", 5).await?.allowed());
+/// assert!(!limiter.check("job-queue", 1).await?.allowed());
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone, Debug)]
+pub struct MemoryStore {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    shards: Box<[Mutex<Shard>]>,
+    per_shard: usize,
+    max_keys: usize,
+    hasher: RandomState,
+    epoch: Instant,
+}
+
+type Shard = HashMap<Box<str>, Vec<(Quota, Level)>>;
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MemoryStore {
+    /// A store for up to [`DEFAULT_MAX_KEYS`] keys.
+    pub fn new() -> Self {
+        Self::build(DEFAULT_MAX_KEYS)
+    }
+
+    /// A store for up to `max_keys` keys (at least 1).
+    pub fn with_max_keys(max_keys: usize) -> Result<Self, Error> {
+        if max_keys == 0 {
+            return Err(Error::InvalidConfig(
+                "MemoryStore needs room for at least one key".into(),
+            ));
+        }
+        Ok(Self::build(max_keys))
+    }
+
+    fn build(max_keys: usize) -> Self {
+        let shards = max_keys.clamp(1, MAX_SHARDS);
+        MemoryStore {
+            inner: Arc::new(Inner {
+                shards: (0..shards).map(|_| Mutex::new(Shard::new())).collect(),
+                per_shard: max_keys / shards,
+                max_keys,
+                hasher: RandomState::new(),
+                epoch: Instant::now(),
+            }),
+        }
+    }
+
+    /// How many keys the store holds now.
+    pub fn len(&self) -> usize {
+        self.inner.shards.iter().map(|s| lock(s).len()).sum()
+    }
+
+    /// True when the store holds no key.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Forgets every key whose buckets have refilled completely. Checks do this by
+    /// themselves when a shard fills up; call it to release memory sooner.
+    pub fn sweep(&self) {
+        let now = self.now();
+        for shard in self.inner.shards.iter() {
+            lock(shard).retain(|_, buckets| !forgettable(buckets, now));
+        }
+    }
+
+    fn now(&self) -> u64 {
+        u64::try_from(self.inner.epoch.elapsed().as_micros()).unwrap_or(u64::MAX)
+    }
+
+    fn shard(&self, key: &str) -> MutexGuard<'_, Shard> {
+        let shards = &self.inner.shards;
+        let hash = self.inner.hasher.hash_one(key);
+        // `shards` is never empty; the modulo keeps the index in range.
+        let index = usize::try_from(hash % shards.len() as u64).unwrap_or(0);
+        match shards.get(index).or(shards.first()) {
+            Some(shard) => lock(shard),
+            None => unreachable_empty(),
+        }
+    }
+
+    /// `check` at an explicit microsecond clock, for tests that control time.
+    /// Production code uses [`Store::check`], whose clock is tokio's `Instant`.
+    #[doc(hidden)]
+    pub fn check_at(
+        &self,
+        key: &str,
+        quotas: &[Quota],
+        cost: u64,
+        now_us: u64,
+    ) -> Result<Decision, Error> {
+        validate(quotas, cost)?;
+        let key = safe_key(key);
+        let mut shard = self.shard(&key);
+        if !shard.contains_key(key.as_ref()) {
+            if cost == 0 {
+                // A peek at an unknown key sees full buckets and stores nothing.
+                let mut levels: Vec<Level> =
+                    quotas.iter().map(|q| Level::full(q, now_us)).collect();
+                return Ok(spend(quotas, &mut levels, 0));
+            }
+            if shard.len() >= self.inner.per_shard {
+                shard.retain(|_, buckets| !forgettable(buckets, now_us));
+                if shard.len() >= self.inner.per_shard {
+                    return Err(Error::StoreFull {
+                        max_keys: self.inner.max_keys,
+                    });
+                }
+            }
+        }
+        let buckets = shard.entry(Box::from(key.as_ref())).or_default();
+        let mut levels: Vec<Level> = quotas
+            .iter()
+            .map(|q| match buckets.iter().find(|(bq, _)| bq == q) {
+                Some((_, level)) => level.refilled(q, now_us),
+                None => Level::full(q, now_us),
+            })
+            .collect();
+        let decision = spend(quotas, &mut levels, cost);
+        if decision.allowed() && cost > 0 {
+            for (q, level) in quotas.iter().zip(levels) {
+                match buckets.iter_mut().find(|(bq, _)| bq == q) {
+                    Some(slot) => slot.1 = level,
+                    None => buckets.push((*q, level)),
+                }
+            }
+        }
+        Ok(decision)
+    }
+}
+
+impl Store for MemoryStore {
+    async fn check(&self, key: &str, quotas: &[Quota], cost: u64) -> Result<Decision, Error> {
+        self.check_at(key, quotas, cost, self.now())
+    }
+
+    async fn reset(&self, key: &str, quotas: &[Quota]) -> Result<(), Error> {
+        let key = safe_key(key);
+        let mut shard = self.shard(&key);
+        if let Some(buckets) = shard.get_mut(key.as_ref()) {
+            buckets.retain(|(q, _)| !quotas.contains(q));
+            if buckets.is_empty() {
+                shard.remove(key.as_ref());
+            }
+        }
+        Ok(())
+    }
+}
+
+fn forgettable(buckets: &[(Quota, Level)], now: u64) -> bool {
+    buckets.iter().all(|(q, l)| l.is_full_at(q, now))
+}
+
+/// A poisoned shard only means another thread panicked mid-update of plain
+/// integers; the data is still usable, so keep limiting rather than panic.
+fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
+    shard
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+#[cold]
+fn unreachable_empty() -> ! {
+    // `build` always creates at least one shard.
+    unreachable!("MemoryStore has no shards")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn full_store_forgets_refilled_keys_then_refuses() {
+        let store = MemoryStore::with_max_keys(2).unwrap();
+        let q = [Quota::per_second(1).unwrap()];
+        // max_keys 2 gives two shards of one key each; fill until one refuses.
+        let mut refused = None;
+        for i in 0..64 {
+            if let Err(e) = store.check_at(&format!("k{i}"), &q, 1, 0) {
+                refused = Some(e);
+                break;
+            }
+        }
+        assert!(matches!(refused, Some(Error::StoreFull { max_keys: 2 })));
+        assert!(store.len() <= 2);
+        // A second after each spend every bucket is full again: new keys fit.
+        for i in 1..10 {
+            store
+                .check_at(&format!("new{i}"), &q, 1, i * 1_000_000)
+                .unwrap();
+        }
+        assert!(store.len() <= 2);
+    }
+
+    #[test]
+    fn peek_of_unknown_key_stores_nothing() {
+        let store = MemoryStore::new();
+        let q = [Quota::per_second(3).unwrap()];
+        let d = store.check_at("x", &q, 0, 0).unwrap();
+        assert_eq!(d.remaining(), 3);
+        assert!(store.is_empty());
+    }
+
+    #[test]
+    fn long_keys_are_stored_hashed() {
+        let store = MemoryStore::new();
+        let q = [Quota::per_second(3).unwrap()];
+        store.check_at(&"k".repeat(1 << 16), &q, 1, 0).unwrap();
+        let shard_keys: Vec<String> = store
+            .inner
+            .shards
+            .iter()
+            .flat_map(|s| lock(s).keys().map(|k| k.to_string()).collect::<Vec<_>>())
+            .collect();
+        assert_eq!(shard_keys.len(), 1);
+        assert!(shard_keys[0].len() <= 33);
+    }
+}
