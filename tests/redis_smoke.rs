@@ -1,0 +1,20 @@
+//! The harness and RedisStore work together at all: one check, one key, one TTL.
+#![cfg(feature = "redis")]
+
+mod support;
+
+use support::RedisServer;
+use tollgate::{Quota, RateLimiter};
+
+#[tokio::test]
+async fn a_check_creates_one_key_with_a_ttl() {
+    let server = RedisServer::start();
+    let limiter = RateLimiter::new(server.store(), Quota::per_second(3).unwrap());
+    let d = limiter.check("smoke", 1).await.unwrap();
+    assert!(d.allowed());
+    assert_eq!(d.remaining(), 2);
+    let keys: Vec<String> = server.cmd(&["KEYS", "*"]);
+    assert_eq!(keys, vec!["tollgate:{smoke}:3/1s:3".to_string()]);
+    let ttl: i64 = server.cmd(&["PTTL", &keys[0]]);
+    assert!(ttl > 0 && ttl <= 1334 + 1000, "ttl {ttl}");
+}
