@@ -51,6 +51,7 @@
 
 pub mod decision;
 mod error;
+pub mod key;
 pub mod limiter;
 pub mod quota;
 pub mod store;
@@ -62,3 +63,7 @@ pub use quota::Quota;
 #[cfg(feature = "redis")]
 pub use store::RedisStore;
 pub use store::{MemoryStore, Store};
+
+/// The deadpool-redis crate tollgate is built against, for building a pool.
+#[cfg(feature = "redis")]
+pub use deadpool_redis;

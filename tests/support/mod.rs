@@ -50,14 +50,23 @@ impl RedisServer {
     fn spawn(&mut self) {
         let port = self.port.to_string();
         let mut cmd = Command::new("redis-server");
-        cmd.args(["--port", &port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-            .args(["--protected-mode", "no", "--loglevel", "warning"])
-            .arg("--dir")
-            .arg(self.dir.path())
-            .args(&self.extra)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
+        cmd.args([
+            "--port",
+            &port,
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .args(["--protected-mode", "no", "--loglevel", "warning"])
+        .arg("--dir")
+        .arg(self.dir.path())
+        .args(&self.extra)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
         let mut child = match cmd.spawn() {
             Ok(child) => child,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!("{INSTALL_HINT}"),
@@ -68,9 +77,18 @@ impl RedisServer {
             let stderr = child
                 .stderr
                 .take()
-                .map(|s| BufReader::new(s).lines().map_while(Result::ok).collect::<Vec<_>>().join("\n"))
+                .map(|s| {
+                    BufReader::new(s)
+                        .lines()
+                        .map_while(Result::ok)
+                        .collect::<Vec<_>>()
+                        .join("\n")
+                })
                 .unwrap_or_default();
-            panic!("redis-server on port {} did not come up: {why}\n{stderr}", self.port);
+            panic!(
+                "redis-server on port {} did not come up: {why}\n{stderr}",
+                self.port
+            );
         }
         self.child = Some(child);
     }
@@ -116,7 +134,10 @@ impl RedisServer {
     /// Runs a command and returns its reply.
     pub fn cmd<T: redis::FromRedisValue>(&self, args: &[&str]) -> T {
         let (name, rest) = args.split_first().expect("a command");
-        redis::cmd(name).arg(rest).query(&mut self.conn()).expect("command")
+        redis::cmd(name)
+            .arg(rest)
+            .query(&mut self.conn())
+            .expect("command")
     }
 
     /// `calls` of one command in `INFO commandstats` (0 when never called).
@@ -162,7 +183,11 @@ impl RedisServer {
 
     fn signal(&self, sig: &str) {
         let pid = self.child.as_ref().expect("server is running").id();
-        let ok = Command::new("kill").arg(sig).arg(pid.to_string()).status().expect("kill");
+        let ok = Command::new("kill")
+            .arg(sig)
+            .arg(pid.to_string())
+            .status()
+            .expect("kill");
         assert!(ok.success(), "kill {sig} {pid} failed");
     }
 }
@@ -171,7 +196,10 @@ impl Drop for RedisServer {
     fn drop(&mut self) {
         if let Some(child) = self.child.as_ref() {
             // A frozen server must be thawed to die promptly on some kernels.
-            let _ = Command::new("kill").arg("-CONT").arg(child.id().to_string()).status();
+            let _ = Command::new("kill")
+                .arg("-CONT")
+                .arg(child.id().to_string())
+                .status();
         }
         self.stop();
     }
@@ -192,8 +220,12 @@ fn wait_ready(port: u16, limit: Duration) -> Result<(), String> {
     while Instant::now() < deadline {
         match TcpStream::connect_timeout(&addr, Duration::from_millis(200)) {
             Ok(_) => {
-                let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).map_err(|e| e.to_string())?;
-                match client.get_connection().and_then(|mut c| redis::cmd("PING").query::<String>(&mut c)) {
+                let client = redis::Client::open(format!("redis://127.0.0.1:{port}"))
+                    .map_err(|e| e.to_string())?;
+                match client
+                    .get_connection()
+                    .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c))
+                {
                     Ok(_) => return Ok(()),
                     Err(e) => last = e.to_string(),
                 }

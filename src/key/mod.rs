@@ -1,0 +1,176 @@
+//! Which bucket a request spends from: the [`KeyExtractor`] trait and its
+//! implementations.
+//!
+//! An extractor looks at the request head ([`http::request::Parts`]: method, URI,
+//! headers, extensions) and answers a client key, or `None` when the request has
+//! none (the layer's missing-key policy decides what happens then). Extraction may
+//! be asynchronous, so a key can come from a lookup.
+//!
+//! Extractors see the head rather than the whole `Request<B>` because request
+//! bodies (axum's included) are `Send` but not `Sync`: a future that borrowed the
+//! request across an `.await` could not be sent between threads.
+//!
+//! Keys are hostile data. Whatever an extractor returns is namespaced by its
+//! [`kind`](KeyExtractor::kind) and made safe with
+//! [`safe_key`](crate::store::safe_key) before it reaches a store, so two
+//! extractors never share a bucket by accident and no raw header becomes a Redis key.
+//!
+//! ```
+//! use http::Request;
+//! use tollgate::key::{Global, Header, KeyExtractor, from_fn};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! let (parts, ()) = Request::get("/orders?tenant=7").header("x-api-key", "k-123")
+//!     .body(()).unwrap().into_parts();
+//! assert_eq!(Header::new("x-api-key").extract(&parts).await.as_deref(), Some("k-123"));
+//! assert_eq!(Global.extract(&parts).await.as_deref(), Some("global"));
+//! let path = from_fn("path", |parts| Some(parts.uri.path().to_owned()));
+//! assert_eq!(path.extract(&parts).await.as_deref(), Some("/orders"));
+//! # }
+//! ```
+
+use std::borrow::Cow;
+use std::fmt;
+use std::future::Future;
+
+use http::HeaderName;
+use http::request::Parts;
+
+use crate::store::safe_key_bytes;
+
+/// Takes a client key from a request head. See the [module docs](crate::key).
+pub trait KeyExtractor: Send + Sync + 'static {
+    /// A short name for this kind of key (`"ip"`, `"header:x-api-key"`), put in
+    /// front of every key it extracts so keys of different kinds never collide.
+    fn kind(&self) -> Cow<'static, str>;
+
+    /// The client key of this request, or `None` when it has none.
+    fn extract(&self, parts: &Parts) -> impl Future<Output = Option<String>> + Send;
+}
+
+/// One bucket for everything: every request gets the key `global`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Global;
+
+impl KeyExtractor for Global {
+    fn kind(&self) -> Cow<'static, str> {
+        Cow::Borrowed("global")
+    }
+
+    async fn extract(&self, _parts: &Parts) -> Option<String> {
+        Some("global".to_owned())
+    }
+}
+
+/// The value of one request header, such as an API key or a gRPC metadata entry.
+///
+/// The first value is used. An empty value counts as missing. Values that are
+/// long, binary or contain characters unsafe in a storage key are hashed
+/// (SHA-256), so the stored key is bounded whatever the client sends.
+#[derive(Clone, Debug)]
+pub struct Header {
+    name: HeaderName,
+}
+
+impl Header {
+    /// Keys requests by the header `name`.
+    ///
+    /// # Panics
+    ///
+    /// When `name` is not a valid header name: a configuration mistake, caught at
+    /// start-up. Use [`Header::try_new`] to handle it instead.
+    pub fn new(name: &str) -> Self {
+        match Self::try_new(name) {
+            Ok(header) => header,
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    /// Keys requests by the header `name`, or explains why the name is invalid.
+    pub fn try_new(name: &str) -> Result<Self, crate::Error> {
+        HeaderName::from_bytes(name.as_bytes())
+            .map(|name| Header { name })
+            .map_err(|_| {
+                crate::Error::InvalidConfig(format!("{name:?} is not a valid header name"))
+            })
+    }
+}
+
+impl KeyExtractor for Header {
+    fn kind(&self) -> Cow<'static, str> {
+        Cow::Owned(format!("header:{}", self.name.as_str()))
+    }
+
+    async fn extract(&self, parts: &Parts) -> Option<String> {
+        let value = parts.headers.get(&self.name)?.as_bytes();
+        (!value.is_empty()).then(|| safe_key_bytes(value))
+    }
+}
+
+/// A key from a closure over the request head; see [`from_fn`].
+#[derive(Clone)]
+pub struct FromFn<F> {
+    kind: Cow<'static, str>,
+    f: F,
+}
+
+impl<F> fmt::Debug for FromFn<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FromFn").field("kind", &self.kind).finish()
+    }
+}
+
+/// A key extractor from a closure: `from_fn("tenant", |parts| ...)`. `kind` names
+/// the key family (see [`KeyExtractor::kind`]). For an asynchronous lookup,
+/// implement [`KeyExtractor`] directly.
+pub fn from_fn<F>(kind: impl Into<Cow<'static, str>>, f: F) -> FromFn<F>
+where
+    F: Fn(&Parts) -> Option<String> + Send + Sync + 'static,
+{
+    FromFn {
+        kind: kind.into(),
+        f,
+    }
+}
+
+impl<F> KeyExtractor for FromFn<F>
+where
+    F: Fn(&Parts) -> Option<String> + Send + Sync + 'static,
+{
+    fn kind(&self) -> Cow<'static, str> {
+        self.kind.clone()
+    }
+
+    async fn extract(&self, parts: &Parts) -> Option<String> {
+        (self.f)(parts)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::Request;
+
+    fn parts(req: http::request::Builder) -> Parts {
+        req.body(()).unwrap().into_parts().0
+    }
+
+    #[tokio::test]
+    async fn header_values_are_bounded_and_safe() {
+        let h = Header::new("x-api-key");
+        let long = "a".repeat(64 * 1024);
+        let p = parts(Request::get("/").header("x-api-key", long.as_str()));
+        assert_eq!(h.extract(&p).await.unwrap().len(), 33);
+        let p = parts(Request::get("/").header("x-api-key", &b"\xff{}"[..]));
+        assert!(h.extract(&p).await.unwrap().starts_with('#'));
+        let p = parts(Request::get("/").header("x-api-key", ""));
+        assert_eq!(h.extract(&p).await, None);
+        assert_eq!(h.extract(&parts(Request::get("/"))).await, None);
+    }
+
+    #[test]
+    fn bad_header_names_are_configuration_errors() {
+        assert!(Header::try_new("bad header").is_err());
+    }
+}
