@@ -5,6 +5,7 @@
 //! binary comes from PATH; the process is killed when the handle drops.
 #![allow(dead_code, unreachable_pub)]
 
+use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
@@ -12,6 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use deadpool_redis::redis;
+use redis::IntoConnectionInfo;
 use tollgate::RedisStore;
 
 /// How to get redis-server, printed when it is missing.
@@ -123,9 +125,13 @@ impl RedisServer {
             .expect("timeout")
     }
 
-    /// A plain synchronous connection for inspecting the server.
+    /// A plain synchronous connection for inspecting the server. It sends no
+    /// `CLIENT SETINFO` when it connects, so inspecting the server adds nothing to
+    /// `INFO commandstats` but the inspecting command itself.
     pub fn conn(&self) -> redis::Connection {
-        redis::Client::open(self.url())
+        let info = self.url().into_connection_info().expect("connection info");
+        let settings = info.redis_settings().clone().set_skip_set_lib_name();
+        redis::Client::open(info.set_redis_settings(settings))
             .expect("client")
             .get_connection()
             .expect("connection to the test redis-server")
@@ -133,11 +139,46 @@ impl RedisServer {
 
     /// Runs a command and returns its reply.
     pub fn cmd<T: redis::FromRedisValue>(&self, args: &[&str]) -> T {
+        self.try_cmd(args).expect("command")
+    }
+
+    /// Runs a command and returns its reply or the error Redis answered.
+    pub fn try_cmd<T: redis::FromRedisValue>(&self, args: &[&str]) -> redis::RedisResult<T> {
         let (name, rest) = args.split_first().expect("a command");
-        redis::cmd(name)
-            .arg(rest)
-            .query(&mut self.conn())
-            .expect("command")
+        redis::cmd(name).arg(rest).query(&mut self.conn())
+    }
+
+    /// The server's clock (`TIME`) in microseconds since the epoch.
+    pub fn time_us(&self) -> u64 {
+        let t: Vec<u64> = self.cmd(&["TIME"]);
+        t[0] * 1_000_000 + t[1]
+    }
+
+    /// Zeroes `INFO commandstats` (`CONFIG RESETSTAT`).
+    pub fn reset_stats(&self) {
+        let _: () = self.cmd(&["CONFIG", "RESETSTAT"]);
+    }
+
+    /// `calls` of every command in `INFO commandstats`, by name (`evalsha`,
+    /// `script|load`, ...), leaving out the `INFO` and `CONFIG|RESETSTAT` calls the
+    /// harness itself makes to read and reset them.
+    pub fn all_calls(&self) -> BTreeMap<String, u64> {
+        let info: String = self.cmd(&["INFO", "commandstats"]);
+        info.lines()
+            .filter_map(|l| l.strip_prefix("cmdstat_"))
+            .filter_map(|l| {
+                let (name, fields) = l.split_once(':')?;
+                let calls = fields
+                    .split(',')
+                    .filter_map(|kv| kv.split_once('='))
+                    .find(|(k, _)| *k == "calls")?
+                    .1
+                    .parse()
+                    .ok()?;
+                Some((name.to_string(), calls))
+            })
+            .filter(|(name, _)| name != "info" && name != "config|resetstat")
+            .collect()
     }
 
     /// `calls` of one command in `INFO commandstats` (0 when never called).
