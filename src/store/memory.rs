@@ -16,6 +16,14 @@ pub const DEFAULT_MAX_KEYS: usize = 100_000;
 
 const MAX_SHARDS: usize = 64;
 
+/// The fewest keys a shard is built for. With one key per shard (the old
+/// `max_keys.clamp(1, 64)` shards) two keys hashing to the same shard made a
+/// store for 100 keys refuse its second key; with at least this many per shard,
+/// stores of fewer than `2 * MIN_PER_SHARD` keys have one shard and an exact
+/// bound, and large stores fill evenly (the fullest of 64 shards of 1024 or more
+/// fills when the store is about 95% full).
+const MIN_PER_SHARD: usize = 1024;
+
 /// Token buckets in memory, with the same semantics as
 /// [`RedisStore`](crate::RedisStore) for one process.
 ///
@@ -24,7 +32,10 @@ const MAX_SHARDS: usize = 64;
 ///   one shard, so a multi-quota check is atomic.
 /// - **Bounded memory:** a key is at most [`MAX_RAW_KEY_LEN`](crate::store::MAX_RAW_KEY_LEN)
 ///   bytes (longer keys are hashed), and the store holds at most `max_keys` keys
-///   (default [`DEFAULT_MAX_KEYS`]), split evenly over the shards. When a key
+///   (default [`DEFAULT_MAX_KEYS`]). Stores for fewer than 2048 keys use one
+///   shard and hold exactly `max_keys`; larger ones split them evenly over the
+///   shards, so a new key can be refused a little before the whole store is
+///   full, when its shard is. When a key
 ///   arrives at a full shard, the shard first forgets every key whose buckets have
 ///   refilled completely (forgetting them changes no decision). If none has, the
 ///   check fails with [`Error::StoreFull`], a store error: the HTTP layer then
@@ -84,7 +95,7 @@ impl MemoryStore {
     }
 
     fn build(max_keys: usize) -> Self {
-        let shards = max_keys.clamp(1, MAX_SHARDS);
+        let shards = (max_keys / MIN_PER_SHARD).clamp(1, MAX_SHARDS);
         MemoryStore {
             inner: Arc::new(Inner {
                 shards: (0..shards).map(|_| Mutex::new(Shard::new())).collect(),
@@ -224,16 +235,12 @@ mod tests {
     fn full_store_forgets_refilled_keys_then_refuses() {
         let store = MemoryStore::with_max_keys(2).unwrap();
         let q = [Quota::per_second(1).unwrap()];
-        // max_keys 2 gives two shards of one key each; fill until one refuses.
-        let mut refused = None;
-        for i in 0..64 {
-            if let Err(e) = store.check_at(&format!("k{i}"), &q, 1, 0) {
-                refused = Some(e);
-                break;
-            }
-        }
-        assert!(matches!(refused, Some(Error::StoreFull { max_keys: 2 })));
-        assert!(store.len() <= 2);
+        // A small store is one shard: exactly two keys fit.
+        store.check_at("k0", &q, 1, 0).unwrap();
+        store.check_at("k1", &q, 1, 0).unwrap();
+        let refused = store.check_at("k2", &q, 1, 0);
+        assert!(matches!(refused, Err(Error::StoreFull { max_keys: 2 })));
+        assert_eq!(store.len(), 2);
         // A second after each spend every bucket is full again: new keys fit.
         for i in 1..10 {
             store
