@@ -1,0 +1,94 @@
+//! Latency of one decision: `MemoryStore` in process, `RedisStore` against a
+//! redis-server this bench starts on loopback (one call at a time, so this is
+//! the round trip; `redis_throughput` measures concurrent load).
+//!
+//! Run: `cargo bench --bench store`.
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::time::Duration;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use support::RedisServer;
+use tollgate::{MemoryStore, Quota, Store};
+
+fn quotas() -> [Quota; 1] {
+    // Large enough that the hot key keeps being admitted (a write every time).
+    [Quota::per_second(1_000_000).expect("quota")]
+}
+
+fn two_quotas() -> [Quota; 2] {
+    [
+        Quota::per_second(1_000_000).expect("quota"),
+        Quota::per_hour(1_000_000_000).expect("quota"),
+    ]
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+fn memory(c: &mut Criterion) {
+    let rt = runtime();
+    let store = MemoryStore::new();
+    let mut group = c.benchmark_group("memory");
+    group.bench_function("check, one key", |b| {
+        b.to_async(&rt)
+            .iter(|| async { store.check("user:42", &quotas(), 1).await.expect("check") })
+    });
+    group.bench_function("check, two quotas", |b| {
+        b.to_async(&rt).iter(|| async {
+            store
+                .check("user:42", &two_quotas(), 1)
+                .await
+                .expect("check")
+        })
+    });
+    let keys: Vec<String> = (0..10_000).map(|i| format!("user:{i}")).collect();
+    let mut i = 0;
+    group.bench_function("check, 10k keys", |b| {
+        b.to_async(&rt).iter(|| {
+            i = (i + 1) % keys.len();
+            let key = &keys[i];
+            let store = &store;
+            async move { store.check(key, &quotas(), 1).await.expect("check") }
+        })
+    });
+    group.finish();
+}
+
+fn redis(c: &mut Criterion) {
+    let rt = runtime();
+    let server = RedisServer::start();
+    let store = server.store();
+    rt.block_on(store.check("warm-up", &quotas(), 1))
+        .expect("warm-up");
+    let mut group = c.benchmark_group("redis");
+    group.bench_function("check, one key", |b| {
+        b.to_async(&rt)
+            .iter(|| async { store.check("user:42", &quotas(), 1).await.expect("check") })
+    });
+    group.bench_function("check, two quotas", |b| {
+        b.to_async(&rt).iter(|| async {
+            store
+                .check("user:42", &two_quotas(), 1)
+                .await
+                .expect("check")
+        })
+    });
+    group.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default()
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(3))
+        .sample_size(30);
+    targets = memory, redis
+}
+criterion_main!(benches);
