@@ -36,7 +36,9 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
 ///   [`DEFAULT_TIMEOUT`]). A connection error is retried once on a fresh
 ///   connection within that time; if the first attempt did reach Redis, the retry
 ///   can spend the cost twice, which errs on the side of limiting, never of
-///   admitting more. `NOSCRIPT` (after a restart, failover or `SCRIPT FLUSH`)
+///   admitting more. A connection that times out is replaced on the next
+///   check, so a silently dead (half-open) connection costs one timeout, not
+///   all later checks. `NOSCRIPT` (after a restart, failover or `SCRIPT FLUSH`)
 ///   reloads the script transparently.
 ///
 /// Clones share the connection.
@@ -194,18 +196,24 @@ impl RedisStore {
     }
 
     /// Runs `op` on the held connection within the timeout, replacing the
-    /// connection and retrying once if it is broken.
+    /// connection and retrying once if it is broken. A connection that lets the
+    /// time run out is dropped too: it may be dead without knowing it (half-open
+    /// after a network change or failover), and would otherwise make every later
+    /// check time out as well.
     async fn bounded<T, F, Fut>(&self, op: F) -> Result<T, Error>
     where
         F: Fn(MultiplexedConnection) -> Fut,
         Fut: Future<Output = Result<T, RedisError>>,
     {
+        let mut in_use = None;
         let attempt = async {
             let held = self.connection().await?;
+            in_use = Some(held.id);
             match op(held.conn).await {
                 Err(e) if is_connection_error(&e) => {
                     self.forget(held.id);
                     let fresh = self.connection().await?;
+                    in_use = Some(fresh.id);
                     op(fresh.conn).await.map_err(|e| {
                         if is_connection_error(&e) {
                             self.forget(fresh.id);
@@ -216,9 +224,13 @@ impl RedisStore {
                 other => other.map_err(Error::store),
             }
         };
-        tokio::time::timeout(self.inner.timeout, attempt)
-            .await
-            .unwrap_or(Err(Error::Timeout(self.inner.timeout)))
+        let outcome = tokio::time::timeout(self.inner.timeout, attempt).await;
+        outcome.unwrap_or_else(|_| {
+            if let Some(id) = in_use {
+                self.forget(id);
+            }
+            Err(Error::Timeout(self.inner.timeout))
+        })
     }
 
     async fn connection(&self) -> Result<Held, Error> {
