@@ -688,3 +688,33 @@ async fn a_frozen_server_times_out_then_recovers() {
         .await
         .expect("cold store after thaw");
 }
+
+/// A connection that silently stopped carrying anything (half-open after a
+/// network change: the socket looks fine, nothing comes back) costs one
+/// timeout, not all later checks: the store must give up on it and connect
+/// anew, while Redis itself is fine.
+#[tokio::test]
+async fn a_dead_connection_is_replaced_after_a_timeout() {
+    let server = RedisServer::start();
+    let proxy = support::Proxy::start(server.port());
+    let timeout = Duration::from_millis(100);
+    let store = RedisStore::from_url(&proxy.url())
+        .unwrap()
+        .with_timeout(timeout)
+        .unwrap();
+    let quotas = [Quota::per_hour(100).unwrap()];
+    assert_eq!(store.check("x", &quotas, 1).await.unwrap().remaining(), 99);
+    proxy.blackhole();
+    let first = store.check("x", &quotas, 1).await.unwrap_err();
+    assert!(matches!(first, Error::Timeout(_)), "{first:?}");
+    // The lost call may or may not have reached Redis (here it did not).
+    let mut answers = Vec::new();
+    for _ in 0..3 {
+        answers.push(store.check("x", &quotas, 1).await.map(|d| d.remaining()));
+    }
+    assert!(
+        answers.iter().all(Result::is_ok),
+        "still waiting on the dead connection: {answers:?}"
+    );
+    assert_eq!(answers[2].as_ref().unwrap(), &96);
+}

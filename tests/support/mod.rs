@@ -277,3 +277,95 @@ fn wait_ready(port: u16, limit: Duration) -> Result<(), String> {
     }
     Err(last)
 }
+
+/// A TCP proxy on a free loopback port in front of a server, for network
+/// failures Redis itself cannot show: `blackhole()` makes every connection open
+/// so far silently drop what it carries, both ways, while its sockets stay open
+/// (a half-open connection after a NAT, firewall or failover change); connections
+/// made afterwards work normally.
+pub struct Proxy {
+    port: u16,
+    generation: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Proxy {
+    /// Starts forwarding a free loopback port to `127.0.0.1:upstream`.
+    pub fn start(upstream: u16) -> Self {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+        let listener = TcpListener::bind("127.0.0.1:0").expect("proxy listener");
+        let port = listener.local_addr().expect("proxy address").port();
+        let generation = Arc::new(AtomicU64::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (gen_accept, stop_accept) = (Arc::clone(&generation), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                if stop_accept.load(Ordering::SeqCst) {
+                    break;
+                }
+                let Ok(client) = client else { continue };
+                let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)) else {
+                    continue;
+                };
+                let born = gen_accept.load(Ordering::SeqCst);
+                for (from, to) in [
+                    (client.try_clone(), server.try_clone()),
+                    (server.try_clone(), client.try_clone()),
+                ] {
+                    let (Ok(mut from), Ok(mut to)) = (from, to) else {
+                        continue;
+                    };
+                    let generation = Arc::clone(&gen_accept);
+                    std::thread::spawn(move || {
+                        use std::io::{Read, Write};
+                        let mut buf = [0u8; 16 * 1024];
+                        loop {
+                            let n = match from.read(&mut buf) {
+                                Ok(0) | Err(_) => break,
+                                Ok(n) => n,
+                            };
+                            // Blackholed: the bytes vanish, the sockets stay up.
+                            if generation.load(Ordering::SeqCst) != born {
+                                continue;
+                            }
+                            if to.write_all(&buf[..n]).is_err() {
+                                break;
+                            }
+                        }
+                        let _ = to.shutdown(std::net::Shutdown::Both);
+                    });
+                }
+            }
+        });
+        Proxy {
+            port,
+            generation,
+            stop,
+        }
+    }
+
+    /// The proxy's loopback port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `redis://127.0.0.1:PORT` of the proxy.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Silently drops all traffic of the connections open now.
+    pub fn blackhole(&self) {
+        self.generation
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        // Wake the accept loop so it sees the stop flag.
+        let _ = TcpStream::connect(("127.0.0.1", self.port));
+    }
+}
