@@ -225,7 +225,27 @@ fn quota() -> impl Strategy<Value = Quota> {
             }
         },
     );
-    prop_oneof![named, random]
+    // Quotas at the edge of exactness: capacity x den as close to 2^52 as the
+    // quota allows, so the script's doubles run at the top of their exact range.
+    let extreme = (1u64..=1_000_000, 1u64..=86_400_000_000, 0u64..1_000).prop_filter_map(
+        "quota out of the exact range",
+        |(tokens, period_us, less)| {
+            let den = period_us / gcd(tokens, period_us);
+            let capacity = ((1u64 << 52) / den).checked_sub(less)?;
+            Quota::new(tokens, Duration::from_micros(period_us))
+                .ok()?
+                .burst(capacity)
+                .ok()
+        },
+    );
+    prop_oneof![3 => named, 3 => random, 1 => extreme]
+}
+
+fn gcd(mut a: u64, mut b: u64) -> u64 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
 }
 
 /// 1 to 3 distinct quotas.
