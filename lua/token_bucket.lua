@@ -88,9 +88,12 @@ end
 local reply = { allowed }
 for i = 1, n do
   local need = cost * dens[i]
+  -- A clock behind the stamp refills nothing until it reaches the stamp, so
+  -- waits start from the stamp.
+  local ahead = stamps[i] - now
   local retry = 0
   if allowed == 0 and levels[i] < need then
-    retry = ceil_div(need - levels[i], nums[i])
+    retry = ahead + ceil_div(need - levels[i], nums[i])
   end
   if allowed == 1 and cost > 0 then
     levels[i] = levels[i] - need
@@ -98,8 +101,12 @@ for i = 1, n do
     local ttl = ceil_div(to_full + (stamps[i] - now), 1000) + TTL_MARGIN_MS
     redis.call("SET", KEYS[i], string.format("%.0f:%.0f", levels[i], stamps[i]), "PX", ttl)
   end
+  local reset = ceil_div(fulls[i] - levels[i], nums[i])
+  if reset > 0 then
+    reset = reset + ahead
+  end
   reply[#reply + 1] = math.floor(levels[i] / dens[i])
   reply[#reply + 1] = retry
-  reply[#reply + 1] = ceil_div(fulls[i] - levels[i], nums[i])
+  reply[#reply + 1] = reset
 end
 return reply

@@ -159,7 +159,7 @@ impl MemoryStore {
                 // A peek at an unknown key sees full buckets and stores nothing.
                 let mut levels: Vec<Level> =
                     quotas.iter().map(|q| Level::full(q, now_us)).collect();
-                return Ok(spend(quotas, &mut levels, 0));
+                return Ok(spend(quotas, &mut levels, 0, now_us));
             }
             if shard.len() >= self.inner.per_shard {
                 shard.retain(|_, buckets| !forgettable(buckets, now_us));
@@ -178,7 +178,7 @@ impl MemoryStore {
                 None => Level::full(q, now_us),
             })
             .collect();
-        let decision = spend(quotas, &mut levels, cost);
+        let decision = spend(quotas, &mut levels, cost, now_us);
         if decision.allowed() && cost > 0 {
             for (q, level) in quotas.iter().zip(levels) {
                 match buckets.iter_mut().find(|(bq, _)| bq == q) {
