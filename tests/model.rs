@@ -375,3 +375,40 @@ fn both_stores_refuse_impossible_costs_alike() {
     let keys: Vec<String> = server.cmd(&["KEYS", "*"]);
     assert!(keys.is_empty(), "{keys:?}");
 }
+
+/// A clock that goes backwards (a failover to a server whose clock is behind)
+/// refills nothing until it reaches the bucket's stamp again, and the waits
+/// both stores report count from the stamp, not from the earlier clock.
+#[test]
+fn both_stores_wait_from_the_stamp_when_the_clock_goes_back() {
+    let server = RedisServer::start();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let quotas = [Quota::per_second(10).unwrap()];
+    let memory = MemoryStore::new();
+    let redis = server.store();
+    let stamp = EPOCH_US + 5_000_000;
+    let check = |cost: u64, now: u64| {
+        let mem = memory.check_at("back", &quotas, cost, now).unwrap();
+        let red = runtime
+            .block_on(redis.check_at("back", &quotas, cost, now))
+            .unwrap();
+        assert_eq!(mem, red, "stores disagree at {now}");
+        mem
+    };
+    assert!(check(10, stamp).allowed());
+    // Two seconds behind the stamp: a token is 2.1 s away, a full bucket 3 s.
+    let d = check(1, stamp - 2_000_000);
+    assert!(!d.allowed());
+    assert_eq!(d.retry_after(), Duration::from_millis(2_100));
+    assert_eq!(d.reset_after(), Duration::from_secs(3));
+    assert_eq!(
+        check(0, stamp - 2_000_000).reset_after(),
+        Duration::from_secs(3)
+    );
+    // Exactly when promised, counted from the earlier clock.
+    assert!(!check(1, stamp - 2_000_000 + 2_099_999).allowed());
+    assert!(check(1, stamp - 2_000_000 + 2_100_000).allowed());
+}

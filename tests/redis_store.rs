@@ -511,6 +511,9 @@ async fn a_stamp_ahead_of_redis_time_refills_nothing() {
     let d = store.check("ahead", &quotas, 1).await.unwrap();
     assert!(!d.allowed(), "refilled from a clock behind the stamp");
     assert_eq!(d.remaining(), 0);
+    // The wait counts from the stamp, an hour (less the test's run) away.
+    assert!(d.retry_after() > Duration::from_secs(3590), "{d:?}");
+    assert!(d.retry_after() <= Duration::from_secs(3600) + Duration::from_millis(100));
     assert_eq!(get(&server, &ahead), value, "a denial wrote the bucket");
 
     let behind = store.bucket_key("behind", &quotas[0]);
