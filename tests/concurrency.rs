@@ -41,8 +41,8 @@ use tollgate::{MemoryStore, Quota, RateLimiter, Store};
 
 const TASKS: usize = 64;
 const RUN: Duration = Duration::from_secs(3);
-const RATE: u64 = 500;
-const CAPACITY: u64 = 1000;
+const RATE: u64 = 200;
+const CAPACITY: u64 = 400;
 
 fn quota() -> Quota {
     Quota::per_second(RATE).unwrap().burst(CAPACITY).unwrap()
