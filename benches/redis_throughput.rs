@@ -8,8 +8,11 @@
 //!   16-deep pipelines).
 //!
 //! Every client runs 50 tasks (a 2-worker tokio runtime) over 10 000 client keys
-//! at `Quota::per_second(10)`. Also printed: Redis CPU per call (`INFO
-//! commandstats` `usec_per_call` of `evalsha`), commands and round trips per
+//! at `Quota::per_second(10)`. Also printed: Redis time per call (`INFO
+//! commandstats` `usec_per_call` of `evalsha`: the script's execution, wall
+//! time, so it grows when the 2 cores are contended), Redis CPU per decision
+//! (`INFO cpu` user + sys of the server over the run, divided by decisions: the
+//! script plus network I/O and parsing), commands and round trips per
 //! decision (commands the clients sent, divided by decisions; commands the script
 //! runs inside Redis do not count; deadpool-redis pipelines `UNWATCH` with its
 //! `PING`, one round trip), and `MEMORY USAGE` of one bucket key.
@@ -52,6 +55,9 @@ struct Run {
     decisions: u64,
     secs: f64,
     usec_per_call: f64,
+    /// CPU time of the redis-server process (user + sys, `INFO cpu`) per decision,
+    /// µs: the command plus reading, parsing and answering it.
+    cpu_us: f64,
     /// Commands the client sent per decision.
     commands: f64,
     /// Round trips per decision: commands, less the `UNWATCH` that deadpool-redis
@@ -75,6 +81,16 @@ fn client_commands(server: &RedisServer) -> (u64, BTreeMap<String, u64>) {
     (calls.values().sum(), calls)
 }
 
+/// CPU seconds the redis-server process has used (`used_cpu_user + used_cpu_sys`).
+fn cpu_seconds(server: &RedisServer) -> f64 {
+    let info: String = server.cmd(&["INFO", "cpu"]);
+    info.lines()
+        .filter_map(|l| l.split_once(':'))
+        .filter(|(k, _)| *k == "used_cpu_user" || *k == "used_cpu_sys")
+        .filter_map(|(_, v)| v.trim().parse::<f64>().ok())
+        .sum()
+}
+
 /// Runs `TASKS` tasks calling `decide` until `RUN` is over; returns the figures.
 async fn drive<F, Fut>(server: &RedisServer, decide: F) -> Run
 where
@@ -82,6 +98,7 @@ where
     Fut: Future<Output = ()> + Send,
 {
     server.reset_stats();
+    let cpu_before = cpu_seconds(server);
     let decide = Arc::new(decide);
     let start = Instant::now();
     let deadline = start + RUN;
@@ -103,6 +120,7 @@ where
         decisions += t.await.expect("task");
     }
     let secs = start.elapsed().as_secs_f64();
+    let cpu_us = (cpu_seconds(server) - cpu_before) * 1e6 / decisions as f64;
     let (sent, calls) = client_commands(server);
     let usec_per_call = server
         .command_stat("evalsha", "usec_per_call")
@@ -113,6 +131,7 @@ where
         decisions,
         secs,
         usec_per_call,
+        cpu_us,
         commands: sent as f64 / decisions as f64,
         round_trips: (sent - unwatch) as f64 / decisions as f64,
     }
@@ -183,6 +202,7 @@ fn gcd(mut a: u64, mut b: u64) -> u64 {
 fn run_redis_benchmark(server: &RedisServer) -> Run {
     let sha: String = server.cmd(&["SCRIPT", "LOAD", SCRIPT]);
     server.reset_stats();
+    let cpu_before = cpu_seconds(server);
     let requests = 300_000u64;
     let out = Command::new("timeout")
         .args(["60", "redis-benchmark", "-h", "127.0.0.1", "-p"])
@@ -211,10 +231,12 @@ fn run_redis_benchmark(server: &RedisServer) -> Run {
         .command_stat("evalsha", "usec_per_call")
         .unwrap_or(f64::NAN);
     let calls = server.calls("evalsha");
+    let cpu_us = (cpu_seconds(server) - cpu_before) * 1e6 / calls as f64;
     Run {
         decisions: calls,
         secs: calls as f64 / rps,
         usec_per_call,
+        cpu_us,
         commands: 1.0,
         round_trips: 1.0 / 16.0,
     }
@@ -265,9 +287,10 @@ fn main() {
                 format!("{:.3}", r.round_trips)
             };
             println!(
-                "| {name:<52} | {:>11.0} | {:>13.2} | {:>17.3} | {trips:>19} |",
+                "| {name:<52} | {:>11.0} | {:>13.2} | {:>15.2} | {:>17.3} | {trips:>19} |",
                 r.rate(),
                 r.usec_per_call,
+                r.cpu_us,
                 r.commands
             );
         }
