@@ -272,12 +272,17 @@ fn main() {
 
     println!();
     println!(
-        "| {:<52} | {:>11} | {:>13} | {:>17} | {:>19} |",
-        "client", "decisions/s", "Redis µs/call", "commands/decision", "round trips/decision"
+        "| {:<52} | {:>11} | {:>13} | {:>14} | {:>17} | {:>20} |",
+        "client",
+        "decisions/s",
+        "Redis µs/call",
+        "Redis CPU µs/d",
+        "commands/decision",
+        "round trips/decision"
     );
     println!(
-        "|{:-<54}|{:->13}|{:->15}|{:->19}|{:->21}|",
-        "", "", "", "", ""
+        "|{:-<54}|{:->13}|{:->15}|{:->16}|{:->19}|{:->22}|",
+        "", "", "", "", "", ""
     );
     for (name, runs) in names.iter().zip(&runs) {
         for r in runs {
@@ -287,7 +292,7 @@ fn main() {
                 format!("{:.3}", r.round_trips)
             };
             println!(
-                "| {name:<52} | {:>11.0} | {:>13.2} | {:>15.2} | {:>17.3} | {trips:>19} |",
+                "| {name:<52} | {:>11.0} | {:>13.2} | {:>14.2} | {:>17.3} | {trips:>20} |",
                 r.rate(),
                 r.usec_per_call,
                 r.cpu_us,
