@@ -39,6 +39,16 @@ use http::request::Parts;
 
 use crate::store::safe_key_bytes;
 
+mod client_ip;
+mod forwarded;
+mod ip;
+mod peer;
+
+pub use client_ip::ClientIp;
+pub use forwarded::MAX_HOPS;
+pub use ip::DEFAULT_IPV6_PREFIX;
+pub use peer::PeerIp;
+
 /// Takes a client key from a request head. See the [module docs](crate::key).
 pub trait KeyExtractor: Send + Sync + 'static {
     /// A short name for this kind of key (`"ip"`, `"header:x-api-key"`), put in
