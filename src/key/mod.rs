@@ -40,11 +40,13 @@ use http::request::Parts;
 use crate::store::safe_key_bytes;
 
 mod client_ip;
+mod extension;
 mod forwarded;
 mod ip;
 mod peer;
 
 pub use client_ip::ClientIp;
+pub use extension::Extension;
 pub use forwarded::MAX_HOPS;
 pub use ip::DEFAULT_IPV6_PREFIX;
 pub use peer::PeerIp;
