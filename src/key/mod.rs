@@ -40,12 +40,14 @@ use http::request::Parts;
 use crate::store::safe_key_bytes;
 
 mod client_ip;
+mod combine;
 mod extension;
 mod forwarded;
 mod ip;
 mod peer;
 
 pub use client_ip::ClientIp;
+pub use combine::{And, KeyExtractorExt, Or};
 pub use extension::Extension;
 pub use forwarded::MAX_HOPS;
 pub use ip::DEFAULT_IPV6_PREFIX;
