@@ -228,16 +228,20 @@ impl ClientIp {
         }
         match &self.strategy {
             Strategy::TrustedProxies(header) => {
-                self.rightmost_untrusted(&forwarded::hops(&parts.headers, header), peer?)
+                let hops = forwarded::hops_from_right(&parts.headers, header);
+                self.rightmost_untrusted(&hops, peer?)
             }
             Strategy::Hops(count, header) => {
-                let hops = forwarded::hops(&parts.headers, header);
-                let Some(position) = hops.len().checked_sub(*count) else {
+                let hops = forwarded::hops_from_right(&parts.headers, header);
+                // Too few entries: the peer. Otherwise the entry `count` hops
+                // from the right or, if that one is opaque, the nearest known
+                // proxy to its right, which reported it.
+                let Some(proxies_and_client) = hops.get(..*count) else {
                     return peer;
                 };
-                // The chosen entry or, if opaque, the nearest known proxy that
-                // reported it.
-                hops.range(position..)
+                proxies_and_client
+                    .iter()
+                    .rev()
                     .find_map(|hop| match hop {
                         Hop::Ip(ip) => Some(*ip),
                         Hop::Opaque => None,
@@ -251,13 +255,10 @@ impl ClientIp {
         }
     }
 
-    fn rightmost_untrusted(
-        &self,
-        hops: &std::collections::VecDeque<Hop>,
-        peer: IpAddr,
-    ) -> Option<IpAddr> {
+    /// Walks `hops` (rightmost first) past trusted proxies.
+    fn rightmost_untrusted(&self, hops: &[Hop], peer: IpAddr) -> Option<IpAddr> {
         let mut reporter = peer;
-        for hop in hops.iter().rev() {
+        for hop in hops {
             match *hop {
                 Hop::Ip(ip) if self.is_trusted(ip) => reporter = ip,
                 Hop::Ip(ip) => return Some(ip),
@@ -571,6 +572,60 @@ mod tests {
         }
         let k = key(&c, "10.0.0.200", &[xff(&flood)]).await;
         assert_eq!(k.as_deref(), Some("10.0.0.37"));
+    }
+
+    #[tokio::test]
+    async fn a_client_quote_cannot_hide_the_proxy_element() {
+        let c = ClientIp::trusted_proxies(PROXIES).unwrap().forwarded();
+        let line = "for=1.1.1.1;x=\", for=\"[2001:db8::17]:4711\"";
+        let k = key(&c, "10.0.0.2", &[fwd(line)]).await;
+        assert_eq!(k.as_deref(), Some("2001:db8::/64"));
+    }
+
+    /// Bytes that matter to the parsers, plus some that do not.
+    fn hostile_bytes(max: usize) -> impl proptest::strategy::Strategy<Value = Vec<u8>> {
+        let alphabet = b" ,;=\"\\[]:_.%019afFORunkw\t\xff".to_vec();
+        proptest::collection::vec(proptest::sample::select(alphabet), 0..max)
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn forged_prefixes_never_change_the_key(prefix in hostile_bytes(120)) {
+            let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+            let xff_mode = ClientIp::trusted_proxies(PROXIES).unwrap();
+            let fwd_mode = xff_mode.clone().forwarded();
+            let hops_mode = ClientIp::hops(2).unwrap();
+            let cases = [
+                (&xff_mode, "x-forwarded-for", &b", 203.0.113.7, 10.0.0.1"[..]),
+                (&hops_mode, "x-forwarded-for", b", 203.0.113.7, 10.0.0.1"),
+                (&fwd_mode, "forwarded", b", for=\"203.0.113.7:1\", for=10.0.0.1;by=_lb"),
+            ];
+            for (c, name, suffix) in cases {
+                let line = [prefix.as_slice(), suffix].concat();
+                let k = rt.block_on(key(c, "10.0.0.2", &[(name, &line)]));
+                proptest::prop_assert_eq!(k.as_deref(), Some("203.0.113.7"));
+            }
+        }
+
+        #[test]
+        fn any_header_gives_a_short_key(
+            lines in proptest::collection::vec(hostile_bytes(300), 0..4),
+        ) {
+            let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+            let extractors = [
+                ClientIp::trusted_proxies(PROXIES).unwrap(),
+                ClientIp::trusted_proxies(PROXIES).unwrap().forwarded(),
+                ClientIp::hops(2).unwrap().forwarded(),
+                ClientIp::header("forwarded").unwrap(),
+            ];
+            for c in &extractors {
+                for name in ["x-forwarded-for", "forwarded"] {
+                    let headers: Vec<_> = lines.iter().map(|l| (name, l.as_slice())).collect();
+                    let k = rt.block_on(key(c, "10.0.0.2", &headers)).unwrap();
+                    proptest::prop_assert!(k.len() <= 43, "{}", k);
+                }
+            }
+        }
     }
 
     #[test]

@@ -3,11 +3,10 @@
 //! [`ClientIp`](super::ClientIp) decides which hop to believe.
 //!
 //! Header values are hostile. Parsing never panics, never allocates per entry, and
-//! keeps at most [`MAX_HOPS`] entries (the rightmost ones, the only ones a
-//! trusted proxy can have written), however long the header or however many
-//! header lines there are.
+//! reads at most [`MAX_HOPS`] entries from the right (the only end a trusted
+//! proxy can have written), however long the header or however many header
+//! lines there are.
 
-use std::collections::VecDeque;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use http::{HeaderMap, HeaderName};
@@ -40,28 +39,31 @@ pub(crate) enum ListHeader {
     Forwarded,
 }
 
-/// The rightmost [`MAX_HOPS`] entries of `header`, in header order (leftmost
-/// first), over all its header lines. Empty list elements are not entries (RFC
-/// 9110 section 5.6.1).
-pub(crate) fn hops(headers: &HeaderMap, header: &ListHeader) -> VecDeque<Hop> {
+/// The rightmost [`MAX_HOPS`] entries of `header` over all its header lines,
+/// **rightmost first**. Empty list elements are not entries (RFC 9110 section
+/// 5.6.1).
+///
+/// Lines and elements are split from the right: the right end was written by
+/// trusted proxies and is well formed, the left end by the client. Split from
+/// the left, a client's unbalanced quote would swallow the commas a proxy
+/// appended after it (`for=1.1.1.1;x="` followed by the proxy's
+/// `, for="[2001:db8::17]"` would read as one element claiming `1.1.1.1`).
+/// From the right, client bytes are reached only after every trusted element
+/// has been read, and the scan stops after [`MAX_HOPS`] elements.
+pub(crate) fn hops_from_right(headers: &HeaderMap, header: &ListHeader) -> Vec<Hop> {
     let (name, quoted) = match header {
         ListHeader::XForwardedFor => (HeaderName::from_static("x-forwarded-for"), false),
         ListHeader::Forwarded => (http::header::FORWARDED, true),
     };
-    let mut elements: VecDeque<&[u8]> = VecDeque::with_capacity(MAX_HOPS);
-    for line in headers.get_all(name) {
-        for element in split_list(line.as_bytes(), quoted) {
-            if elements.len() == MAX_HOPS {
-                elements.pop_front();
-            }
-            elements.push_back(element);
-        }
-    }
-    elements
-        .into_iter()
-        .map(|e| match header {
-            ListHeader::XForwardedFor => parse_node(e),
-            ListHeader::Forwarded => parse_forwarded_element(e),
+    headers
+        .get_all(name)
+        .iter()
+        .rev()
+        .flat_map(|line| rsplit_list(line.as_bytes(), quoted))
+        .take(MAX_HOPS)
+        .map(|element| match header {
+            ListHeader::XForwardedFor => parse_node(element),
+            ListHeader::Forwarded => parse_forwarded_element(element),
         })
         .collect()
 }
@@ -72,44 +74,53 @@ pub(crate) fn hops(headers: &HeaderMap, header: &ListHeader) -> VecDeque<Hop> {
 /// is absent.
 pub(crate) fn single(headers: &HeaderMap, name: &HeaderName) -> Option<Hop> {
     let line = headers.get_all(name).iter().next_back()?;
-    let element = split_list(line.as_bytes(), false).last();
+    let element = rsplit_list(line.as_bytes(), false).next();
     Some(element.map_or(Hop::Opaque, parse_node))
 }
 
-/// Splits a comma-separated header list into trimmed, non-empty elements. With
-/// `quoted`, commas inside quoted strings (RFC 9110 section 5.6.4) do not split.
-fn split_list(value: &[u8], quoted: bool) -> impl Iterator<Item = &[u8]> {
+/// Splits a comma-separated header list into trimmed, non-empty elements, from
+/// right to left. With `quoted`, commas inside quoted strings (RFC 9110 section
+/// 5.6.4) do not split.
+fn rsplit_list(value: &[u8], quoted: bool) -> impl Iterator<Item = &[u8]> {
     let mut rest = value;
     std::iter::from_fn(move || {
-        loop {
-            if rest.is_empty() {
-                return None;
-            }
-            let end = element_end(rest, quoted);
-            let (element, tail) = rest.split_at(end);
-            rest = tail.get(1..).unwrap_or_default();
+        while !rest.is_empty() {
+            let (head, element) = match last_separator(rest, quoted) {
+                Some(comma) => (
+                    rest.get(..comma).unwrap_or_default(),
+                    rest.get(comma + 1..).unwrap_or_default(),
+                ),
+                None => (&[][..], rest),
+            };
+            rest = head;
             let element = trim_ows(element);
             if !element.is_empty() {
                 return Some(element);
             }
         }
+        None
     })
 }
 
-/// Index of the first comma outside a quoted string, or the length.
-fn element_end(value: &[u8], quoted: bool) -> usize {
+/// Index of the last comma outside a quoted string, scanning from the right.
+fn last_separator(value: &[u8], quoted: bool) -> Option<usize> {
     let mut in_quotes = false;
-    let mut escaped = false;
-    for (i, b) in value.iter().enumerate() {
+    for (i, b) in value.iter().enumerate().rev() {
         match b {
-            _ if escaped => escaped = false,
-            b'\\' if in_quotes => escaped = true,
-            b'"' if quoted => in_quotes = !in_quotes,
-            b',' if !in_quotes => return i,
+            b'"' if quoted && !is_escaped(value, i) => in_quotes = !in_quotes,
+            b',' if !in_quotes => return Some(i),
             _ => {}
         }
     }
-    value.len()
+    None
+}
+
+/// Whether the byte at `i` is escaped: preceded by an odd number of backslashes.
+/// Each run of backslashes is counted by at most the one quote after it, so a
+/// scan stays linear.
+fn is_escaped(value: &[u8], i: usize) -> bool {
+    let before = value.get(..i).unwrap_or_default();
+    before.iter().rev().take_while(|b| **b == b'\\').count() % 2 == 1
 }
 
 fn trim_ows(mut s: &[u8]) -> &[u8] {
@@ -288,12 +299,12 @@ mod tests {
             &[b"198.51.100.1, 10.0.0.1", b" , 10.0.0.2,,", b"bogus"],
         );
         assert_eq!(
-            hops(&h, &ListHeader::XForwardedFor),
+            hops_from_right(&h, &ListHeader::XForwardedFor),
             [
-                ip("198.51.100.1"),
-                ip("10.0.0.1"),
+                Hop::Opaque,
                 ip("10.0.0.2"),
-                Hop::Opaque
+                ip("10.0.0.1"),
+                ip("198.51.100.1"),
             ]
         );
     }
@@ -310,8 +321,10 @@ mod tests {
                 b"for=\"quo\\\"te\", for=\"10.9.9.9\"",
             ],
         );
+        let mut hops = hops_from_right(&h, &ListHeader::Forwarded);
+        hops.reverse();
         assert_eq!(
-            hops(&h, &ListHeader::Forwarded),
+            hops,
             [
                 ip("192.0.2.43"),
                 ip("2001:db8:cafe::17"),
@@ -320,11 +333,31 @@ mod tests {
                 Hop::Opaque, // no for=
                 ip("192.0.2.60"),
                 Hop::Opaque, // repeated for=
-                Hop::Opaque, // unterminated quote swallows the rest of the line
+                Hop::Opaque, // the unbalanced quote and what precedes it
+                ip("3.3.3.3"),
                 Hop::Opaque, // escapes are not valid in a node
                 ip("10.9.9.9"),
             ]
         );
+    }
+
+    #[test]
+    fn client_quotes_cannot_swallow_proxy_elements() {
+        // The proxy appended its element to the client's line; the client left a
+        // quote open (or an escaped one) hoping to hide it and surface its own `for`.
+        for line in [
+            &b"for=1.1.1.1;x=\", for=\"[2001:db8::17]:4711\""[..],
+            b"for=1.1.1.1;x=\"\\\", for=\"[2001:db8::17]:4711\"",
+            b"for=\"1.1.1.1, for=\"[2001:db8::17]:4711\"",
+            b"for=1.1.1.1, for=\", for=\"[2001:db8::17]:4711\"",
+        ] {
+            let h = map("forwarded", &[line]);
+            let hops = hops_from_right(&h, &ListHeader::Forwarded);
+            assert_eq!(hops.first(), Some(&ip("2001:db8::17")), "{line:?}");
+        }
+        let h = map("forwarded", &[b"for=\"1.1.1.1\\\", for=2.2.2.2"]);
+        let hops = hops_from_right(&h, &ListHeader::Forwarded);
+        assert_eq!(hops.first(), Some(&ip("2.2.2.2")));
     }
 
     #[test]
@@ -333,10 +366,10 @@ mod tests {
             .map(|i| format!("10.0.{}.{}", i / 256, i % 256))
             .collect();
         let h = map("x-forwarded-for", &[many.join(",").as_bytes()]);
-        let hops = hops(&h, &ListHeader::XForwardedFor);
+        let hops = hops_from_right(&h, &ListHeader::XForwardedFor);
         assert_eq!(hops.len(), MAX_HOPS);
-        assert_eq!(hops.back(), Some(&ip("10.0.0.199")));
-        assert_eq!(hops.front(), Some(&ip("10.0.0.136")));
+        assert_eq!(hops.first(), Some(&ip("10.0.0.199")));
+        assert_eq!(hops.last(), Some(&ip("10.0.0.136")));
     }
 
     #[test]
@@ -350,12 +383,15 @@ mod tests {
         for name in ["x-forwarded-for", "forwarded"] {
             let h = map(name, &lines);
             for header in [ListHeader::XForwardedFor, ListHeader::Forwarded] {
-                assert!(hops(&h, &header).len() <= MAX_HOPS);
+                assert!(hops_from_right(&h, &header).len() <= MAX_HOPS);
             }
         }
         let many_lines: Vec<&[u8]> = vec![b"10.0.0.1"; 5000];
         let h = map("x-forwarded-for", &many_lines);
-        assert_eq!(hops(&h, &ListHeader::XForwardedFor).len(), MAX_HOPS);
+        assert_eq!(
+            hops_from_right(&h, &ListHeader::XForwardedFor).len(),
+            MAX_HOPS
+        );
     }
 
     #[test]
