@@ -229,7 +229,7 @@ impl ClientIp {
         match &self.strategy {
             Strategy::TrustedProxies(header) => {
                 let hops = forwarded::hops_from_right(&parts.headers, header);
-                self.rightmost_untrusted(&hops, peer?)
+                Some(self.rightmost_untrusted(&hops, peer?))
             }
             Strategy::Hops(count, header) => {
                 let hops = forwarded::hops_from_right(&parts.headers, header);
@@ -256,16 +256,16 @@ impl ClientIp {
     }
 
     /// Walks `hops` (rightmost first) past trusted proxies.
-    fn rightmost_untrusted(&self, hops: &[Hop], peer: IpAddr) -> Option<IpAddr> {
+    fn rightmost_untrusted(&self, hops: &[Hop], peer: IpAddr) -> IpAddr {
         let mut reporter = peer;
         for hop in hops {
             match *hop {
                 Hop::Ip(ip) if self.is_trusted(ip) => reporter = ip,
-                Hop::Ip(ip) => return Some(ip),
-                Hop::Opaque => return Some(reporter),
+                Hop::Ip(ip) => return ip,
+                Hop::Opaque => return reporter,
             }
         }
-        Some(reporter)
+        reporter
     }
 }
 
