@@ -102,8 +102,9 @@ impl ClientIp {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidConfig`] when the list is empty or an entry is not a
-    /// network, or has host bits set (`10.1.2.3/8`).
+    /// [`Error::InvalidConfig`] when the list is empty, an entry is not a
+    /// network or has host bits set (`10.1.2.3/8`), or an entry is a /0 (trusting
+    /// every address would let any client choose its key).
     pub fn trusted_proxies<I, S>(cidrs: I) -> Result<Self, Error>
     where
         I: IntoIterator<Item = S>,

@@ -149,8 +149,10 @@ impl Cidr {
     }
 }
 
-/// Parses trusted networks, refusing an empty list: trusting nothing would make a
-/// trusted-proxy extractor silently behave like [`PeerIp`](super::PeerIp).
+/// Parses trusted networks. An empty list is refused, since trusting nothing
+/// would make a trusted-proxy extractor silently behave like
+/// [`PeerIp`](super::PeerIp); so is a /0, since trusting every address means
+/// believing the leftmost, client-written forwarding entry.
 pub(crate) fn parse_cidrs<I, S>(cidrs: I) -> Result<Vec<Cidr>, Error>
 where
     I: IntoIterator<Item = S>,
@@ -160,6 +162,12 @@ where
         .into_iter()
         .map(|c| c.as_ref().parse())
         .collect::<Result<Vec<Cidr>, _>>()?;
+    if let Some(all) = cidrs.iter().find(|c| c.prefix == 0) {
+        return Err(Error::InvalidConfig(format!(
+            "trusting {all:?} would trust every address, so any client could pick its \
+             own key; list your proxies' networks"
+        )));
+    }
     if cidrs.is_empty() {
         return Err(Error::InvalidConfig(
             "the list of trusted proxy networks is empty".into(),
@@ -276,6 +284,12 @@ mod tests {
         let err = "10.1.2.3/8".parse::<Cidr>().unwrap_err().to_string();
         assert!(err.contains("did you mean 10.0.0.0/8"), "{err}");
         assert!(parse_cidrs(Vec::<String>::new()).is_err());
+        for everything in ["0.0.0.0/0", "::/0"] {
+            let err = parse_cidrs(["10.0.0.0/8", everything])
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("every address"), "{err}");
+        }
     }
 
     #[test]
