@@ -98,7 +98,8 @@ impl ClientIp {
     /// If the socket peer is not in `cidrs`, the key is the peer. Otherwise the
     /// `X-Forwarded-For` entries are walked from the right, passing over trusted
     /// proxies; the first address that is not one is the client. An opaque entry
-    /// stops the walk (see the [rules](Self#rules)).
+    /// stops the walk (see the [rules](Self#rules)); a trusted peer that sent no
+    /// header is itself the client.
     ///
     /// # Errors
     ///
