@@ -52,12 +52,14 @@
 pub mod decision;
 mod error;
 pub mod key;
+pub mod layer;
 pub mod limiter;
 pub mod quota;
 pub mod store;
 
 pub use decision::{Decision, QuotaState};
 pub use error::Error;
+pub use layer::{RateLimit, RateLimitLayer};
 pub use limiter::RateLimiter;
 pub use quota::Quota;
 #[cfg(feature = "redis")]
