@@ -8,7 +8,7 @@ use bytes::Bytes;
 use http::request::Parts;
 use http::{HeaderMap, Response};
 
-use super::config::{Config, Cost, Missing};
+use super::config::{Config, Cost, Extractor, Missing};
 use super::policy::{Choice, Policy};
 use super::response::{Answer, report};
 use super::{OnStoreError, StoreFailure};
@@ -37,44 +37,49 @@ pub(crate) struct After {
 }
 
 pub(crate) async fn check<St: Store>(config: Arc<Config<St>>, mut parts: Parts) -> Checked {
-    let verdict = decide(&config, &mut parts).await;
-    // Shadow mode reports everything but never stands between client and service.
-    let verdict = match verdict {
-        Verdict::Respond(res) if config.shadow => Verdict::Forward(After {
-            headers: shadow_headers(&res),
-            decision: res.extensions().get::<Decision>().cloned(),
-            failure: res.extensions().get::<StoreFailure>().cloned(),
-        }),
-        other => other,
+    let after = match decide(&config, &parts).await {
+        Ok(after) => after,
+        // Shadow mode reports everything but never stands between client and
+        // service: what would have been answered is forwarded with its report.
+        Err(answer) if config.shadow => answer.into_report(config.headers),
+        Err(answer) => {
+            let res = answer.render(config.headers, &config.rejection);
+            return Checked {
+                parts,
+                verdict: Verdict::Respond(res),
+            };
+        }
     };
-    if let Verdict::Forward(after) = &verdict {
-        if let Some(decision) = &after.decision {
-            parts.extensions.insert(decision.clone());
-        }
-        if let Some(failure) = &after.failure {
-            parts.extensions.insert(failure.clone());
-        }
+    if let Some(decision) = &after.decision {
+        parts.extensions.insert(decision.clone());
     }
-    Checked { parts, verdict }
+    if let Some(failure) = &after.failure {
+        parts.extensions.insert(failure.clone());
+    }
+    Checked {
+        parts,
+        verdict: Verdict::Forward(after),
+    }
 }
 
-async fn decide<St: Store>(config: &Config<St>, parts: &mut Parts) -> Verdict {
+/// `Ok` to forward the request, `Err` to answer it without the inner service.
+async fn decide<St: Store>(config: &Config<St>, parts: &Parts) -> Result<After, Answer> {
     let policy = match &config.select {
         None => config.policy.clone(),
         Some(select) => match select(parts) {
             Choice::Default => config.policy.clone(),
             Choice::Policy(p) => p,
-            Choice::Exempt => return Verdict::Forward(After::default()),
+            Choice::Exempt => return Ok(After::default()),
         },
     };
     let (kind, value) = match config.key.extract(parts).await {
         Some(value) => (config.key.kind(), value),
         None => match &config.missing {
-            Missing::Allow => return Verdict::Forward(After::default()),
-            Missing::Reject => return missing(config.key.kind()),
+            Missing::Allow => return Ok(After::default()),
+            Missing::Reject => return Err(missing(&config.key)),
             Missing::Fallback(other) => match other.extract(parts).await {
                 Some(value) => (other.kind(), value),
-                None => return missing(config.key.kind()),
+                None => return Err(missing(&config.key)),
             },
         },
     };
@@ -83,81 +88,43 @@ async fn decide<St: Store>(config: &Config<St>, parts: &mut Parts) -> Verdict {
         Cost::Dynamic(f) => f(parts),
     };
     if cost > policy.max_cost() {
-        return too_costly(cost, &policy);
+        return Err(too_costly(cost, &policy));
     }
     // Policy name first: two policies never share a bucket. The value is made
     // safe here too: `from_fn` extractors return whatever their closure built.
     let key = format!("{}:{kind}:{}", policy.name(), safe_key(&value));
     match config.store.check(&key, policy.quotas(), cost).await {
-        Ok(decision) => judge(config, &policy, decision),
-        Err(Error::CostExceedsCapacity { .. }) => too_costly(cost, &policy),
-        Err(err) => store_failed(config, err),
-    }
-}
-
-fn judge<St>(config: &Config<St>, policy: &Policy, decision: Decision) -> Verdict {
-    if decision.allowed() {
-        return Verdict::Forward(After {
-            headers: report(config.headers, policy, &decision),
+        Ok(decision) if decision.allowed() => Ok(After {
+            headers: report(config.headers, &policy, &decision),
             decision: Some(decision),
             failure: None,
-        });
-    }
-    Verdict::Respond(
-        Answer::TooMany {
-            policy,
-            decision,
-            style: config.headers,
-            reject: &config.rejection,
-        }
-        .render(),
-    )
-}
-
-fn store_failed<St>(config: &Config<St>, err: Error) -> Verdict {
-    // Every error left here means no decision could be made; the layer never
-    // turns it into a service error.
-    let failure = StoreFailure(Arc::new(err));
-    match config.on_store_error {
-        OnStoreError::Allow => Verdict::Forward(After {
-            failure: Some(failure),
-            ..After::default()
         }),
-        OnStoreError::Deny => {
-            let mut res = Answer::StoreDown.render();
-            res.extensions_mut().insert(failure);
-            Verdict::Respond(res)
+        Ok(decision) => Err(Answer::TooMany { policy, decision }),
+        Err(Error::CostExceedsCapacity { .. }) => Err(too_costly(cost, &policy)),
+        // Every other error means no decision could be made; the layer never
+        // turns it into a service error.
+        Err(err) => {
+            let failure = StoreFailure(Arc::new(err));
+            match config.on_store_error {
+                OnStoreError::Allow => Ok(After {
+                    failure: Some(failure),
+                    ..After::default()
+                }),
+                OnStoreError::Deny => Err(Answer::StoreDown(failure)),
+            }
         }
     }
 }
 
-fn missing(kind: &str) -> Verdict {
-    Verdict::Respond(Answer::MissingKey { kind }.render())
-}
-
-fn too_costly(cost: u64, policy: &Policy) -> Verdict {
-    Verdict::Respond(
-        Answer::CostTooHigh {
-            cost,
-            capacity: policy.max_cost(),
-        }
-        .render(),
-    )
-}
-
-/// The rate limit headers of an answer the shadow layer did not send.
-fn shadow_headers(res: &Response<Bytes>) -> HeaderMap {
-    let mut headers = HeaderMap::new();
-    for name in [
-        super::response::RATELIMIT_POLICY,
-        super::response::RATELIMIT,
-        super::response::X_RATELIMIT_LIMIT,
-        super::response::X_RATELIMIT_REMAINING,
-        super::response::X_RATELIMIT_RESET,
-    ] {
-        for value in res.headers().get_all(&name) {
-            headers.append(name.clone(), value.clone());
-        }
+fn missing(key: &Extractor) -> Answer {
+    Answer::MissingKey {
+        kind: key.kind().to_owned(),
     }
-    headers
+}
+
+fn too_costly(cost: u64, policy: &Policy) -> Answer {
+    Answer::CostTooHigh {
+        cost,
+        capacity: policy.max_cost(),
+    }
 }

@@ -12,6 +12,8 @@ use bytes::Bytes;
 use http::header::{CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 
+use super::StoreFailure;
+use super::check::After;
 use super::config::{HeaderStyle, Reject};
 use super::policy::Policy;
 use crate::{Decision, QuotaState};
@@ -128,31 +130,24 @@ pub(crate) fn apply_report(target: &mut HeaderMap, report: HeaderMap) {
 }
 
 /// An outcome the layer answers itself instead of calling the inner service.
-pub(crate) enum Answer<'a> {
+pub(crate) enum Answer {
     /// Over the limit: 429.
-    TooMany {
-        policy: &'a Policy,
-        decision: Decision,
-        style: HeaderStyle,
-        reject: &'a Reject,
-    },
+    TooMany { policy: Policy, decision: Decision },
     /// The request's cost exceeds a capacity of its policy: it can never pass.
     CostTooHigh { cost: u64, capacity: u64 },
     /// No key to limit by.
-    MissingKey { kind: &'a str },
+    MissingKey { kind: String },
     /// The store failed and the layer is configured to deny.
-    StoreDown,
+    StoreDown(StoreFailure),
 }
 
-impl Answer<'_> {
-    pub(crate) fn render(self) -> Response<Bytes> {
+impl Answer {
+    /// The response for this outcome. This is the one place that chooses a
+    /// response's shape; a gRPC branch (trailers-only `RESOURCE_EXHAUSTED` when
+    /// the request's content-type is `application/grpc`) belongs here.
+    pub(crate) fn render(self, style: HeaderStyle, reject: &Reject) -> Response<Bytes> {
         match self {
-            Answer::TooMany {
-                policy,
-                decision,
-                style,
-                reject,
-            } => too_many(policy, decision, style, reject),
+            Answer::TooMany { policy, decision } => too_many(&policy, decision, style, reject),
             Answer::CostTooHigh { cost, capacity } => plain(
                 StatusCode::TOO_MANY_REQUESTS,
                 format!(
@@ -164,15 +159,33 @@ impl Answer<'_> {
                 StatusCode::BAD_REQUEST,
                 format!("Bad Request: no rate limit key ({kind}) in this request\n"),
             ),
-            Answer::StoreDown => {
+            Answer::StoreDown(failure) => {
                 let mut res = plain(
                     StatusCode::SERVICE_UNAVAILABLE,
                     "Service Unavailable: rate limit store unavailable, retry shortly\n".into(),
                 );
                 res.headers_mut()
                     .insert(RETRY_AFTER, ceil_secs(STORE_RETRY_AFTER).into());
+                res.extensions_mut().insert(failure);
                 res
             }
+        }
+    }
+
+    /// What shadow mode forwards instead of this answer: the report and the
+    /// decision or failure, without the response.
+    pub(crate) fn into_report(self, style: HeaderStyle) -> After {
+        match self {
+            Answer::TooMany { policy, decision } => After {
+                headers: report(style, &policy, &decision),
+                decision: Some(decision),
+                failure: None,
+            },
+            Answer::StoreDown(failure) => After {
+                failure: Some(failure),
+                ..After::default()
+            },
+            Answer::CostTooHigh { .. } | Answer::MissingKey { .. } => After::default(),
         }
     }
 }
@@ -293,12 +306,10 @@ mod tests {
         assert_eq!(ratelimit_value(&p, &d), "\"p.0\";r=0;t=1, \"p.1\";r=98");
         assert_eq!(retry_after_secs(&d), 1);
         let res = Answer::TooMany {
-            policy: &p,
+            policy: p,
             decision: d,
-            style: HeaderStyle::Ietf,
-            reject: &Reject::Problem,
         }
-        .render();
+        .render(HeaderStyle::Ietf, &Reject::Problem);
         assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(res.headers()[RETRY_AFTER], "1");
         assert_eq!(res.headers()[CACHE_CONTROL], "no-store");

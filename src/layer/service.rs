@@ -86,3 +86,78 @@ where
         ResponseFuture::new(check, inner, body)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::convert::Infallible;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use bytes::Bytes;
+    use http::{Request, Response, StatusCode};
+    use tower::{Layer, ServiceExt};
+
+    use crate::layer::{OnStoreError, RateLimitLayer, StoreFailure};
+    use crate::{Decision, Error, MemoryStore, Quota};
+
+    #[tokio::test]
+    async fn rejected_requests_never_reach_the_inner_service() {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let seen = Arc::clone(&calls);
+        let inner = tower::service_fn(move |req: Request<()>| {
+            seen.fetch_add(1, Ordering::SeqCst);
+            let remaining = req.extensions().get::<Decision>().map(Decision::remaining);
+            async move { Ok::<_, Infallible>(Response::new(Bytes::from(format!("{remaining:?}")))) }
+        });
+        let layer = RateLimitLayer::new(MemoryStore::new(), Quota::per_minute(2).unwrap());
+        let svc = layer.layer(inner);
+        for expected in ["Some(1)", "Some(0)"] {
+            let res = svc.clone().oneshot(Request::new(())).await.unwrap();
+            assert_eq!(res.body(), expected);
+            assert!(res.extensions().get::<Decision>().is_some());
+        }
+        let res = svc.clone().oneshot(Request::new(())).await.unwrap();
+        assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert!(!res.extensions().get::<Decision>().unwrap().allowed());
+        assert_eq!(calls.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn inner_errors_pass_through_unchanged() {
+        let inner =
+            tower::service_fn(|_: Request<()>| async { Err::<Response<Bytes>, _>("inner failed") });
+        let svc =
+            RateLimitLayer::new(MemoryStore::new(), Quota::per_minute(2).unwrap()).layer(inner);
+        assert_eq!(
+            svc.oneshot(Request::new(())).await.unwrap_err(),
+            "inner failed"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_full_store_follows_the_store_error_policy() {
+        // One key fits; a second key finds the store full: a store error.
+        let store = MemoryStore::with_max_keys(1).unwrap();
+        let key = crate::key::from_fn("n", |p| Some(p.uri.path().to_owned()));
+        let inner = tower::service_fn(|req: Request<()>| async move {
+            let failed = req.extensions().get::<StoreFailure>().is_some();
+            Ok::<_, Infallible>(Response::new(Bytes::from(failed.to_string())))
+        });
+        let layer = RateLimitLayer::new(store, Quota::per_hour(5).unwrap()).key(key);
+        let allow = layer.clone().layer(inner);
+        let deny = layer.on_store_error(OnStoreError::Deny).layer(inner);
+        let res = allow.clone().oneshot(Request::new(())).await.unwrap();
+        assert_eq!(res.body(), "false");
+        let other = || Request::get("/other").body(()).unwrap();
+        let res = allow.oneshot(other()).await.unwrap();
+        assert_eq!(
+            (res.status(), res.body().as_ref()),
+            (StatusCode::OK, &b"true"[..])
+        );
+        let failure = res.extensions().get::<StoreFailure>().unwrap();
+        assert!(matches!(*failure.0, Error::StoreFull { .. }));
+        let res = deny.oneshot(other()).await.unwrap();
+        assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(res.headers()["retry-after"], "1");
+    }
+}
