@@ -46,6 +46,8 @@ impl TestServer {
     }
 
     /// Serves a bare tower service (no axum) over hyper's HTTP/1 connection API.
+    /// The peer address is put into each request's extensions as a plain
+    /// `SocketAddr`, as a bare hyper server does for peer-IP keys.
     pub async fn hyper<S, B>(service: S) -> Self
     where
         S: tower::Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
@@ -62,14 +64,21 @@ impl TestServer {
         let (tx, mut rx) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {
             loop {
-                let stream = tokio::select! {
+                let (stream, peer) = tokio::select! {
                     accepted = listener.accept() => match accepted {
-                        Ok((stream, _)) => stream,
+                        Ok(accepted) => accepted,
                         Err(_) => continue,
                     },
                     _ = &mut rx => return,
                 };
-                let service = hyper_util::service::TowerToHyperService::new(service.clone());
+                let with_peer = tower::ServiceExt::map_request(
+                    service.clone(),
+                    move |mut req: Request<Incoming>| {
+                        req.extensions_mut().insert(peer);
+                        req
+                    },
+                );
+                let service = hyper_util::service::TowerToHyperService::new(with_peer);
                 tokio::spawn(async move {
                     let _ = hyper::server::conn::http1::Builder::new()
                         .serve_connection(TokioIo::new(stream), service)
