@@ -11,6 +11,9 @@
 //! - [`RateLimiter`]: `check`, `acquire` (waits), `peek` and `reset` over a store.
 //! - [`Decision`]: what a check answers: allowed, limit, remaining, retry-after,
 //!   reset-after.
+//! - [`RateLimitLayer`]: tower middleware for HTTP (axum, hyper): 429 with
+//!   `Retry-After`, the IETF `RateLimit` headers, per-route policies; see
+//!   [`layer`] for the axum quick start.
 //!
 //! ## Quick start
 //!

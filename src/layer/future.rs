@@ -1,6 +1,7 @@
 //! [`ResponseFuture`]: first the check, then the inner service.
 
 use std::future::Future;
+use std::marker::PhantomData;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
@@ -9,6 +10,7 @@ use http::{Request, Response, StatusCode};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
+use super::body::{MakeBody, TextBody};
 use super::check::{After, Checked, Verdict};
 use super::config::BoxFuture;
 use super::response::apply_report;
@@ -16,12 +18,13 @@ use super::response::apply_report;
 pin_project! {
     /// The response future of [`RateLimit`](super::RateLimit): decides the
     /// request, then calls the inner service or answers by itself.
-    pub struct ResponseFuture<S, ReqBody>
+    pub struct ResponseFuture<S, ReqBody, M = TextBody>
     where
         S: Service<Request<ReqBody>>,
     {
         #[pin]
         state: State<S, ReqBody>,
+        body: PhantomData<fn() -> M>,
     }
 }
 
@@ -46,7 +49,7 @@ pin_project! {
     }
 }
 
-impl<S, ReqBody> ResponseFuture<S, ReqBody>
+impl<S, ReqBody, M> ResponseFuture<S, ReqBody, M>
 where
     S: Service<Request<ReqBody>>,
 {
@@ -57,14 +60,15 @@ where
                 inner: Some(inner),
                 body: Some(body),
             },
+            body: PhantomData,
         }
     }
 }
 
-impl<S, ReqBody, ResBody> Future for ResponseFuture<S, ReqBody>
+impl<S, ReqBody, ResBody, M> Future for ResponseFuture<S, ReqBody, M>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
-    ResBody: From<Bytes>,
+    M: MakeBody<ResBody>,
 {
     type Output = Result<Response<ResBody>, S::Error>;
 
@@ -75,13 +79,13 @@ where
                 StateProj::Checking { check, inner, body } => {
                     let Checked { parts, verdict } = ready!(check.as_mut().poll(cx));
                     let after = match verdict {
-                        Verdict::Respond(res) => return Poll::Ready(Ok(res.map(ResBody::from))),
+                        Verdict::Respond(res) => return Poll::Ready(Ok(res.map(M::make_body))),
                         Verdict::Forward(after) => after,
                     };
                     let (Some(mut service), Some(body)) = (inner.take(), body.take()) else {
                         // Only reachable when polled again after completing, which
                         // the Future contract forbids; answer rather than panic.
-                        return Poll::Ready(Ok(internal_error()));
+                        return Poll::Ready(Ok(internal_error::<ResBody, M>()));
                     };
                     let future = service.call(Request::from_parts(parts, body));
                     this.state.set(State::Calling {
@@ -93,7 +97,11 @@ where
                     let mut res = ready!(future.poll(cx))?;
                     if let Some(after) = after.take() {
                         apply_report(res.headers_mut(), after.headers);
-                        if let Some(decision) = after.decision {
+                        // With nested layers the innermost (most specific) decision
+                        // is kept, as the handler saw it in the request.
+                        if let Some(decision) = after.decision
+                            && res.extensions().get::<crate::Decision>().is_none()
+                        {
                             res.extensions_mut().insert(decision);
                         }
                         if let Some(failure) = after.failure {
@@ -107,8 +115,8 @@ where
     }
 }
 
-fn internal_error<B: From<Bytes>>() -> Response<B> {
-    let mut res = Response::new(B::from(Bytes::new()));
+fn internal_error<B, M: MakeBody<B>>() -> Response<B> {
+    let mut res = Response::new(M::make_body(Bytes::new()));
     *res.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
     res
 }

@@ -1,11 +1,13 @@
 //! [`RateLimitLayer`]: configuration, checked when it is built.
 
 use std::fmt;
+use std::marker::PhantomData;
 use std::sync::Arc;
 
 use http::request::Parts;
 use tower_layer::Layer;
 
+use super::body::TextBody;
 use super::config::{Config, Cost, Extractor, HeaderStyle, MissingKey, OnStoreError, Rejection};
 use super::policy::{Choice, Policy};
 use super::service::RateLimit;
@@ -23,20 +25,25 @@ pub const DEFAULT_POLICY_NAME: &str = "default";
 /// start-up, never per request. See the [module docs](crate::layer) for an
 /// example, the defaults and the responses.
 ///
+/// `M` builds the bodies of the layer's own answers: [`TextBody`] by default,
+/// see [`bodies`](Self::bodies).
+///
 /// Cheap to clone: clones share the store and the configuration.
-pub struct RateLimitLayer<St> {
+pub struct RateLimitLayer<St, M = TextBody> {
     config: Arc<Config<St>>,
+    body: PhantomData<fn() -> M>,
 }
 
-impl<St> Clone for RateLimitLayer<St> {
+impl<St, M> Clone for RateLimitLayer<St, M> {
     fn clone(&self) -> Self {
         RateLimitLayer {
             config: Arc::clone(&self.config),
+            body: PhantomData,
         }
     }
 }
 
-impl<St> fmt::Debug for RateLimitLayer<St> {
+impl<St, M> fmt::Debug for RateLimitLayer<St, M> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         self.config.fmt(f)
     }
@@ -68,11 +75,12 @@ impl<St: Store> RateLimitLayer<St> {
                 rejection: Rejection::default().0,
                 shadow: false,
             }),
+            body: PhantomData,
         }
     }
 }
 
-impl<St> RateLimitLayer<St> {
+impl<St, M> RateLimitLayer<St, M> {
     fn with(mut self, change: impl FnOnce(&mut Config<St>)) -> Self {
         change(Arc::make_mut(&mut self.config));
         self
@@ -160,6 +168,17 @@ impl<St> RateLimitLayer<St> {
         self.with(|c| c.rejection = rejection.0)
     }
 
+    /// Chooses how the bodies of the layer's own answers are built: [`TextBody`]
+    /// (the default, for body types with `From<Bytes>` such as axum's) or
+    /// [`EmptyBody`](super::EmptyBody) (for body types with only `Default`, such
+    /// as tonic's). See [`MakeBody`](super::MakeBody).
+    pub fn bodies<M2>(self) -> RateLimitLayer<St, M2> {
+        RateLimitLayer {
+            config: self.config,
+            body: PhantomData,
+        }
+    }
+
     /// Shadow mode: decide, spend and send the headers as usual, put the
     /// [`Decision`](crate::Decision) in the extensions, but never answer in place
     /// of the inner service: over-limit, keyless and store-failed requests are
@@ -179,8 +198,8 @@ fn check_fixed_cost(cost: &Cost, policy: &Policy) -> Result<(), Error> {
     }
 }
 
-impl<S, St> Layer<S> for RateLimitLayer<St> {
-    type Service = RateLimit<S, St>;
+impl<S, St, M> Layer<S> for RateLimitLayer<St, M> {
+    type Service = RateLimit<S, St, M>;
 
     fn layer(&self, inner: S) -> Self::Service {
         RateLimit::new(inner, Arc::clone(&self.config))

@@ -2,9 +2,11 @@
 //!
 //! Works with axum's `Router::layer` and `Router::route_layer`, with hyper
 //! services and with anything built on tower. The response body type stays the
-//! inner service's; it only has to be buildable from [`Bytes`](bytes::Bytes)
-//! (axum's `Body` and `http_body_util::Full<Bytes>` are) so the layer can answer
-//! 429, 503 and 400 by itself.
+//! inner service's. To answer 429, 503 and 400 by itself with a short text, the
+//! layer needs that type to be buildable from [`Bytes`](bytes::Bytes) (axum's
+//! `Body` and `http_body_util::Full<Bytes>` are); for body types that only have
+//! `Default`, [`RateLimitLayer::bodies::<EmptyBody>()`](RateLimitLayer::bodies)
+//! sends the same statuses and headers with empty bodies.
 //!
 //! ## Quick start (axum)
 //!
@@ -111,6 +113,7 @@
 //! read `remaining`, shadow handlers see `allowed() == false`) and into the
 //! response extensions. A store failure puts a [`StoreFailure`] in both.
 
+mod body;
 mod check;
 mod config;
 mod future;
@@ -123,6 +126,7 @@ mod service;
 use std::fmt;
 use std::sync::Arc;
 
+pub use body::{EmptyBody, MakeBody, TextBody};
 pub use config::{HeaderStyle, MissingKey, OnStoreError, RejectFn, Rejection};
 pub use future::ResponseFuture;
 pub use layer::{DEFAULT_POLICY_NAME, RateLimitLayer};

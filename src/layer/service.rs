@@ -1,13 +1,14 @@
 //! [`RateLimit`]: the middleware service.
 
 use std::fmt;
+use std::marker::PhantomData;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use bytes::Bytes;
 use http::{Request, Response};
 use tower_service::Service;
 
+use super::body::{MakeBody, TextBody};
 use super::check::check;
 use super::config::Config;
 use super::future::ResponseFuture;
@@ -16,15 +17,21 @@ use crate::Store;
 /// Rate limits requests to the inner service `S` with buckets in the store `St`.
 ///
 /// Built by [`RateLimitLayer`](super::RateLimitLayer); see the
-/// [module docs](crate::layer) for an example and the responses it sends.
-pub struct RateLimit<S, St> {
+/// [module docs](crate::layer) for an example and the responses it sends. `M`
+/// builds the bodies of the layer's own answers (see [`MakeBody`]).
+pub struct RateLimit<S, St, M = TextBody> {
     inner: S,
     config: Arc<Config<St>>,
+    body: PhantomData<fn() -> M>,
 }
 
-impl<S, St> RateLimit<S, St> {
+impl<S, St, M> RateLimit<S, St, M> {
     pub(crate) fn new(inner: S, config: Arc<Config<St>>) -> Self {
-        RateLimit { inner, config }
+        RateLimit {
+            inner,
+            config,
+            body: PhantomData,
+        }
     }
 
     /// The inner service.
@@ -43,16 +50,13 @@ impl<S, St> RateLimit<S, St> {
     }
 }
 
-impl<S: Clone, St> Clone for RateLimit<S, St> {
+impl<S: Clone, St, M> Clone for RateLimit<S, St, M> {
     fn clone(&self) -> Self {
-        RateLimit {
-            inner: self.inner.clone(),
-            config: Arc::clone(&self.config),
-        }
+        RateLimit::new(self.inner.clone(), Arc::clone(&self.config))
     }
 }
 
-impl<S: fmt::Debug, St> fmt::Debug for RateLimit<S, St> {
+impl<S: fmt::Debug, St, M> fmt::Debug for RateLimit<S, St, M> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimit")
             .field("inner", &self.inner)
@@ -61,15 +65,15 @@ impl<S: fmt::Debug, St> fmt::Debug for RateLimit<S, St> {
     }
 }
 
-impl<S, St, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S, St>
+impl<S, St, M, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S, St, M>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
     St: Store,
-    ResBody: From<Bytes>,
+    M: MakeBody<ResBody>,
 {
     type Response = Response<ResBody>;
     type Error = S::Error;
-    type Future = ResponseFuture<S, ReqBody>;
+    type Future = ResponseFuture<S, ReqBody, M>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -159,5 +163,32 @@ mod tests {
         let res = deny.oneshot(other()).await.unwrap();
         assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(res.headers()["retry-after"], "1");
+    }
+
+    /// A body type with nothing but `Default`, like tonic's.
+    #[derive(Debug, Default, PartialEq)]
+    struct OnlyDefault;
+
+    #[tokio::test]
+    async fn empty_bodies_serve_body_types_without_from_bytes() {
+        use crate::layer::EmptyBody;
+        let inner = tower::service_fn(|_: Request<()>| async {
+            Ok::<_, Infallible>(Response::new(OnlyDefault))
+        });
+        let svc = RateLimitLayer::new(MemoryStore::new(), Quota::per_minute(1).unwrap())
+            .bodies::<EmptyBody>()
+            .layer(inner);
+        assert_eq!(
+            svc.clone()
+                .oneshot(Request::new(()))
+                .await
+                .unwrap()
+                .status(),
+            200
+        );
+        let res = svc.oneshot(Request::new(())).await.unwrap();
+        assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(res.headers()["retry-after"], "60");
+        assert_eq!(res.body(), &OnlyDefault);
     }
 }
