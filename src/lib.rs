@@ -72,3 +72,8 @@ pub use store::{MemoryStore, Store};
 /// The deadpool-redis crate tollgate is built against, for building a pool.
 #[cfg(feature = "redis")]
 pub use deadpool_redis;
+
+/// Every Rust code block of the README, compiled and run as a doc-test.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

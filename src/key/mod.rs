@@ -15,6 +15,28 @@
 //! [`safe_key`](crate::store::safe_key) before it reaches a store, so two
 //! extractors never share a bucket by accident and no raw header becomes a Redis key.
 //!
+//! ## Extractors
+//!
+//! | Extractor | Source | Kind | Example key |
+//! |---|---|---|---|
+//! | [`Global`] | nothing: one bucket for all | `global` | `global` |
+//! | [`Header`] | one request header (API key, gRPC metadata) | `header:x-api-key` | `k-123` |
+//! | [`PeerIp`] | the socket peer address (axum `ConnectInfo`, tonic `TcpConnectInfo`, `SocketAddr`) | `ip` | `203.0.113.7`, `2001:db8:1:2::/64` |
+//! | [`ClientIp`] | the client behind trusted proxies (`X-Forwarded-For`, `Forwarded`, `X-Real-IP`, ...) | `client-ip` | `198.51.100.4`, `2001:db8:1:2::/64` |
+//! | [`Extension`] | a value an auth layer put in the request extensions | `ext:user` | `42` |
+//! | [`from_fn`] | a closure over the request head | as given | as returned |
+//! | [`And`] (`a.and(b)`) | both keys: a bucket per pair | `route+client-ip` | `7:/orders:203.0.113.7` |
+//! | [`Or`] (`a.or(b)`) | the first key present, tagged by which answered | `header:x-api-key/client-ip` | `0:k-123`, `1:203.0.113.7` |
+//!
+//! IP keys are canonical: IPv4-mapped IPv6 is keyed as IPv4, IPv6 zone ids are
+//! dropped, and IPv6 clients are keyed by their /64 network (configurable), since
+//! one customer usually holds a whole /64. `PeerIp` needs the cargo feature `axum`
+//! or `tonic` to read those frameworks' connection info; a plain `SocketAddr`
+//! extension always works.
+//!
+//! Behind a proxy, [`PeerIp`] sees only the proxy; [`ClientIp`] reads forwarding
+//! headers, but only as far as your own proxies wrote them (see its docs).
+//!
 //! ```
 //! use http::Request;
 //! use tollgate::key::{Global, Header, KeyExtractor, from_fn};
@@ -29,6 +51,19 @@
 //! assert_eq!(path.extract(&parts).await.as_deref(), Some("/orders"));
 //! # }
 //! ```
+//!
+//! Behind a load balancer in `10.0.0.0/8`, with an API key bucket for callers
+//! that send one:
+//!
+//! ```
+//! use tollgate::key::{ClientIp, Header, KeyExtractorExt};
+//!
+//! # fn main() -> Result<(), tollgate::Error> {
+//! let key = Header::try_new("x-api-key")?.or(ClientIp::trusted_proxies(["10.0.0.0/8"])?);
+//! # let _ = key;
+//! # Ok(())
+//! # }
+//! ```
 
 use std::borrow::Cow;
 use std::fmt;
@@ -38,6 +73,20 @@ use http::HeaderName;
 use http::request::Parts;
 
 use crate::store::safe_key_bytes;
+
+mod client_ip;
+mod combine;
+mod extension;
+mod forwarded;
+mod ip;
+mod peer;
+
+pub use client_ip::ClientIp;
+pub use combine::{And, KeyExtractorExt, Or};
+pub use extension::Extension;
+pub use forwarded::MAX_HOPS;
+pub use ip::DEFAULT_IPV6_PREFIX;
+pub use peer::PeerIp;
 
 /// Takes a client key from a request head. See the [module docs](crate::key).
 pub trait KeyExtractor: Send + Sync + 'static {
