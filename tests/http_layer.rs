@@ -11,7 +11,7 @@ use axum::{Extension, Router};
 use http::StatusCode;
 use support::RedisServer;
 use support::http::{Client, TestServer};
-use tollgate::key::{Header, from_fn};
+use tollgate::key::{Global, Header, from_fn};
 use tollgate::layer::{
     Choice, HeaderStyle, MissingKey, OnStoreError, Policy, RateLimitLayer, Rejection, StoreFailure,
 };
@@ -58,7 +58,8 @@ fn summary(body: &str) -> &str {
 #[tokio::test]
 async fn burst_is_cut_at_capacity_then_admitted_after_retry_after() {
     let redis = RedisServer::start();
-    let server = TestServer::axum(app(RateLimitLayer::new(redis.store(), small()))).await;
+    let layer = RateLimitLayer::new(redis.store(), small()).key(Global);
+    let server = TestServer::axum(app(layer)).await;
     let client = Client::new();
     // Send until the first 429: at least the burst of 3 passes, a few more only if
     // this machine is slow enough for tokens to refill meanwhile.
@@ -96,6 +97,7 @@ async fn headers_equal_the_decision_the_handler_sees() {
     let redis = RedisServer::start();
     let quotas = [Quota::per_second(10).unwrap(), Quota::per_hour(5).unwrap()];
     let layer = RateLimitLayer::new(redis.store(), small())
+        .key(Global)
         .quotas(quotas)
         .unwrap()
         .name("api")
@@ -153,6 +155,7 @@ async fn headers_equal_the_decision_the_handler_sees() {
 
     // Legacy headers carry the same numbers.
     let legacy = RateLimitLayer::new(redis.store(), small())
+        .key(Global)
         .name("legacy")
         .unwrap()
         .headers(HeaderStyle::Legacy);
@@ -233,13 +236,15 @@ async fn policies_per_route_and_tier_with_costs_keep_separate_buckets() {
 #[tokio::test]
 async fn cost_zero_peeks_and_cost_above_capacity_is_refused_without_retry_after() {
     let redis = RedisServer::start();
-    let layer = RateLimitLayer::new(redis.store(), small()).cost(|parts| {
-        parts
-            .headers
-            .get("x-cost")
-            .and_then(|v| v.to_str().ok()?.parse().ok())
-            .unwrap_or(1)
-    });
+    let layer = RateLimitLayer::new(redis.store(), small())
+        .key(Global)
+        .cost(|parts| {
+            parts
+                .headers
+                .get("x-cost")
+                .and_then(|v| v.to_str().ok()?.parse().ok())
+                .unwrap_or(1)
+        });
     let server = TestServer::axum(app(layer)).await;
     let client = Client::new();
     let peek = client.get_with(&server.url("/"), &[("x-cost", b"0")]).await;
@@ -391,9 +396,10 @@ const FAILURE_BOUND: Duration = Duration::from_secs(2);
 #[tokio::test]
 async fn redis_down_or_frozen_allow_forwards_and_deny_answers_503_quickly() {
     let mut redis = RedisServer::start();
-    let allow = RateLimitLayer::new(fast_failing(&redis), small());
-    let deny =
-        RateLimitLayer::new(fast_failing(&redis), small()).on_store_error(OnStoreError::Deny);
+    let allow = RateLimitLayer::new(fast_failing(&redis), small()).key(Global);
+    let deny = RateLimitLayer::new(fast_failing(&redis), small())
+        .key(Global)
+        .on_store_error(OnStoreError::Deny);
     let allow_server = TestServer::axum(app(allow)).await;
     let deny_server = TestServer::axum(app(deny)).await;
     let client = Client::new();
@@ -439,6 +445,7 @@ async fn redis_down_or_frozen_allow_forwards_and_deny_answers_503_quickly() {
 async fn route_layer_limits_only_matched_routes() {
     let redis = RedisServer::start();
     let layer = RateLimitLayer::new(redis.store(), slow())
+        .key(Global)
         .name("search")
         .unwrap();
     let app = Router::new()
@@ -462,6 +469,7 @@ async fn rejections_can_be_problem_json_or_custom() {
     let redis = RedisServer::start();
     let client = Client::new();
     let problem = RateLimitLayer::new(redis.store(), Quota::per_minute(1).unwrap())
+        .key(Global)
         .rejection(Rejection::problem_json());
     let server = TestServer::axum(app(problem)).await;
     client.get(&server.url("/")).await;
@@ -477,6 +485,7 @@ async fn rejections_can_be_problem_json_or_custom() {
     assert_eq!(r.retry_after(), Some(60));
 
     let custom = RateLimitLayer::new(redis.store(), Quota::per_minute(1).unwrap())
+        .key(Global)
         .name("custom")
         .unwrap()
         .rejection(Rejection::custom(|d| {
@@ -498,7 +507,7 @@ async fn rejections_can_be_problem_json_or_custom() {
 }
 
 #[tokio::test]
-async fn a_bare_hyper_service_is_limited_too() {
+async fn a_bare_hyper_service_is_limited_by_peer_ip_by_default() {
     use bytes::Bytes;
     use http_body_util::Full;
     use tower::Layer;
@@ -518,4 +527,7 @@ async fn a_bare_hyper_service_is_limited_too() {
     let r = client.get(&server.url("/")).await;
     assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(r.retry_after(), Some(20));
+    // The server put the peer SocketAddr in the extensions; PeerIp keyed by it.
+    let keys: Vec<String> = redis.cmd(&["KEYS", "*"]);
+    assert_eq!(keys, ["tollgate:{default:ip:127.0.0.1}:3/1m:3"]);
 }

@@ -11,7 +11,7 @@ use super::body::TextBody;
 use super::config::{Config, Cost, Extractor, HeaderStyle, MissingKey, OnStoreError, Rejection};
 use super::policy::{Choice, Policy};
 use super::service::RateLimit;
-use crate::key::{Global, KeyExtractor};
+use crate::key::{KeyExtractor, PeerIp};
 use crate::{Error, Quota, Store};
 
 /// The name of the policy made by [`RateLimitLayer::new`].
@@ -50,8 +50,9 @@ impl<St, M> fmt::Debug for RateLimitLayer<St, M> {
 }
 
 impl<St: Store> RateLimitLayer<St> {
-    /// One quota in a policy named [`DEFAULT_POLICY_NAME`], keyed by [`Global`]
-    /// (one bucket for all requests) until [`key`](Self::key) says otherwise.
+    /// One quota in a policy named [`DEFAULT_POLICY_NAME`], keyed by the client's
+    /// socket address ([`PeerIp`]) until [`key`](Self::key) says otherwise. See
+    /// the [module docs](crate::layer#defaults) for what the peer address needs.
     pub fn new(store: St, quota: Quota) -> Self {
         match Policy::new(DEFAULT_POLICY_NAME, [quota]) {
             Ok(policy) => Self::with_policy(store, policy),
@@ -66,7 +67,7 @@ impl<St: Store> RateLimitLayer<St> {
             config: Arc::new(Config {
                 store: Arc::new(store),
                 policy,
-                key: Extractor::new(Global),
+                key: Extractor::new(PeerIp::new()),
                 select: None,
                 cost: Cost::Fixed(1),
                 missing: MissingKey::default().0,
@@ -109,9 +110,10 @@ impl<St, M> RateLimitLayer<St, M> {
         Ok(self.with(|c| c.policy = policy))
     }
 
-    /// Which client a request counts against. The default, [`Global`], puts all
-    /// requests in one bucket; use a header, the client IP or your own
-    /// [`KeyExtractor`] for per-client limits.
+    /// Which client a request counts against. The default, [`PeerIp`], is the
+    /// socket peer; behind proxies use [`ClientIp`](crate::key::ClientIp), for an
+    /// API key [`Header`](crate::key::Header), for one bucket shared by everyone
+    /// [`Global`](crate::key::Global), or your own [`KeyExtractor`].
     pub fn key(self, key: impl KeyExtractor) -> Self {
         self.with(|c| c.key = Extractor::new(key))
     }
@@ -229,6 +231,6 @@ mod tests {
         let layer = layer.name("api").unwrap();
         assert_eq!(layer.default_policy().name(), "api");
         let debug = format!("{layer:?}");
-        assert!(debug.contains("api") && debug.contains("global"), "{debug}");
+        assert!(debug.contains("api") && debug.contains("ip"), "{debug}");
     }
 }

@@ -50,7 +50,7 @@
 //!
 //! | option | default | other choices |
 //! | --- | --- | --- |
-//! | [`key`](RateLimitLayer::key) | [`Global`](crate::key::Global): one bucket for every request | any [`KeyExtractor`](crate::key::KeyExtractor) |
+//! | [`key`](RateLimitLayer::key) | [`PeerIp`](crate::key::PeerIp): a bucket per client address (IPv6 per /64) | [`ClientIp`](crate::key::ClientIp) behind proxies, [`Header`](crate::key::Header), [`Global`](crate::key::Global), any [`KeyExtractor`](crate::key::KeyExtractor) |
 //! | [`policy`](RateLimitLayer::policy) | the layer's own policy, named `default` | a [`Policy`] per request, or [`Choice::Exempt`] |
 //! | [`cost`](RateLimitLayer::cost) | 1 token per request | any weight; 0 is a peek |
 //! | [`on_missing_key`](RateLimitLayer::on_missing_key) | [`MissingKey::reject`]: 400 | allow, or fall back to another extractor |
@@ -58,8 +58,20 @@
 //! | [`headers`](RateLimitLayer::headers) | [`HeaderStyle::Ietf`] | legacy `X-RateLimit-*`, none |
 //! | [`rejection`](RateLimitLayer::rejection) | [`Rejection::text`]: 429 `text/plain` | RFC 9457 problem+json, your own |
 //!
-//! The default key is `Global` because a per-IP default needs the peer address,
-//! which only the server knows; set a key for per-client limits.
+//! The default key is the socket peer address, because a rate limit is almost
+//! always meant per client, and one bucket silently shared by every client is
+//! the classic misconfiguration. The server must put the address in the request
+//! extensions:
+//!
+//! - axum: enable tollgate's `axum` feature and serve with
+//!   `app.into_make_service_with_connect_info::<SocketAddr>()`;
+//! - tonic: enable the `tonic` feature (tonic inserts `TcpConnectInfo` itself);
+//! - a bare hyper server: insert the peer's `SocketAddr` into each request.
+//!
+//! Without it every request lacks its key and is answered 400 (the default
+//! [`MissingKey::reject`]), so the mistake shows at the first request. Behind a
+//! reverse proxy every client would share the proxy's address: use
+//! [`ClientIp`](crate::key::ClientIp) there.
 //!
 //! ## Response headers
 //!

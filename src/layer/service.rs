@@ -113,7 +113,8 @@ mod tests {
             let remaining = req.extensions().get::<Decision>().map(Decision::remaining);
             async move { Ok::<_, Infallible>(Response::new(Bytes::from(format!("{remaining:?}")))) }
         });
-        let layer = RateLimitLayer::new(MemoryStore::new(), Quota::per_minute(2).unwrap());
+        let layer = RateLimitLayer::new(MemoryStore::new(), Quota::per_minute(2).unwrap())
+            .key(crate::key::Global);
         let svc = layer.layer(inner);
         for expected in ["Some(1)", "Some(0)"] {
             let res = svc.clone().oneshot(Request::new(())).await.unwrap();
@@ -130,8 +131,9 @@ mod tests {
     async fn inner_errors_pass_through_unchanged() {
         let inner =
             tower::service_fn(|_: Request<()>| async { Err::<Response<Bytes>, _>("inner failed") });
-        let svc =
-            RateLimitLayer::new(MemoryStore::new(), Quota::per_minute(2).unwrap()).layer(inner);
+        let svc = RateLimitLayer::new(MemoryStore::new(), Quota::per_minute(2).unwrap())
+            .key(crate::key::Global)
+            .layer(inner);
         assert_eq!(
             svc.oneshot(Request::new(())).await.unwrap_err(),
             "inner failed"
@@ -176,6 +178,7 @@ mod tests {
             Ok::<_, Infallible>(Response::new(OnlyDefault))
         });
         let svc = RateLimitLayer::new(MemoryStore::new(), Quota::per_minute(1).unwrap())
+            .key(crate::key::Global)
             .bodies::<EmptyBody>()
             .layer(inner);
         assert_eq!(
@@ -190,5 +193,48 @@ mod tests {
         assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(res.headers()["retry-after"], "60");
         assert_eq!(res.body(), &OnlyDefault);
+    }
+
+    #[tokio::test]
+    async fn the_default_key_is_the_peer_address() {
+        let inner = tower::service_fn(|_: Request<()>| async {
+            Ok::<_, Infallible>(Response::new(Bytes::from("ok")))
+        });
+        let store = MemoryStore::new();
+        let svc = RateLimitLayer::new(store.clone(), Quota::per_minute(1).unwrap()).layer(inner);
+        let from = |ip: [u8; 4]| {
+            let mut req = Request::new(());
+            req.extensions_mut()
+                .insert(std::net::SocketAddr::from((ip, 40_000)));
+            req
+        };
+        assert_eq!(
+            svc.clone()
+                .oneshot(from([192, 0, 2, 1]))
+                .await
+                .unwrap()
+                .status(),
+            200
+        );
+        assert_eq!(
+            svc.clone()
+                .oneshot(from([192, 0, 2, 1]))
+                .await
+                .unwrap()
+                .status(),
+            429
+        );
+        assert_eq!(
+            svc.clone()
+                .oneshot(from([192, 0, 2, 2]))
+                .await
+                .unwrap()
+                .status(),
+            200
+        );
+        // No peer address: a configuration problem, answered at once.
+        let res = svc.oneshot(Request::new(())).await.unwrap();
+        assert_eq!(res.status(), StatusCode::BAD_REQUEST);
+        assert!(std::str::from_utf8(res.body()).unwrap().contains("(ip)"));
     }
 }
