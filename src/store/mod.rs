@@ -1,4 +1,4 @@
-//! Where buckets live: [`RedisStore`](crate::RedisStore) shared by every instance,
+//! Where buckets live: [`RedisStore`] shared by every instance,
 //! or [`MemoryStore`] in one process.
 //!
 //! Both run the same exact algorithm (`lua/token_bucket.lua` and its Rust twin):
