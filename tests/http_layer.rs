@@ -335,7 +335,9 @@ async fn missing_keys_follow_the_configured_behaviour() {
         .get_with(&server.url("/"), &[("x-api-key", b"bot")])
         .await;
     assert_eq!(r.status, StatusCode::OK);
-    assert_eq!(client.get(&server.url("/")).await.status, 400);
+    let r = client.get(&server.url("/")).await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST);
+    assert!(r.body.contains("(header:x-api-key or agent)"), "{}", r.body);
     let keys: Vec<String> = redis.cmd(&["KEYS", "*"]);
     assert!(
         keys.contains(&"tollgate:{default:agent:bot}:3/1m:3".to_owned()),

@@ -79,7 +79,11 @@ async fn decide<St: Store>(config: &Config<St>, parts: &Parts) -> Result<After, 
             Missing::Reject => return Err(missing(&config.key)),
             Missing::Fallback(other) => match other.extract(parts).await {
                 Some(value) => (other.kind(), value),
-                None => return Err(missing(&config.key)),
+                None => {
+                    return Err(Answer::MissingKey {
+                        kind: format!("{} or {}", config.key.kind(), other.kind()),
+                    });
+                }
             },
         },
     };

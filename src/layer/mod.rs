@@ -46,6 +46,26 @@
 //! # }
 //! ```
 //!
+//! Serving it for real, keyed by the client's address (the default key; needs
+//! tollgate's `axum` feature so it can read axum's `ConnectInfo`):
+//!
+//! ```no_run
+//! use std::net::SocketAddr;
+//! use axum::{Router, routing::get};
+//! use tollgate::{Quota, RateLimitLayer, RedisStore};
+//!
+//! # #[tokio::main]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = RedisStore::from_url("redis://127.0.0.1:6379")?;
+//! let app = Router::new()
+//!     .route("/", get(|| async { "hello" }))
+//!     .layer(RateLimitLayer::new(store, Quota::per_second(10)?.burst(20)?));
+//! let listener = tokio::net::TcpListener::bind("0.0.0.0:3000").await?;
+//! axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>()).await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! ## Defaults
 //!
 //! | option | default | other choices |
@@ -89,7 +109,9 @@
 //!   `t` is the seconds until that quota holds the request's cost, and is left out
 //!   for quotas that already hold it, so `Retry-After` (the longest such wait) is
 //!   never earlier than any `t`.
-//! - Nested layers append their items to the same two fields.
+//! - Nested layers (a global limit and a per-route one) append their items to
+//!   the same two fields. The outer layer decides first: a request it admits has
+//!   spent its tokens even if an inner layer then answers 429.
 //! - [`HeaderStyle::Legacy`] sends `X-RateLimit-Limit` (capacity),
 //!   `X-RateLimit-Remaining` and `X-RateLimit-Reset` of the most restrictive quota;
 //!   the reset is **delay seconds** until that bucket is full again (rounded up),
@@ -106,7 +128,8 @@
 //!   exceeds a capacity of its policy, so no wait would help.
 //! - **503 Service Unavailable** with `Retry-After: 1`: the store failed and
 //!   [`OnStoreError::Deny`] is set.
-//! - **400 Bad Request**: no key and [`MissingKey::reject`].
+//! - **400 Bad Request**: no key and [`MissingKey::reject`]; the body names the
+//!   key kind that was missing (`ip`, `header:x-api-key`).
 //!
 //! A limit or store problem never becomes a service error: the layer's error
 //! type is the inner service's.
@@ -124,6 +147,9 @@
 //! The [`Decision`](crate::Decision) goes into the request extensions (handlers
 //! read `remaining`, shadow handlers see `allowed() == false`) and into the
 //! response extensions. A store failure puts a [`StoreFailure`] in both.
+//! Requests that were not limited (exempt, keyless with [`MissingKey::allow`],
+//! store failed with [`OnStoreError::Allow`]) carry no `Decision`: handlers that
+//! can see them should take `Option<Extension<Decision>>`.
 
 mod body;
 mod check;
