@@ -236,3 +236,5 @@ fn wait_ready(port: u16, limit: Duration) -> Result<(), String> {
     }
     Err(last)
 }
+
+pub mod http;
