@@ -174,7 +174,7 @@ async fn policies_per_route_and_tier_with_costs_keep_separate_buckets() {
     let free = Policy::new("free", [Quota::per_minute(4).unwrap()]).unwrap();
     let pro = Policy::new("pro", [Quota::per_minute(40).unwrap()]).unwrap();
     let layer = RateLimitLayer::new(redis.store(), Quota::per_minute(100).unwrap())
-        .key(Header::new("x-api-key"))
+        .key(Header::new("x-api-key").verbatim())
         .policy(move |parts| {
             if parts.uri.path() == "/health" {
                 return Choice::Exempt;
@@ -294,7 +294,7 @@ async fn shadow_mode_never_rejects_but_reports() {
 async fn missing_keys_follow_the_configured_behaviour() {
     let redis = RedisServer::start();
     let client = Client::new();
-    let header = || Header::new("x-api-key");
+    let header = || Header::new("x-api-key").verbatim();
 
     let reject = RateLimitLayer::new(redis.store(), small()).key(header());
     let server = TestServer::axum(app(reject)).await;
@@ -345,6 +345,35 @@ async fn missing_keys_follow_the_configured_behaviour() {
     );
     assert!(
         keys.contains(&"tollgate:{default:header:x-api-key:bot}:3/1m:3".to_owned()),
+        "{keys:?}"
+    );
+}
+
+#[tokio::test]
+async fn api_keys_never_reach_redis_in_clear() {
+    let redis = RedisServer::start();
+    let layer = RateLimitLayer::new(redis.store(), slow()).key(Header::new("x-api-key"));
+    let server = TestServer::axum(app(layer)).await;
+    let client = Client::new();
+    let secret = b"sk_live_4242";
+    for _ in 0..4 {
+        client
+            .get_with(&server.url("/"), &[("x-api-key", secret)])
+            .await;
+    }
+    let r = client
+        .get_with(&server.url("/"), &[("x-api-key", secret)])
+        .await;
+    assert_eq!(
+        r.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "still one bucket per key"
+    );
+    let keys: Vec<String> = redis.cmd(&["KEYS", "*"]);
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    assert!(!keys[0].contains("sk_live"), "{keys:?}");
+    assert!(
+        keys[0].starts_with("tollgate:{default:header:x-api-key:#"),
         "{keys:?}"
     );
 }

@@ -52,6 +52,16 @@ use crate::Error;
 ///   ids are dropped, IPv6 is keyed by its /64 ([`ipv6_prefix`](Self::ipv6_prefix)).
 ///   Trusted networks are matched against the full canonical address.
 ///
+/// # Trust only your proxies
+///
+/// List the addresses of your own proxies, as narrowly as you can: a load
+/// balancer subnet, not all of `10.0.0.0/8`. Any host inside a trusted range
+/// (a pod, a VPN user, an internal caller) can send `X-Forwarded-For: 1.2.3.4`;
+/// its proxy appends the host's own address, the walk passes over it as trusted,
+/// and the forged entry becomes the key. Read the header your proxies actually
+/// write: behind a proxy that appends only `X-Forwarded-For`, a `Forwarded`
+/// header is written by the client alone (and the other way round).
+///
 /// The kind is `client-ip`.
 ///
 /// ```
@@ -197,6 +207,9 @@ impl ClientIp {
     /// Reads the RFC 7239 `Forwarded` header (`for=192.0.2.43,
     /// for="[2001:db8:cafe::17]:4711"`) instead of `X-Forwarded-For`. No effect
     /// on [`header`](Self::header).
+    ///
+    /// Only when your proxies append `Forwarded`: otherwise the whole header is
+    /// whatever the client sent, and the client chooses its own key.
     pub fn forwarded(mut self) -> Self {
         match &mut self.strategy {
             Strategy::TrustedProxies(h) | Strategy::Hops(_, h) => *h = ListHeader::Forwarded,

@@ -18,8 +18,9 @@ use crate::store::safe_key;
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
 /// let route = from_fn("route", |parts| Some(parts.uri.path().to_owned()));
-/// let per_route_and_key = route.and(Header::new("x-api-key"));
-/// let key_or_global = Header::new("x-api-key").or(tollgate::key::Global);
+/// // verbatim() keeps the (non-secret) header readable in this example.
+/// let per_route_and_key = route.and(Header::new("x-api-key").verbatim());
+/// let key_or_global = Header::new("x-api-key").verbatim().or(tollgate::key::Global);
 ///
 /// let (parts, ()) = Request::get("/orders").header("x-api-key", "k1")
 ///     .body(()).unwrap().into_parts();
@@ -157,7 +158,9 @@ mod tests {
 
     #[tokio::test]
     async fn or_takes_the_first_present_key_and_says_which() {
-        let api_or_ip = Header::new("x-api-key").or(constant("ip", "203.0.113.7"));
+        let api_or_ip = Header::new("x-api-key")
+            .verbatim()
+            .or(constant("ip", "203.0.113.7"));
         assert_eq!(api_or_ip.kind(), "header:x-api-key/ip");
         let with_key = parts(Request::get("/").header("x-api-key", "203.0.113.7"));
         let without = parts(Request::get("/"));
@@ -167,7 +170,7 @@ mod tests {
         assert_eq!(by_ip.as_deref(), Some("1:203.0.113.7"));
         let none = Header::new("a").or(Header::new("b"));
         assert_eq!(none.extract(&without).await, None);
-        let chain = Header::new("a").or(Header::new("b")).or(Global);
+        let chain = Header::new("a").or(Header::new("b").verbatim()).or(Global);
         assert_eq!(chain.extract(&without).await.as_deref(), Some("1:global"));
         let b = parts(Request::get("/").header("b", "v"));
         assert_eq!(chain.extract(&b).await.as_deref(), Some("0:1:v"));

@@ -20,7 +20,7 @@
 //! | Extractor | Source | Kind | Example key |
 //! |---|---|---|---|
 //! | [`Global`] | nothing: one bucket for all | `global` | `global` |
-//! | [`Header`] | one request header (API key, gRPC metadata) | `header:x-api-key` | `k-123` |
+//! | [`Header`] | one request header (API key, gRPC metadata), hashed unless [`verbatim`](Header::verbatim) | `header:x-api-key` | `#3f0c…` (33 bytes), `k-123` verbatim |
 //! | [`PeerIp`] | the socket peer address (axum `ConnectInfo`, tonic `TcpConnectInfo`, `SocketAddr`) | `ip` | `203.0.113.7`, `2001:db8:1:2::/64` |
 //! | [`ClientIp`] | the client behind trusted proxies (`X-Forwarded-For`, `Forwarded`, `X-Real-IP`, ...) | `client-ip` | `198.51.100.4`, `2001:db8:1:2::/64` |
 //! | [`Extension`] | a value an auth layer put in the request extensions | `ext:user` | `42` |
@@ -45,7 +45,9 @@
 //! # async fn main() {
 //! let (parts, ()) = Request::get("/orders?tenant=7").header("x-api-key", "k-123")
 //!     .body(()).unwrap().into_parts();
-//! assert_eq!(Header::new("x-api-key").extract(&parts).await.as_deref(), Some("k-123"));
+//! assert_eq!(Header::new("x-api-key").verbatim().extract(&parts).await.as_deref(), Some("k-123"));
+//! // By default the value is hashed: API keys never reach the store in clear.
+//! assert_eq!(Header::new("x-api-key").extract(&parts).await.map(|k| k.len()), Some(33));
 //! assert_eq!(Global.extract(&parts).await.as_deref(), Some("global"));
 //! let path = from_fn("path", |parts| Some(parts.uri.path().to_owned()));
 //! assert_eq!(path.extract(&parts).await.as_deref(), Some("/orders"));
@@ -72,7 +74,7 @@ use std::future::Future;
 use http::HeaderName;
 use http::request::Parts;
 
-use crate::store::safe_key_bytes;
+use crate::store::{hashed_key, safe_key_bytes};
 
 mod client_ip;
 mod combine;
@@ -114,12 +116,21 @@ impl KeyExtractor for Global {
 
 /// The value of one request header, such as an API key or a gRPC metadata entry.
 ///
-/// The first value is used. An empty value counts as missing. Values that are
-/// long, binary or contain characters unsafe in a storage key are hashed
-/// (SHA-256), so the stored key is bounded whatever the client sends.
+/// - **Hashed by default.** Header keys are often credentials, so the value is
+///   stored as `#` and 128 bits of its SHA-256: an API key never appears in
+///   `KEYS`, `MONITOR` or the slow log. [`Header::verbatim`] keeps short, plain
+///   values readable (for non-secret headers such as a tenant id); long, binary
+///   or unsafe values are hashed either way, so the stored key is bounded
+///   whatever the client sends.
+/// - **One value.** An empty value, or a header sent more than once, counts as
+///   missing: with several lines a client could pair the value an auth layer
+///   checks with a fresh one for every request, and so a fresh bucket.
+/// - For an identity established by authentication, prefer keying on what the
+///   auth layer stored ([`Extension`]).
 #[derive(Clone, Debug)]
 pub struct Header {
     name: HeaderName,
+    verbatim: bool,
 }
 
 impl Header {
@@ -139,10 +150,21 @@ impl Header {
     /// Keys requests by the header `name`, or explains why the name is invalid.
     pub fn try_new(name: &str) -> Result<Self, crate::Error> {
         HeaderName::from_bytes(name.as_bytes())
-            .map(|name| Header { name })
+            .map(|name| Header {
+                name,
+                verbatim: false,
+            })
             .map_err(|_| {
                 crate::Error::InvalidConfig(format!("{name:?} is not a valid header name"))
             })
+    }
+
+    /// Keeps values that are short and plain (see [`safe_key`](crate::store::safe_key))
+    /// readable in the store instead of hashing them. Only for headers that are
+    /// not secrets.
+    pub fn verbatim(mut self) -> Self {
+        self.verbatim = true;
+        self
     }
 }
 
@@ -152,8 +174,16 @@ impl KeyExtractor for Header {
     }
 
     async fn extract(&self, parts: &Parts) -> Option<String> {
-        let value = parts.headers.get(&self.name)?.as_bytes();
-        (!value.is_empty()).then(|| safe_key_bytes(value))
+        let mut values = parts.headers.get_all(&self.name).iter();
+        let value = values.next()?.as_bytes();
+        if value.is_empty() || values.next().is_some() {
+            return None;
+        }
+        Some(if self.verbatim {
+            safe_key_bytes(value)
+        } else {
+            hashed_key(value)
+        })
     }
 }
 
@@ -206,8 +236,30 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn header_values_are_hashed_unless_verbatim() {
+        let p = parts(Request::get("/").header("x-api-key", "sk_live_abc123"));
+        let hashed = Header::new("x-api-key").extract(&p).await.unwrap();
+        assert!(
+            hashed.starts_with('#') && !hashed.contains("abc123"),
+            "{hashed}"
+        );
+        let plain = Header::new("x-api-key").verbatim().extract(&p).await;
+        assert_eq!(plain.as_deref(), Some("sk_live_abc123"));
+    }
+
+    #[tokio::test]
+    async fn a_header_sent_twice_is_missing() {
+        let p = parts(
+            Request::get("/")
+                .header("x-api-key", "a")
+                .header("x-api-key", "b"),
+        );
+        assert_eq!(Header::new("x-api-key").extract(&p).await, None);
+    }
+
+    #[tokio::test]
     async fn header_values_are_bounded_and_safe() {
-        let h = Header::new("x-api-key");
+        let h = Header::new("x-api-key").verbatim();
         let long = "a".repeat(64 * 1024);
         let p = parts(Request::get("/").header("x-api-key", long.as_str()));
         assert_eq!(h.extract(&p).await.unwrap().len(), 33);

@@ -30,7 +30,7 @@ mod memory;
 #[cfg(feature = "redis")]
 mod redis;
 
-pub use key::{MAX_RAW_KEY_LEN, safe_key, safe_key_bytes};
+pub use key::{MAX_RAW_KEY_LEN, hashed_key, safe_key, safe_key_bytes};
 pub use memory::{DEFAULT_MAX_KEYS, MemoryStore};
 #[cfg(feature = "redis")]
 pub use redis::{DEFAULT_PREFIX, DEFAULT_TIMEOUT, RedisStore};
