@@ -306,6 +306,13 @@ async fn missing_keys_follow_the_configured_behaviour() {
         .get_with(&server.url("/"), &[("x-api-key", b"")])
         .await;
     assert_eq!(r.status, StatusCode::BAD_REQUEST);
+    // Nor is an empty key from a closure: keyless requests must not share a bucket.
+    let empty =
+        RateLimitLayer::new(redis.store(), small()).key(from_fn("tenant", |_| Some(String::new())));
+    let server = TestServer::axum(app(empty)).await;
+    let r = client.get(&server.url("/")).await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST);
+    assert!(r.body.contains("tenant"), "{}", r.body);
 
     let allow = RateLimitLayer::new(redis.store(), small())
         .key(header())

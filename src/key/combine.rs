@@ -74,8 +74,8 @@ impl<A: KeyExtractor, B: KeyExtractor> KeyExtractor for And<A, B> {
     }
 
     async fn extract(&self, parts: &Parts) -> Option<String> {
-        let first = self.first.extract(parts).await?;
-        let second = self.second.extract(parts).await?;
+        let first = present(self.first.extract(parts).await)?;
+        let second = present(self.second.extract(parts).await)?;
         let first = safe_key(&first);
         Some(format!("{}:{first}:{}", first.len(), safe_key(&second)))
     }
@@ -108,12 +108,18 @@ impl<A: KeyExtractor, B: KeyExtractor> KeyExtractor for Or<A, B> {
     }
 
     async fn extract(&self, parts: &Parts) -> Option<String> {
-        if let Some(key) = self.primary.extract(parts).await {
+        if let Some(key) = present(self.primary.extract(parts).await) {
             return Some(format!("0:{}", safe_key(&key)));
         }
-        let key = self.fallback.extract(parts).await?;
+        let key = present(self.fallback.extract(parts).await)?;
         Some(format!("1:{}", safe_key(&key)))
     }
+}
+
+/// An empty key is no key: otherwise every request without one would share
+/// a single bucket.
+pub(crate) fn present(key: Option<String>) -> Option<String> {
+    key.filter(|k| !k.is_empty())
 }
 
 #[cfg(test)]
@@ -168,6 +174,8 @@ mod tests {
         let by_ip = api_or_ip.extract(&without).await;
         assert_eq!(by_key.as_deref(), Some("0:203.0.113.7"));
         assert_eq!(by_ip.as_deref(), Some("1:203.0.113.7"));
+        let empty = from_fn("e", |_| Some(String::new())).or(constant("ip", "1.2.3.4"));
+        assert_eq!(empty.extract(&without).await.as_deref(), Some("1:1.2.3.4"));
         let none = Header::new("a").or(Header::new("b"));
         assert_eq!(none.extract(&without).await, None);
         let chain = Header::new("a").or(Header::new("b").verbatim()).or(Global);

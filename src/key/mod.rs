@@ -84,6 +84,7 @@ mod ip;
 mod peer;
 
 pub use client_ip::ClientIp;
+pub(crate) use combine::present;
 pub use combine::{And, KeyExtractorExt, Or};
 pub use extension::Extension;
 pub use forwarded::MAX_HOPS;

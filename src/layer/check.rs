@@ -12,6 +12,7 @@ use super::config::{Config, Cost, Extractor, Missing};
 use super::policy::{Choice, Policy};
 use super::response::{Answer, report};
 use super::{OnStoreError, StoreFailure};
+use crate::key::present;
 use crate::store::safe_key;
 use crate::{Decision, Error, Store};
 
@@ -72,12 +73,12 @@ async fn decide<St: Store>(config: &Config<St>, parts: &Parts) -> Result<After, 
             Choice::Exempt => return Ok(After::default()),
         },
     };
-    let (kind, value) = match config.key.extract(parts).await {
+    let (kind, value) = match present(config.key.extract(parts).await) {
         Some(value) => (config.key.kind(), value),
         None => match &config.missing {
             Missing::Allow => return Ok(After::default()),
             Missing::Reject => return Err(missing(&config.key)),
-            Missing::Fallback(other) => match other.extract(parts).await {
+            Missing::Fallback(other) => match present(other.extract(parts).await) {
                 Some(value) => (other.kind(), value),
                 None => {
                     return Err(Answer::MissingKey {
