@@ -57,6 +57,7 @@ impl Error {
         )
     }
 
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn store(err: impl std::error::Error + Send + Sync + 'static) -> Self {
         Error::Store(Box::new(err))
     }

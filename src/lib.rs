@@ -11,6 +11,9 @@
 //! - [`RateLimiter`]: `check`, `acquire` (waits), `peek` and `reset` over a store.
 //! - [`Decision`]: what a check answers: allowed, limit, remaining, retry-after,
 //!   reset-after.
+//! - [`RateLimitLayer`]: tower middleware for HTTP (axum, hyper): 429 with
+//!   `Retry-After`, the IETF `RateLimit` headers, per-route policies; see
+//!   [`layer`] for the axum quick start.
 //!
 //! ## Quick start
 //!
@@ -52,12 +55,14 @@
 pub mod decision;
 mod error;
 pub mod key;
+pub mod layer;
 pub mod limiter;
 pub mod quota;
 pub mod store;
 
 pub use decision::{Decision, QuotaState};
 pub use error::Error;
+pub use layer::{RateLimit, RateLimitLayer};
 pub use limiter::RateLimiter;
 pub use quota::Quota;
 #[cfg(feature = "redis")]
@@ -67,3 +72,8 @@ pub use store::{MemoryStore, Store};
 /// The deadpool-redis crate tollgate is built against, for building a pool.
 #[cfg(feature = "redis")]
 pub use deadpool_redis;
+
+/// Every Rust code block of the README, compiled and run as a doc-test.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -31,6 +31,11 @@ use crate::{Decision, Error, Quota, Store};
 /// Checks keys against one or more quotas in a [`Store`]. See the
 /// [module example](crate::limiter).
 ///
+/// Keys are yours to choose: two limiters on the same store that check the same
+/// key with the same quota share its bucket (with different quotas they never
+/// do). Give each use its own key prefix (`login:user:42`, `search:user:42`) or
+/// its own store prefix ([`RedisStore::with_prefix`](crate::RedisStore::with_prefix)).
+///
 /// Cheap to clone: clones share the store and quotas.
 #[derive(Debug)]
 pub struct RateLimiter<S> {
@@ -94,14 +99,15 @@ impl<S: Store> RateLimiter<S> {
         cost: u64,
         max_wait: Duration,
     ) -> Result<Decision, Error> {
-        let deadline = Instant::now() + max_wait;
+        // A max_wait too long to represent (Duration::MAX) means no deadline.
+        let deadline = Instant::now().checked_add(max_wait);
         loop {
             let decision = self.check(key, cost).await?;
             if decision.allowed() {
                 return Ok(decision);
             }
             let retry_after = decision.retry_after().max(Duration::from_micros(1));
-            if Instant::now() + retry_after > deadline {
+            if deadline.is_some_and(|d| Instant::now() + retry_after > d) {
                 return Err(Error::WaitTooLong { retry_after });
             }
             tokio::time::sleep(retry_after).await;
@@ -164,6 +170,14 @@ mod tests {
             matches!(err, Error::WaitTooLong { retry_after } if retry_after == Duration::from_secs(60))
         );
         assert_eq!(start.elapsed(), Duration::ZERO);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn acquire_without_a_representable_deadline_waits_as_long_as_needed() {
+        let limiter = RateLimiter::new(MemoryStore::new(), Quota::per_minute(1).unwrap());
+        limiter.check("k", 1).await.unwrap();
+        let d = limiter.acquire("k", 1, Duration::MAX).await.unwrap();
+        assert!(d.allowed());
     }
 
     #[tokio::test]

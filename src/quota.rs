@@ -169,6 +169,7 @@ impl Quota {
     /// A short stable name for storage keys, e.g. `10/1s:20`: two different quotas
     /// never share a bucket, and changing a quota starts fresh buckets instead of
     /// reinterpreting old ones.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn id(&self) -> String {
         format!(
             "{}/{}:{}",

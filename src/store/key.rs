@@ -41,6 +41,13 @@ fn is_safe(key: &[u8]) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b"._:@/=+#-".contains(b))
 }
 
+/// The hashed form of any key, `#` and 128 bits of SHA-256 in hex, whether or not
+/// it would be safe raw: for values that should not be readable in the store,
+/// such as credentials.
+pub fn hashed_key(key: &[u8]) -> String {
+    hashed(key)
+}
+
 fn hashed(key: &[u8]) -> String {
     let digest = Sha256::digest(key);
     let mut out = String::with_capacity(33);

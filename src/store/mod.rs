@@ -1,4 +1,4 @@
-//! Where buckets live: [`RedisStore`](crate::RedisStore) shared by every instance,
+//! Where buckets live: [`RedisStore`] shared by every instance,
 //! or [`MemoryStore`] in one process.
 //!
 //! Both run the same exact algorithm (`lua/token_bucket.lua` and its Rust twin):
@@ -30,7 +30,7 @@ mod memory;
 #[cfg(feature = "redis")]
 mod redis;
 
-pub use key::{MAX_RAW_KEY_LEN, safe_key, safe_key_bytes};
+pub use key::{MAX_RAW_KEY_LEN, hashed_key, safe_key, safe_key_bytes};
 pub use memory::{DEFAULT_MAX_KEYS, MemoryStore};
 #[cfg(feature = "redis")]
 pub use redis::{DEFAULT_PREFIX, DEFAULT_TIMEOUT, RedisStore};

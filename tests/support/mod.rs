@@ -369,3 +369,5 @@ impl Drop for Proxy {
         let _ = TcpStream::connect(("127.0.0.1", self.port));
     }
 }
+
+pub mod http;

@@ -1,0 +1,186 @@
+//! Combining extractors: [`And`] (a bucket per pair, such as route and client) and
+//! [`Or`] (the first extractor that finds a key), built with
+//! [`KeyExtractorExt`].
+
+use std::borrow::Cow;
+
+use http::request::Parts;
+
+use super::KeyExtractor;
+use crate::store::safe_key;
+
+/// `.and()` and `.or()` on every [`KeyExtractor`].
+///
+/// ```
+/// use http::Request;
+/// use tollgate::key::{Header, KeyExtractor, KeyExtractorExt, from_fn};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let route = from_fn("route", |parts| Some(parts.uri.path().to_owned()));
+/// // verbatim() keeps the (non-secret) header readable in this example.
+/// let per_route_and_key = route.and(Header::new("x-api-key").verbatim());
+/// let key_or_global = Header::new("x-api-key").verbatim().or(tollgate::key::Global);
+///
+/// let (parts, ()) = Request::get("/orders").header("x-api-key", "k1")
+///     .body(()).unwrap().into_parts();
+/// assert_eq!(per_route_and_key.kind(), "route+header:x-api-key");
+/// assert_eq!(per_route_and_key.extract(&parts).await.as_deref(), Some("7:/orders:k1"));
+/// assert_eq!(key_or_global.extract(&parts).await.as_deref(), Some("0:k1"));
+///
+/// let (anonymous, ()) = Request::get("/orders").body(()).unwrap().into_parts();
+/// assert_eq!(per_route_and_key.extract(&anonymous).await, None);
+/// assert_eq!(key_or_global.extract(&anonymous).await.as_deref(), Some("1:global"));
+/// # }
+/// ```
+pub trait KeyExtractorExt: KeyExtractor + Sized {
+    /// Keys requests by both keys together; see [`And`].
+    fn and<B: KeyExtractor>(self, other: B) -> And<Self, B> {
+        And::new(self, other)
+    }
+
+    /// Keys requests by this key, or by `other` when this one is missing; see
+    /// [`Or`].
+    fn or<B: KeyExtractor>(self, other: B) -> Or<Self, B> {
+        Or::new(self, other)
+    }
+}
+
+impl<K: KeyExtractor> KeyExtractorExt for K {}
+
+/// Both keys at once: a bucket per pair, such as one per route and client.
+///
+/// The key is missing when either key is missing. Each part is made safe with
+/// [`safe_key`] (so the combined key stays bounded), and the first is prefixed
+/// with its length, `len:first:second`: parts may contain any separator, and
+/// without the length `("a:b", "c")` and `("a", "b:c")` would share a bucket. The
+/// kind is `first+second`. Build it with [`KeyExtractorExt::and`].
+#[derive(Clone, Debug)]
+pub struct And<A, B> {
+    first: A,
+    second: B,
+}
+
+impl<A: KeyExtractor, B: KeyExtractor> And<A, B> {
+    /// Keys requests by the keys of `first` and `second` together.
+    pub fn new(first: A, second: B) -> Self {
+        And { first, second }
+    }
+}
+
+impl<A: KeyExtractor, B: KeyExtractor> KeyExtractor for And<A, B> {
+    fn kind(&self) -> Cow<'static, str> {
+        Cow::Owned(format!("{}+{}", self.first.kind(), self.second.kind()))
+    }
+
+    async fn extract(&self, parts: &Parts) -> Option<String> {
+        let first = present(self.first.extract(parts).await)?;
+        let second = present(self.second.extract(parts).await)?;
+        let first = safe_key(&first);
+        Some(format!("{}:{first}:{}", first.len(), safe_key(&second)))
+    }
+}
+
+/// The first key found: `primary`'s, or else `fallback`'s, such as an API key for
+/// callers that send one and the client IP for the rest.
+///
+/// [`KeyExtractor::kind`] is fixed per extractor, so the key itself says which
+/// side answered: `0:` for the primary, `1:` for the fallback. An API key equal
+/// to some IP address therefore never shares that IP's bucket. The kind is
+/// `primary/fallback`. Build it with [`KeyExtractorExt::or`]; chains nest
+/// (`a.or(b).or(c)` answers `0:0:`, `0:1:` or `1:`).
+#[derive(Clone, Debug)]
+pub struct Or<A, B> {
+    primary: A,
+    fallback: B,
+}
+
+impl<A: KeyExtractor, B: KeyExtractor> Or<A, B> {
+    /// Keys requests by `primary`, or by `fallback` when `primary` has no key.
+    pub fn new(primary: A, fallback: B) -> Self {
+        Or { primary, fallback }
+    }
+}
+
+impl<A: KeyExtractor, B: KeyExtractor> KeyExtractor for Or<A, B> {
+    fn kind(&self) -> Cow<'static, str> {
+        Cow::Owned(format!("{}/{}", self.primary.kind(), self.fallback.kind()))
+    }
+
+    async fn extract(&self, parts: &Parts) -> Option<String> {
+        if let Some(key) = present(self.primary.extract(parts).await) {
+            return Some(format!("0:{}", safe_key(&key)));
+        }
+        let key = present(self.fallback.extract(parts).await)?;
+        Some(format!("1:{}", safe_key(&key)))
+    }
+}
+
+/// An empty key is no key: otherwise every request without one would share
+/// a single bucket.
+pub(crate) fn present(key: Option<String>) -> Option<String> {
+    key.filter(|k| !k.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::key::{Global, Header, from_fn};
+    use http::Request;
+
+    fn parts(req: http::request::Builder) -> Parts {
+        req.body(()).unwrap().into_parts().0
+    }
+
+    fn constant(kind: &'static str, key: &'static str) -> impl KeyExtractor {
+        from_fn(kind, move |_| Some(key.to_owned()))
+    }
+
+    #[tokio::test]
+    async fn and_needs_both_and_cannot_be_confused() {
+        let p = parts(Request::get("/"));
+        let ab = constant("a", "x:y").and(constant("b", "z"));
+        let ab2 = constant("a", "x").and(constant("b", "y:z"));
+        assert_eq!(ab.kind(), "a+b");
+        assert_eq!(ab.extract(&p).await.as_deref(), Some("3:x:y:z"));
+        assert_ne!(ab.extract(&p).await, ab2.extract(&p).await);
+        let missing = constant("a", "x").and(Header::new("x-api-key"));
+        assert_eq!(missing.extract(&p).await, None);
+        let missing = Header::new("x-api-key").and(constant("a", "x"));
+        assert_eq!(missing.extract(&p).await, None);
+    }
+
+    #[tokio::test]
+    async fn and_parts_are_safe_and_bounded() {
+        let p = parts(Request::get("/"));
+        let huge: &'static str = "{".repeat(64 * 1024).leak();
+        let k = constant("a", huge)
+            .and(constant("b", huge))
+            .extract(&p)
+            .await
+            .unwrap();
+        assert!(k.len() < 80 && !k.contains('{'), "{k}");
+    }
+
+    #[tokio::test]
+    async fn or_takes_the_first_present_key_and_says_which() {
+        let api_or_ip = Header::new("x-api-key")
+            .verbatim()
+            .or(constant("ip", "203.0.113.7"));
+        assert_eq!(api_or_ip.kind(), "header:x-api-key/ip");
+        let with_key = parts(Request::get("/").header("x-api-key", "203.0.113.7"));
+        let without = parts(Request::get("/"));
+        let by_key = api_or_ip.extract(&with_key).await;
+        let by_ip = api_or_ip.extract(&without).await;
+        assert_eq!(by_key.as_deref(), Some("0:203.0.113.7"));
+        assert_eq!(by_ip.as_deref(), Some("1:203.0.113.7"));
+        let empty = from_fn("e", |_| Some(String::new())).or(constant("ip", "1.2.3.4"));
+        assert_eq!(empty.extract(&without).await.as_deref(), Some("1:1.2.3.4"));
+        let none = Header::new("a").or(Header::new("b"));
+        assert_eq!(none.extract(&without).await, None);
+        let chain = Header::new("a").or(Header::new("b").verbatim()).or(Global);
+        assert_eq!(chain.extract(&without).await.as_deref(), Some("1:global"));
+        let b = parts(Request::get("/").header("b", "v"));
+        assert_eq!(chain.extract(&b).await.as_deref(), Some("0:1:v"));
+    }
+}

@@ -1,0 +1,135 @@
+//! [`PeerIp`]: the address of the connected socket.
+
+use std::borrow::Cow;
+
+use http::request::Parts;
+
+use super::KeyExtractor;
+use super::ip::{IpKeying, peer_ip};
+
+/// The IP address of the connected socket (the TCP peer), ignoring every header.
+///
+/// Right when clients connect directly; behind a proxy or load balancer every
+/// request would share the proxy's bucket, so use [`ClientIp`](super::ClientIp)
+/// there.
+///
+/// The address comes from the request extensions, where the server puts it:
+/// axum's `ConnectInfo<SocketAddr>` (cargo feature `axum`; serve with
+/// `into_make_service_with_connect_info::<SocketAddr>()`), tonic's
+/// `TcpConnectInfo` (cargo feature `tonic`), or a plain [`std::net::SocketAddr`]
+/// that a bare hyper service inserts itself. With none of them the key is missing
+/// and the layer's missing-key policy applies. A tonic server with TLS stores
+/// `TlsConnectInfo<TcpConnectInfo>` instead, which is not read (it exists only
+/// with tonic's TLS features): copy its remote address into a `SocketAddr`
+/// extension in a tower layer that runs before the rate limit.
+///
+/// Keys are canonical: IPv4-mapped IPv6 becomes IPv4 (`203.0.113.7`), and IPv6
+/// clients are keyed by their /64 network (`2001:db8:1:2::/64`), since one
+/// customer usually holds a whole /64; see [`PeerIp::ipv6_prefix`]. The kind is
+/// `ip`.
+///
+/// ```
+/// use std::net::SocketAddr;
+/// use http::Request;
+/// use tollgate::key::{KeyExtractor, PeerIp};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), tollgate::Error> {
+/// let (mut parts, ()) = Request::get("/").body(()).unwrap().into_parts();
+/// parts.extensions.insert(SocketAddr::from(([203, 0, 113, 7], 51000)));
+/// assert_eq!(PeerIp::new().extract(&parts).await.as_deref(), Some("203.0.113.7"));
+///
+/// parts.extensions.insert("[2001:db8:1:2::99]:443".parse::<SocketAddr>().unwrap());
+/// let by_56 = PeerIp::new().ipv6_prefix(56)?;
+/// assert_eq!(by_56.extract(&parts).await.as_deref(), Some("2001:db8:1::/56"));
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PeerIp {
+    keying: IpKeying,
+}
+
+impl PeerIp {
+    /// Keys requests by the socket peer's IP, IPv6 by its /64.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Keys IPv6 peers by their first `prefix` bits instead of 64 (56 is another
+    /// common allocation; 128 keys single addresses).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`](crate::Error::InvalidConfig) unless `prefix` is 1
+    /// to 128.
+    pub fn ipv6_prefix(self, prefix: u8) -> Result<Self, crate::Error> {
+        Ok(PeerIp {
+            keying: IpKeying::with_ipv6_prefix(prefix)?,
+        })
+    }
+}
+
+impl KeyExtractor for PeerIp {
+    fn kind(&self) -> Cow<'static, str> {
+        Cow::Borrowed("ip")
+    }
+
+    async fn extract(&self, parts: &Parts) -> Option<String> {
+        peer_ip(&parts.extensions).map(|ip| self.keying.key(ip))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::Request;
+    use std::net::SocketAddr;
+
+    fn with_peer(addr: &str) -> Parts {
+        let (mut parts, ()) = Request::get("/").body(()).unwrap().into_parts();
+        parts.extensions.insert(addr.parse::<SocketAddr>().unwrap());
+        parts
+    }
+
+    #[tokio::test]
+    async fn keys_by_canonical_peer_ip() {
+        let p = PeerIp::new();
+        assert_eq!(p.kind(), "ip");
+        let key = |a: &str| {
+            let parts = with_peer(a);
+            async move { p.extract(&parts).await }
+        };
+        assert_eq!(key("203.0.113.7:1").await.as_deref(), Some("203.0.113.7"));
+        assert_eq!(
+            key("[::ffff:203.0.113.7]:1").await.as_deref(),
+            Some("203.0.113.7")
+        );
+        assert_eq!(
+            key("[2001:db8:1:2::1]:1").await,
+            key("[2001:db8:1:2:ffff::2]:9").await
+        );
+        assert_ne!(
+            key("[2001:db8:1:2::1]:1").await,
+            key("[2001:db8:1:3::1]:1").await
+        );
+        assert_eq!(key("[fe80::1%7]:1").await.as_deref(), Some("fe80::/64"));
+    }
+
+    #[tokio::test]
+    async fn ipv6_prefix_is_configurable_and_validated() {
+        let p = PeerIp::new().ipv6_prefix(56).unwrap();
+        let a = p.extract(&with_peer("[2001:db8:1:201::1]:1")).await;
+        let b = p.extract(&with_peer("[2001:db8:1:2ff::1]:1")).await;
+        assert_eq!(a.as_deref(), Some("2001:db8:1:200::/56"));
+        assert_eq!(a, b);
+        assert!(PeerIp::new().ipv6_prefix(0).is_err());
+        assert!(PeerIp::new().ipv6_prefix(129).is_err());
+    }
+
+    #[tokio::test]
+    async fn no_peer_means_no_key() {
+        let (parts, ()) = Request::get("/").body(()).unwrap().into_parts();
+        assert_eq!(PeerIp::new().extract(&parts).await, None);
+    }
+}

@@ -1,0 +1,259 @@
+//! The layer's options and the shared configuration every service clone reads.
+
+use std::borrow::Cow;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::Response;
+use http::request::Parts;
+
+use super::policy::{Choice, Policy};
+use crate::Decision;
+use crate::key::KeyExtractor;
+
+/// A boxed future, as the object-safe extractor wrapper returns.
+pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// [`KeyExtractor`] returns `impl Future`, which cannot be called through `dyn`;
+/// this wrapper can, so the layer keeps one type whatever extractor it is given.
+trait DynKey: Send + Sync {
+    fn extract<'a>(&'a self, parts: &'a Parts) -> BoxFuture<'a, Option<String>>;
+}
+
+impl<K: KeyExtractor> DynKey for K {
+    fn extract<'a>(&'a self, parts: &'a Parts) -> BoxFuture<'a, Option<String>> {
+        Box::pin(KeyExtractor::extract(self, parts))
+    }
+}
+
+/// A key extractor with its kind read once, at configuration time.
+#[derive(Clone)]
+pub(crate) struct Extractor {
+    kind: Cow<'static, str>,
+    inner: Arc<dyn DynKey>,
+}
+
+impl Extractor {
+    pub(crate) fn new(key: impl KeyExtractor) -> Self {
+        Extractor {
+            kind: key.kind(),
+            inner: Arc::new(key),
+        }
+    }
+
+    pub(crate) fn kind(&self) -> &str {
+        &self.kind
+    }
+
+    pub(crate) fn extract<'a>(&'a self, parts: &'a Parts) -> BoxFuture<'a, Option<String>> {
+        self.inner.extract(parts)
+    }
+}
+
+impl fmt::Debug for Extractor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.kind)
+    }
+}
+
+/// What the layer does when its key extractor finds no key in a request (no API
+/// key header, no peer address). Set with
+/// [`RateLimitLayer::on_missing_key`](crate::layer::RateLimitLayer::on_missing_key).
+///
+/// The default is [`MissingKey::reject`]: a limit keyed on a header that clients
+/// could simply leave out would otherwise be no limit at all.
+#[derive(Clone, Debug)]
+pub struct MissingKey(pub(crate) Missing);
+
+#[derive(Clone, Debug)]
+pub(crate) enum Missing {
+    Reject,
+    Allow,
+    Fallback(Extractor),
+}
+
+impl MissingKey {
+    /// Answer `400 Bad Request` with a short plain-text body naming the missing
+    /// key (for example `header:x-api-key`). The inner service is not called.
+    pub fn reject() -> Self {
+        MissingKey(Missing::Reject)
+    }
+
+    /// Forward the request without limiting it (no headers, no decision).
+    pub fn allow() -> Self {
+        MissingKey(Missing::Allow)
+    }
+
+    /// Use another extractor instead, for example the client IP when no API key
+    /// was sent. Its [`kind`](KeyExtractor::kind) goes into the storage key, so
+    /// fallback keys never share a bucket with primary ones. When the fallback
+    /// finds no key either, the request is rejected as with [`MissingKey::reject`].
+    pub fn fallback(key: impl KeyExtractor) -> Self {
+        MissingKey(Missing::Fallback(Extractor::new(key)))
+    }
+}
+
+impl Default for MissingKey {
+    fn default() -> Self {
+        Self::reject()
+    }
+}
+
+/// What the layer does when the store cannot decide (Redis down or slow beyond
+/// its timeout, [`MemoryStore`](crate::MemoryStore) full): the errors for which
+/// [`Error::is_store_error`](crate::Error::is_store_error) is true.
+///
+/// Either way the failure is put into the request and response extensions as a
+/// [`StoreFailure`](crate::layer::StoreFailure), so logging or metrics layers can
+/// see it: an outage never goes unnoticed just because requests still pass.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum OnStoreError {
+    /// Forward the request unlimited (fail open). The default: a rate limiter
+    /// should not take the service down with it, as in Envoy, Kong and Spring.
+    #[default]
+    Allow,
+    /// Answer `503 Service Unavailable` with `Retry-After: 1` (fail closed), for
+    /// services that the limit protects from overload.
+    Deny,
+}
+
+/// Which rate limit headers the layer adds to responses. Set with
+/// [`RateLimitLayer::headers`](crate::layer::RateLimitLayer::headers).
+///
+/// See the [module docs](crate::layer#response-headers) for the exact values.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum HeaderStyle {
+    /// `RateLimit-Policy` and `RateLimit`, as in
+    /// draft-ietf-httpapi-ratelimit-headers-10 (the default).
+    #[default]
+    Ietf,
+    /// The de facto `X-RateLimit-Limit`, `X-RateLimit-Remaining` and
+    /// `X-RateLimit-Reset` (reset in delay seconds, not an epoch time).
+    Legacy,
+    /// No rate limit headers (`Retry-After` is still sent on 429 and 503).
+    None,
+}
+
+/// A custom rejection: builds the body and headers of a 429 from the decision.
+pub type RejectFn = dyn Fn(&Decision) -> Response<Bytes> + Send + Sync;
+
+/// How the layer answers a request over its limit. Set with
+/// [`RateLimitLayer::rejection`](crate::layer::RateLimitLayer::rejection).
+#[derive(Clone)]
+pub struct Rejection(pub(crate) Reject);
+
+#[derive(Clone)]
+pub(crate) enum Reject {
+    Text,
+    Problem,
+    Custom(Arc<RejectFn>),
+}
+
+impl Rejection {
+    /// `429 Too Many Requests` with a short `text/plain` body (the default).
+    pub fn text() -> Self {
+        Rejection(Reject::Text)
+    }
+
+    /// `429` with an RFC 9457 `application/problem+json` body of the draft's type
+    /// `https://iana.org/assignments/http-problem-types#quota-exceeded`, listing
+    /// the exhausted quotas in `violated-policies`.
+    pub fn problem_json() -> Self {
+        Rejection(Reject::Problem)
+    }
+
+    /// A response of your own. Its status is kept as you set it (normally 429);
+    /// the layer then adds the rate limit headers, `Retry-After` (unless you set
+    /// one) and `Cache-Control: no-store` (unless you set one).
+    pub fn custom<F>(f: F) -> Self
+    where
+        F: Fn(&Decision) -> Response<Bytes> + Send + Sync + 'static,
+    {
+        Rejection(Reject::Custom(Arc::new(f)))
+    }
+}
+
+impl Default for Rejection {
+    fn default() -> Self {
+        Self::text()
+    }
+}
+
+impl fmt::Debug for Rejection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self.0 {
+            Reject::Text => "Rejection::text",
+            Reject::Problem => "Rejection::problem_json",
+            Reject::Custom(_) => "Rejection::custom",
+        })
+    }
+}
+
+pub(crate) type CostFn = dyn Fn(&Parts) -> u64 + Send + Sync;
+pub(crate) type SelectFn = dyn Fn(&Parts) -> Choice + Send + Sync;
+
+#[derive(Clone)]
+pub(crate) enum Cost {
+    Fixed(u64),
+    Dynamic(Arc<CostFn>),
+}
+
+/// Everything a service clone needs, shared behind one `Arc`.
+pub(crate) struct Config<St> {
+    pub(crate) store: Arc<St>,
+    pub(crate) policy: Policy,
+    pub(crate) key: Extractor,
+    pub(crate) select: Option<Arc<SelectFn>>,
+    pub(crate) cost: Cost,
+    pub(crate) missing: Missing,
+    pub(crate) on_store_error: OnStoreError,
+    pub(crate) headers: HeaderStyle,
+    pub(crate) rejection: Reject,
+    pub(crate) shadow: bool,
+}
+
+// Written by hand: a derive would require `St: Clone`, but only the `Arc` is cloned.
+impl<St> Clone for Config<St> {
+    fn clone(&self) -> Self {
+        Config {
+            store: Arc::clone(&self.store),
+            policy: self.policy.clone(),
+            key: self.key.clone(),
+            select: self.select.clone(),
+            cost: self.cost.clone(),
+            missing: self.missing.clone(),
+            on_store_error: self.on_store_error,
+            headers: self.headers,
+            rejection: self.rejection.clone(),
+            shadow: self.shadow,
+        }
+    }
+}
+
+impl<St> fmt::Debug for Config<St> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimitLayer")
+            .field("store", &std::any::type_name::<St>())
+            .field("policy", &self.policy)
+            .field("key", &self.key)
+            .field("per_request_policy", &self.select.is_some())
+            .field(
+                "cost",
+                &match self.cost {
+                    Cost::Fixed(n) => Cow::Owned(n.to_string()),
+                    Cost::Dynamic(_) => Cow::Borrowed("per request"),
+                },
+            )
+            .field("on_missing_key", &self.missing)
+            .field("on_store_error", &self.on_store_error)
+            .field("headers", &self.headers)
+            .field("rejection", &Rejection(self.rejection.clone()))
+            .field("shadow", &self.shadow)
+            .finish()
+    }
+}

@@ -1,0 +1,240 @@
+//! [`RateLimit`]: the middleware service.
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::{Request, Response};
+use tower_service::Service;
+
+use super::body::{MakeBody, TextBody};
+use super::check::check;
+use super::config::Config;
+use super::future::ResponseFuture;
+use crate::Store;
+
+/// Rate limits requests to the inner service `S` with buckets in the store `St`.
+///
+/// Built by [`RateLimitLayer`](super::RateLimitLayer); see the
+/// [module docs](crate::layer) for an example and the responses it sends. `M`
+/// builds the bodies of the layer's own answers (see [`MakeBody`]).
+pub struct RateLimit<S, St, M = TextBody> {
+    inner: S,
+    config: Arc<Config<St>>,
+    body: PhantomData<fn() -> M>,
+}
+
+impl<S, St, M> RateLimit<S, St, M> {
+    pub(crate) fn new(inner: S, config: Arc<Config<St>>) -> Self {
+        RateLimit {
+            inner,
+            config,
+            body: PhantomData,
+        }
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// The inner service, consuming the middleware.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S: Clone, St, M> Clone for RateLimit<S, St, M> {
+    fn clone(&self) -> Self {
+        RateLimit::new(self.inner.clone(), Arc::clone(&self.config))
+    }
+}
+
+impl<S: fmt::Debug, St, M> fmt::Debug for RateLimit<S, St, M> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimit")
+            .field("inner", &self.inner)
+            .field("config", &self.config)
+            .finish()
+    }
+}
+
+impl<S, St, M, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S, St, M>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
+    St: Store,
+    M: MakeBody<ResBody>,
+{
+    type Response = Response<ResBody>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S, ReqBody, M>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+        // The service that was driven to readiness is `self.inner`; take it for
+        // this request and leave a fresh clone behind (tower-service docs, "Be
+        // careful when cloning inner services").
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        let (parts, body) = req.into_parts();
+        let check = Box::pin(check(Arc::clone(&self.config), parts));
+        ResponseFuture::new(check, inner, body)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::convert::Infallible;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use bytes::Bytes;
+    use http::{Request, Response, StatusCode};
+    use tower::{Layer, ServiceExt};
+
+    use crate::layer::{OnStoreError, RateLimitLayer, StoreFailure};
+    use crate::{Decision, Error, MemoryStore, Quota};
+
+    #[tokio::test]
+    async fn rejected_requests_never_reach_the_inner_service() {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let seen = Arc::clone(&calls);
+        let inner = tower::service_fn(move |req: Request<()>| {
+            seen.fetch_add(1, Ordering::SeqCst);
+            let remaining = req.extensions().get::<Decision>().map(Decision::remaining);
+            async move { Ok::<_, Infallible>(Response::new(Bytes::from(format!("{remaining:?}")))) }
+        });
+        let layer = RateLimitLayer::new(MemoryStore::new(), Quota::per_minute(2).unwrap())
+            .key(crate::key::Global);
+        let svc = layer.layer(inner);
+        for expected in ["Some(1)", "Some(0)"] {
+            let res = svc.clone().oneshot(Request::new(())).await.unwrap();
+            assert_eq!(res.body(), expected);
+            assert!(res.extensions().get::<Decision>().is_some());
+        }
+        let res = svc.clone().oneshot(Request::new(())).await.unwrap();
+        assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert!(!res.extensions().get::<Decision>().unwrap().allowed());
+        assert_eq!(calls.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn inner_errors_pass_through_unchanged() {
+        let inner =
+            tower::service_fn(|_: Request<()>| async { Err::<Response<Bytes>, _>("inner failed") });
+        let svc = RateLimitLayer::new(MemoryStore::new(), Quota::per_minute(2).unwrap())
+            .key(crate::key::Global)
+            .layer(inner);
+        assert_eq!(
+            svc.oneshot(Request::new(())).await.unwrap_err(),
+            "inner failed"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_full_store_follows_the_store_error_policy() {
+        // One key fits; a second key finds the store full: a store error.
+        let store = MemoryStore::with_max_keys(1).unwrap();
+        let key = crate::key::from_fn("n", |p| Some(p.uri.path().to_owned()));
+        let inner = tower::service_fn(|req: Request<()>| async move {
+            let failed = req.extensions().get::<StoreFailure>().is_some();
+            Ok::<_, Infallible>(Response::new(Bytes::from(failed.to_string())))
+        });
+        let layer = RateLimitLayer::new(store, Quota::per_hour(5).unwrap()).key(key);
+        let allow = layer.clone().layer(inner);
+        let deny = layer.on_store_error(OnStoreError::Deny).layer(inner);
+        let res = allow.clone().oneshot(Request::new(())).await.unwrap();
+        assert_eq!(res.body(), "false");
+        let other = || Request::get("/other").body(()).unwrap();
+        let res = allow.oneshot(other()).await.unwrap();
+        assert_eq!(
+            (res.status(), res.body().as_ref()),
+            (StatusCode::OK, &b"true"[..])
+        );
+        let failure = res.extensions().get::<StoreFailure>().unwrap();
+        assert!(matches!(*failure.0, Error::StoreFull { .. }));
+        let res = deny.oneshot(other()).await.unwrap();
+        assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(res.headers()["retry-after"], "1");
+    }
+
+    /// A body type with nothing but `Default`, like tonic's.
+    #[derive(Debug, Default, PartialEq)]
+    struct OnlyDefault;
+
+    #[tokio::test]
+    async fn empty_bodies_serve_body_types_without_from_bytes() {
+        use crate::layer::EmptyBody;
+        let inner = tower::service_fn(|_: Request<()>| async {
+            Ok::<_, Infallible>(Response::new(OnlyDefault))
+        });
+        let svc = RateLimitLayer::new(MemoryStore::new(), Quota::per_minute(1).unwrap())
+            .key(crate::key::Global)
+            .bodies::<EmptyBody>()
+            .layer(inner);
+        assert_eq!(
+            svc.clone()
+                .oneshot(Request::new(()))
+                .await
+                .unwrap()
+                .status(),
+            200
+        );
+        let res = svc.oneshot(Request::new(())).await.unwrap();
+        assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(res.headers()["retry-after"], "60");
+        assert_eq!(res.body(), &OnlyDefault);
+    }
+
+    #[tokio::test]
+    async fn the_default_key_is_the_peer_address() {
+        let inner = tower::service_fn(|_: Request<()>| async {
+            Ok::<_, Infallible>(Response::new(Bytes::from("ok")))
+        });
+        let store = MemoryStore::new();
+        let svc = RateLimitLayer::new(store.clone(), Quota::per_minute(1).unwrap()).layer(inner);
+        let from = |ip: [u8; 4]| {
+            let mut req = Request::new(());
+            req.extensions_mut()
+                .insert(std::net::SocketAddr::from((ip, 40_000)));
+            req
+        };
+        assert_eq!(
+            svc.clone()
+                .oneshot(from([192, 0, 2, 1]))
+                .await
+                .unwrap()
+                .status(),
+            200
+        );
+        assert_eq!(
+            svc.clone()
+                .oneshot(from([192, 0, 2, 1]))
+                .await
+                .unwrap()
+                .status(),
+            429
+        );
+        assert_eq!(
+            svc.clone()
+                .oneshot(from([192, 0, 2, 2]))
+                .await
+                .unwrap()
+                .status(),
+            200
+        );
+        // No peer address: a configuration problem, answered at once.
+        let res = svc.oneshot(Request::new(())).await.unwrap();
+        assert_eq!(res.status(), StatusCode::BAD_REQUEST);
+        assert!(std::str::from_utf8(res.body()).unwrap().contains("(ip)"));
+    }
+}
