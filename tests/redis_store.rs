@@ -193,16 +193,18 @@ async fn cost_above_capacity_is_refused_by_the_store_and_the_script() {
 async fn a_denial_spends_nothing_and_the_balance_never_goes_negative() {
     let server = RedisServer::start();
     let store = server.store();
-    let quotas = [Quota::per_second(5).unwrap()];
+    // One token every 12 s: the key lives a minute of real time, so the test
+    // cannot race its TTL.
+    let quotas = [Quota::per_minute(5).unwrap()];
     let key = store.bucket_key("d", &quotas[0]);
     assert!(store.check_at("d", &quotas, 5, T0).await.unwrap().allowed());
     let value = get(&server, &key).unwrap();
     let ttl = pttl(&server, &key);
-    // 100 ms later there is half a token: 200 denials of 1, 2 and 5 tokens.
+    // 6 s later there is half a token: 200 denials of 1, 2 and 5 tokens.
     for i in 0..200u64 {
         let cost = [1, 2, 5][(i % 3) as usize];
         let d = store
-            .check_at("d", &quotas, cost, T0 + 100_000)
+            .check_at("d", &quotas, cost, T0 + 6 * SECOND)
             .await
             .unwrap();
         assert!(!d.allowed());
@@ -210,7 +212,7 @@ async fn a_denial_spends_nothing_and_the_balance_never_goes_negative() {
         // Half a token is there: the wait is for the rest only.
         assert_eq!(
             d.retry_after(),
-            Duration::from_micros(cost * 200_000 - 100_000)
+            Duration::from_micros(cost * 12 * SECOND - 6 * SECOND)
         );
     }
     assert_eq!(
@@ -223,14 +225,18 @@ async fn a_denial_spends_nothing_and_the_balance_never_goes_negative() {
         ttl_after <= ttl && ttl_after > 0,
         "a denial touched the TTL: {ttl} -> {ttl_after}"
     );
-    // Had a denial taken anything, the token due at 200 ms would come later.
-    let d = store.check_at("d", &quotas, 1, T0 + 200_000).await.unwrap();
+    // Had a denial taken anything, the token due at 12 s would come later.
+    let d = store
+        .check_at("d", &quotas, 1, T0 + 12 * SECOND)
+        .await
+        .unwrap();
     assert!(d.allowed());
     let (level, _) = stored(&server, &key);
     assert_eq!(level, 0);
 
     // The same with the real clock: a burst of production denials leaves a
     // non-negative level behind.
+    let quotas = [Quota::per_second(5).unwrap()];
     for _ in 0..100 {
         store.check("live", &quotas, 2).await.unwrap();
     }
