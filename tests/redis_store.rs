@@ -727,3 +727,76 @@ async fn a_dead_connection_is_replaced_after_a_timeout() {
     );
     assert_eq!(answers[2].as_ref().unwrap(), &96);
 }
+
+/// A failover behind a stable address: the held connection still reaches the
+/// old primary, now a read-only replica. The script's write fails with
+/// `READONLY`; the store must drop that connection and decide on the new primary
+/// within the same call, instead of failing every later check.
+#[tokio::test]
+async fn a_demoted_primary_is_left_for_the_new_one() {
+    let old = RedisServer::start();
+    let new = RedisServer::start();
+    let proxy = support::Proxy::start(old.port());
+    let store = RedisStore::new(
+        deadpool_redis::Config::from_url(proxy.url())
+            .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+            .unwrap(),
+    )
+    .with_timeout(Duration::from_secs(5))
+    .unwrap();
+    let quotas = [Quota::per_minute(10).unwrap()];
+    assert!(store.check("failover", &quotas, 1).await.unwrap().allowed());
+
+    // New connections now reach `new`; the held one still reaches `old`, which
+    // becomes a replica of `new`.
+    proxy.retarget(new.port());
+    let _: String = old.cmd(&["REPLICAOF", "127.0.0.1", &new.port().to_string()]);
+    // A replica is read-only at once; it need not finish syncing.
+    for _ in 0..3 {
+        let d = store.check("failover", &quotas, 1).await.unwrap();
+        assert!(d.allowed());
+    }
+    let keys: Vec<String> = new.cmd(&["KEYS", "*"]);
+    assert_eq!(keys.len(), 1, "the new primary holds the bucket: {keys:?}");
+}
+
+/// After a restart, the checks in flight share one new connection instead of
+/// each opening its own against the recovering server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checks_in_flight_after_a_restart_share_one_reconnect() {
+    let mut server = RedisServer::start();
+    let store = server.store();
+    let quotas = [Quota::per_second(1_000).unwrap()];
+    store.check("warm", &quotas, 1).await.unwrap();
+    server.restart();
+    // Connections the harness itself opened since the restart (readiness PING).
+    let before = connections_received(&server);
+
+    let checks: Vec<_> = (0..200)
+        .map(|i| {
+            let store = store.clone();
+            tokio::spawn(async move { store.check(&format!("k{i}"), &quotas, 1).await })
+        })
+        .collect();
+    let mut failed = 0;
+    for check in checks {
+        if check.await.unwrap().is_err() {
+            failed += 1;
+        }
+    }
+    // Each call that meets the broken connection retries on the new one.
+    assert_eq!(failed, 0, "checks failed after the restart");
+    let opened = connections_received(&server) - before - 1; // this INFO's own
+    assert!(
+        opened <= 2,
+        "{opened} connections for 200 checks after a restart"
+    );
+}
+
+fn connections_received(server: &RedisServer) -> u64 {
+    let info: String = server.cmd(&["INFO", "stats"]);
+    info.lines()
+        .find_map(|l| l.strip_prefix("total_connections_received:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap()
+}

@@ -51,9 +51,13 @@ impl Level {
         ceil_div(quota.full().saturating_sub(self.level), quota.num())
     }
 
-    /// True when the bucket is full at `now`, so forgetting it changes nothing.
-    pub(crate) fn is_full_at(&self, quota: &Quota, now: u64) -> bool {
-        self.refilled(quota, now).level >= quota.full()
+    /// The first microsecond at which the bucket is full (0 if it is already),
+    /// so forgetting it changes nothing.
+    pub(crate) fn full_at(&self, quota: &Quota) -> u64 {
+        match self.until_full_us(quota) {
+            0 => 0,
+            wait => self.stamp + wait,
+        }
     }
 }
 

@@ -70,7 +70,35 @@ struct Inner {
     epoch: Instant,
 }
 
-type Shard = HashMap<Box<str>, Vec<(Quota, Level)>>;
+/// One shard's keys, and when sweeping it can next free anything.
+#[derive(Debug, Default)]
+struct Shard {
+    map: HashMap<Box<str>, Vec<(Quota, Level)>>,
+    /// No key of this shard is forgettable before this microsecond: a full
+    /// shard under a flood of new keys answers `StoreFull` without rescanning.
+    /// A sweep sets it to the earliest time a kept key is full; every write
+    /// lowers it to the written key's (spending only moves a key's time later).
+    quiet_until: u64,
+    #[cfg(test)]
+    sweeps: u64,
+}
+
+impl Shard {
+    /// Forgets every key whose buckets are full at `now`.
+    fn sweep(&mut self, now: u64) {
+        let mut next = u64::MAX;
+        self.map.retain(|_, buckets| {
+            let at = full_at(buckets);
+            next = if at <= now { next } else { next.min(at) };
+            at > now
+        });
+        self.quiet_until = next;
+        #[cfg(test)]
+        {
+            self.sweeps += 1;
+        }
+    }
+}
 
 impl Default for MemoryStore {
     fn default() -> Self {
@@ -98,7 +126,7 @@ impl MemoryStore {
         let shards = (max_keys / MIN_PER_SHARD).clamp(1, MAX_SHARDS);
         MemoryStore {
             inner: Arc::new(Inner {
-                shards: (0..shards).map(|_| Mutex::new(Shard::new())).collect(),
+                shards: (0..shards).map(|_| Mutex::new(Shard::default())).collect(),
                 per_shard: max_keys / shards,
                 max_keys,
                 hasher: RandomState::new(),
@@ -109,7 +137,7 @@ impl MemoryStore {
 
     /// How many keys the store holds now.
     pub fn len(&self) -> usize {
-        self.inner.shards.iter().map(|s| lock(s).len()).sum()
+        self.inner.shards.iter().map(|s| lock(s).map.len()).sum()
     }
 
     /// True when the store holds no key.
@@ -122,7 +150,7 @@ impl MemoryStore {
     pub fn sweep(&self) {
         let now = self.now();
         for shard in self.inner.shards.iter() {
-            lock(shard).retain(|_, buckets| !forgettable(buckets, now));
+            lock(shard).sweep(now);
         }
     }
 
@@ -154,23 +182,25 @@ impl MemoryStore {
         validate(quotas, cost)?;
         let key = safe_key(key);
         let mut shard = self.shard(&key);
-        if !shard.contains_key(key.as_ref()) {
+        if !shard.map.contains_key(key.as_ref()) {
             if cost == 0 {
                 // A peek at an unknown key sees full buckets and stores nothing.
                 let mut levels: Vec<Level> =
                     quotas.iter().map(|q| Level::full(q, now_us)).collect();
                 return Ok(spend(quotas, &mut levels, 0, now_us));
             }
-            if shard.len() >= self.inner.per_shard {
-                shard.retain(|_, buckets| !forgettable(buckets, now_us));
-                if shard.len() >= self.inner.per_shard {
+            if shard.map.len() >= self.inner.per_shard {
+                if now_us >= shard.quiet_until {
+                    shard.sweep(now_us);
+                }
+                if shard.map.len() >= self.inner.per_shard {
                     return Err(Error::StoreFull {
                         max_keys: self.inner.max_keys,
                     });
                 }
             }
         }
-        let buckets = shard.entry(Box::from(key.as_ref())).or_default();
+        let buckets = shard.map.entry(Box::from(key.as_ref())).or_default();
         let mut levels: Vec<Level> = quotas
             .iter()
             .map(|q| match buckets.iter().find(|(bq, _)| bq == q) {
@@ -186,6 +216,8 @@ impl MemoryStore {
                     None => buckets.push((*q, level)),
                 }
             }
+            let at = full_at(buckets);
+            shard.quiet_until = shard.quiet_until.min(at);
         }
         Ok(decision)
     }
@@ -199,18 +231,20 @@ impl Store for MemoryStore {
     async fn reset(&self, key: &str, quotas: &[Quota]) -> Result<(), Error> {
         let key = safe_key(key);
         let mut shard = self.shard(&key);
-        if let Some(buckets) = shard.get_mut(key.as_ref()) {
+        if let Some(buckets) = shard.map.get_mut(key.as_ref()) {
             buckets.retain(|(q, _)| !quotas.contains(q));
             if buckets.is_empty() {
-                shard.remove(key.as_ref());
+                shard.map.remove(key.as_ref());
             }
         }
         Ok(())
     }
 }
 
-fn forgettable(buckets: &[(Quota, Level)], now: u64) -> bool {
-    buckets.iter().all(|(q, l)| l.is_full_at(q, now))
+/// When every bucket of a key is full again, so forgetting the key changes no
+/// decision.
+fn full_at(buckets: &[(Quota, Level)]) -> u64 {
+    buckets.iter().map(|(q, l)| l.full_at(q)).max().unwrap_or(0)
 }
 
 /// A poisoned shard only means another thread panicked mid-update of plain
@@ -251,6 +285,31 @@ mod tests {
     }
 
     #[test]
+    fn a_flood_of_new_keys_into_a_full_shard_sweeps_once_until_something_refills() {
+        let store = MemoryStore::with_max_keys(3).unwrap();
+        let q = [Quota::per_second(1).unwrap()];
+        for i in 0..3 {
+            store
+                .check_at(&format!("k{i}"), &q, 1, i * 100_000)
+                .unwrap();
+        }
+        // k0 is full again at 1 s: until then no sweep can free anything.
+        for i in 0..1_000 {
+            let refused = store.check_at(&format!("flood{i}"), &q, 1, 300_000 + i);
+            assert!(matches!(refused, Err(Error::StoreFull { .. })));
+        }
+        let sweeps = |store: &MemoryStore| -> u64 {
+            store.inner.shards.iter().map(|s| lock(s).sweeps).sum()
+        };
+        assert_eq!(sweeps(&store), 1, "one sweep for the whole flood");
+        assert!(store.check_at("late", &q, 1, 999_999).is_err());
+        // At 1 s k0 is forgettable: the next new key sweeps and fits.
+        store.check_at("late", &q, 1, 1_000_000).unwrap();
+        assert_eq!(sweeps(&store), 2);
+        assert_eq!(store.len(), 3);
+    }
+
+    #[test]
     fn peek_of_unknown_key_stores_nothing() {
         let store = MemoryStore::new();
         let q = [Quota::per_second(3).unwrap()];
@@ -268,7 +327,13 @@ mod tests {
             .inner
             .shards
             .iter()
-            .flat_map(|s| lock(s).keys().map(|k| k.to_string()).collect::<Vec<_>>())
+            .flat_map(|s| {
+                lock(s)
+                    .map
+                    .keys()
+                    .map(|k| k.to_string())
+                    .collect::<Vec<_>>()
+            })
             .collect();
         assert_eq!(shard_keys.len(), 1);
         assert!(shard_keys[0].len() <= 33);

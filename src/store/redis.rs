@@ -4,7 +4,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use deadpool_redis::redis::aio::MultiplexedConnection;
-use deadpool_redis::redis::{RedisError, Script, Value};
+use deadpool_redis::redis::{ErrorKind, RedisError, Script, ServerErrorKind, Value};
 use deadpool_redis::{Config, Pool, Runtime};
 
 use super::{Store, safe_key, validate};
@@ -64,6 +64,7 @@ pub struct RedisStore {
 struct Inner {
     pool: Pool,
     held: Mutex<Option<Held>>,
+    connecting: tokio::sync::Mutex<()>,
     prefix: String,
     timeout: Duration,
     script: Script,
@@ -93,6 +94,7 @@ impl RedisStore {
             inner: Arc::new(Inner {
                 pool,
                 held: Mutex::new(None),
+                connecting: tokio::sync::Mutex::new(()),
                 prefix: DEFAULT_PREFIX.to_owned(),
                 timeout: DEFAULT_TIMEOUT,
                 script: Script::new(SCRIPT),
@@ -140,6 +142,7 @@ impl RedisStore {
         let mut inner = Inner {
             pool: self.inner.pool.clone(),
             held: Mutex::new(None),
+            connecting: tokio::sync::Mutex::new(()),
             prefix: self.inner.prefix.clone(),
             timeout: self.inner.timeout,
             script: Script::new(SCRIPT),
@@ -237,6 +240,12 @@ impl RedisStore {
         if let Some(held) = self.slot().clone() {
             return Ok(held);
         }
+        // One reconnect at a time: after a restart, thousands of checks in flight
+        // would otherwise each open a connection against a recovering server.
+        let _connecting = self.inner.connecting.lock().await;
+        if let Some(held) = self.slot().clone() {
+            return Ok(held);
+        }
         let pooled = self.inner.pool.get().await.map_err(Error::store)?;
         let held = Held {
             id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
@@ -284,11 +293,19 @@ impl Store for RedisStore {
     }
 }
 
+/// Errors that mean this connection will not work again: broken sockets, and a
+/// server that is no longer the primary (`READONLY`, `MASTERDOWN`) after a
+/// failover behind a stable address. The retry is safe for the latter: the
+/// script's first write failed, so it wrote nothing.
 fn is_connection_error(e: &RedisError) -> bool {
     e.is_io_error()
         || e.is_connection_dropped()
         || e.is_connection_refusal()
         || e.is_unrecoverable_error()
+        || matches!(
+            e.kind(),
+            ErrorKind::Server(ServerErrorKind::ReadOnly | ServerErrorKind::MasterDown)
+        )
 }
 
 fn parse_reply(quotas: &[Quota], reply: &[i64]) -> Result<Decision, Error> {

@@ -285,6 +285,7 @@ fn wait_ready(port: u16, limit: Duration) -> Result<(), String> {
 /// made afterwards work normally.
 pub struct Proxy {
     port: u16,
+    upstream: std::sync::Arc<std::sync::atomic::AtomicU16>,
     generation: std::sync::Arc<std::sync::atomic::AtomicU64>,
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
@@ -293,8 +294,10 @@ impl Proxy {
     /// Starts forwarding a free loopback port to `127.0.0.1:upstream`.
     pub fn start(upstream: u16) -> Self {
         use std::sync::Arc;
-        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+        use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
         let listener = TcpListener::bind("127.0.0.1:0").expect("proxy listener");
+        let upstream = Arc::new(AtomicU16::new(upstream));
+        let upstream_accept = Arc::clone(&upstream);
         let port = listener.local_addr().expect("proxy address").port();
         let generation = Arc::new(AtomicU64::new(0));
         let stop = Arc::new(AtomicBool::new(false));
@@ -305,7 +308,8 @@ impl Proxy {
                     break;
                 }
                 let Ok(client) = client else { continue };
-                let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)) else {
+                let target = upstream_accept.load(Ordering::SeqCst);
+                let Ok(server) = TcpStream::connect(("127.0.0.1", target)) else {
                     continue;
                 };
                 let born = gen_accept.load(Ordering::SeqCst);
@@ -340,6 +344,7 @@ impl Proxy {
         });
         Proxy {
             port,
+            upstream,
             generation,
             stop,
         }
@@ -353,6 +358,13 @@ impl Proxy {
     /// `redis://127.0.0.1:PORT` of the proxy.
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Sends connections made from now on to `127.0.0.1:upstream`; those open
+    /// now stay with the old server (a failover behind a stable address).
+    pub fn retarget(&self, upstream: u16) {
+        self.upstream
+            .store(upstream, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// Silently drops all traffic of the connections open now.
