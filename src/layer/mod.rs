@@ -155,6 +155,7 @@ mod body;
 mod check;
 mod config;
 mod future;
+mod grpc;
 #[allow(clippy::module_inception)]
 mod layer;
 mod policy;
@@ -167,6 +168,7 @@ use std::sync::Arc;
 pub use body::{EmptyBody, MakeBody, TextBody};
 pub use config::{HeaderStyle, MissingKey, OnStoreError, RejectFn, Rejection};
 pub use future::ResponseFuture;
+pub use grpc::{GRPC_RETRY_PUSHBACK_MS, grpc_method, is_grpc};
 pub use layer::{DEFAULT_POLICY_NAME, RateLimitLayer};
 pub use policy::{Choice, MAX_POLICY_NAME_LEN, Policy};
 pub use response::{
