@@ -237,4 +237,5 @@ fn wait_ready(port: u16, limit: Duration) -> Result<(), String> {
     Err(last)
 }
 
+pub mod grpc;
 pub mod http;
