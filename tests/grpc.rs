@@ -314,6 +314,37 @@ async fn the_default_key_is_the_peer_from_tcp_connect_info() {
     assert_eq!(keys, ["tollgate:{default:ip:127.0.0.1}:1/1m:1"]);
 }
 
+#[cfg(feature = "tonic")]
+#[tokio::test]
+async fn client_ip_believes_metadata_only_from_trusted_peers() {
+    use tollgate::key::ClientIp;
+
+    let redis = RedisServer::start();
+    let xff = [("x-forwarded-for", "198.51.100.9, 203.0.113.7")];
+    // The loopback peer (from TcpConnectInfo) is a trusted proxy: the client is
+    // the rightmost untrusted x-forwarded-for entry.
+    let trusted = ClientIp::trusted_proxies(["127.0.0.0/8"]).unwrap();
+    let server = GrpcServer::start(layer(&redis, per_minute(1)).key(trusted)).await;
+    within(server.client().await.check(check(&xff)))
+        .await
+        .expect("admitted");
+    // The same header from a peer outside the trusted networks is ignored.
+    let untrusted = ClientIp::trusted_proxies(["10.0.0.0/8"]).unwrap();
+    let server = GrpcServer::start(layer(&redis, per_minute(1)).key(untrusted)).await;
+    within(server.client().await.check(check(&xff)))
+        .await
+        .expect("admitted");
+    let mut keys: Vec<String> = redis.cmd(&["KEYS", "*"]);
+    keys.sort();
+    assert_eq!(
+        keys,
+        [
+            "tollgate:{default:client-ip:127.0.0.1}:1/1m:1",
+            "tollgate:{default:client-ip:203.0.113.7}:1/1m:1",
+        ]
+    );
+}
+
 #[tokio::test]
 async fn store_down_is_unavailable_with_deny_and_unlimited_with_allow() {
     let mut redis = RedisServer::start();
