@@ -1,4 +1,5 @@
-//! How the layer's own answers (429, 503, 400) get the inner service's body type.
+//! How the layer's own answers (429, 503, 400, gRPC statuses) get the inner
+//! service's body type.
 //!
 //! The layer keeps the inner service's response body type, so it must build
 //! bodies of that type. [`TextBody`], the default, needs `B: From<Bytes>` (axum's
@@ -7,6 +8,11 @@
 //! status and headers with an empty body, for body types without `From<Bytes>`
 //! such as tonic's `Body`. Choose with
 //! [`RateLimitLayer::bodies`](crate::layer::RateLimitLayer::bodies).
+//!
+//! Answers to gRPC calls are trailers-only, so their body is empty whichever is
+//! chosen: on tonic's server `EmptyBody` loses nothing. `TextBody` cannot cover
+//! tonic's `Body` itself: Rust refuses an impl for it next to the blanket one
+//! (error E0119, "upstream crates may add a new impl of trait `From<Bytes>`").
 
 use bytes::Bytes;
 

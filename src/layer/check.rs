@@ -9,6 +9,7 @@ use http::request::Parts;
 use http::{HeaderMap, Response};
 
 use super::config::{Config, Cost, Extractor, Missing};
+use super::grpc::flavor;
 use super::policy::{Choice, Policy};
 use super::response::{Answer, report};
 use super::{OnStoreError, StoreFailure};
@@ -44,7 +45,8 @@ pub(crate) async fn check<St: Store>(config: Arc<Config<St>>, mut parts: Parts) 
         // service: what would have been answered is forwarded with its report.
         Err(answer) if config.shadow => answer.into_report(config.headers),
         Err(answer) => {
-            let res = answer.render(config.headers, &config.rejection);
+            let grpc = flavor(&parts.headers);
+            let res = answer.render(config.headers, &config.rejection, grpc);
             return Checked {
                 parts,
                 verdict: Verdict::Respond(res),
@@ -93,7 +95,7 @@ async fn decide<St: Store>(config: &Config<St>, parts: &Parts) -> Result<After, 
         Cost::Dynamic(f) => f(parts),
     };
     if cost > policy.max_cost() {
-        return Err(too_costly(cost, &policy));
+        return Err(too_costly(cost, policy, kind));
     }
     // Policy name first: two policies never share a bucket. The value is made
     // safe here too: `from_fn` extractors return whatever their closure built.
@@ -104,8 +106,12 @@ async fn decide<St: Store>(config: &Config<St>, parts: &Parts) -> Result<After, 
             decision: Some(decision),
             failure: None,
         }),
-        Ok(decision) => Err(Answer::TooMany { policy, decision }),
-        Err(Error::CostExceedsCapacity { .. }) => Err(too_costly(cost, &policy)),
+        Ok(decision) => Err(Answer::TooMany {
+            policy,
+            decision,
+            kind: kind.to_owned(),
+        }),
+        Err(Error::CostExceedsCapacity { .. }) => Err(too_costly(cost, policy, kind)),
         // Every other error means no decision could be made; the layer never
         // turns it into a service error.
         Err(err) => {
@@ -127,9 +133,10 @@ fn missing(key: &Extractor) -> Answer {
     }
 }
 
-fn too_costly(cost: u64, policy: &Policy) -> Answer {
+fn too_costly(cost: u64, policy: Policy, kind: &str) -> Answer {
     Answer::CostTooHigh {
         cost,
-        capacity: policy.max_cost(),
+        policy,
+        kind: kind.to_owned(),
     }
 }

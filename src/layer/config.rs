@@ -77,7 +77,8 @@ pub(crate) enum Missing {
 
 impl MissingKey {
     /// Answer `400 Bad Request` with a short plain-text body naming the missing
-    /// key (for example `header:x-api-key`). The inner service is not called.
+    /// key (for example `header:x-api-key`); gRPC calls get `INVALID_ARGUMENT`
+    /// with the same words. The inner service is not called.
     pub fn reject() -> Self {
         MissingKey(Missing::Reject)
     }
@@ -117,7 +118,9 @@ pub enum OnStoreError {
     #[default]
     Allow,
     /// Answer `503 Service Unavailable` with `Retry-After: 1` (fail closed), for
-    /// services that the limit protects from overload.
+    /// services that the limit protects from overload. gRPC calls get
+    /// `UNAVAILABLE` with a pushback of 1000 ms (see the
+    /// [module docs](crate::layer#grpc-tonic)).
     Deny,
 }
 
@@ -142,8 +145,12 @@ pub enum HeaderStyle {
 /// A custom rejection: builds the body and headers of a 429 from the decision.
 pub type RejectFn = dyn Fn(&Decision) -> Response<Bytes> + Send + Sync;
 
-/// How the layer answers a request over its limit. Set with
+/// How the layer answers an HTTP request over its limit. Set with
 /// [`RateLimitLayer::rejection`](crate::layer::RateLimitLayer::rejection).
+///
+/// gRPC calls never get these: they always get the trailers-only
+/// `RESOURCE_EXHAUSTED` described in the [module docs](crate::layer#grpc-tonic),
+/// because gRPC clients do not read HTTP errors.
 #[derive(Clone)]
 pub struct Rejection(pub(crate) Reject);
 

@@ -132,7 +132,8 @@ impl<St, M> RateLimitLayer<St, M> {
     /// set). A cost of 0 is a peek: the store is asked, nothing is spent, the
     /// request passes and the headers show the current state. A cost above the
     /// chosen policy's smallest capacity can never be admitted: the layer answers
-    /// 429 without `Retry-After`, and never asks the store.
+    /// 429 without `Retry-After` (gRPC: `RESOURCE_EXHAUSTED` with a pushback of
+    /// `-1`, "do not retry"), and never asks the store.
     pub fn cost<F>(self, cost: F) -> Self
     where
         F: Fn(&Parts) -> u64 + Send + Sync + 'static,
@@ -155,7 +156,8 @@ impl<St, M> RateLimitLayer<St, M> {
     }
 
     /// What to do when the store cannot decide: [`OnStoreError::Allow`] (the
-    /// default) forwards the request, [`OnStoreError::Deny`] answers 503.
+    /// default) forwards the request, [`OnStoreError::Deny`] answers 503 (gRPC:
+    /// `UNAVAILABLE`).
     pub fn on_store_error(self, policy: OnStoreError) -> Self {
         self.with(|c| c.on_store_error = policy)
     }
@@ -165,7 +167,8 @@ impl<St, M> RateLimitLayer<St, M> {
         self.with(|c| c.headers = style)
     }
 
-    /// How to answer a request over its limit ([`Rejection::text`] by default).
+    /// How to answer an HTTP request over its limit ([`Rejection::text`] by
+    /// default). gRPC calls always get a gRPC status instead.
     pub fn rejection(self, rejection: Rejection) -> Self {
         self.with(|c| c.rejection = rejection.0)
     }
@@ -173,7 +176,9 @@ impl<St, M> RateLimitLayer<St, M> {
     /// Chooses how the bodies of the layer's own answers are built: [`TextBody`]
     /// (the default, for body types with `From<Bytes>` such as axum's) or
     /// [`EmptyBody`](super::EmptyBody) (for body types with only `Default`, such
-    /// as tonic's). See [`MakeBody`](super::MakeBody).
+    /// as tonic's: `Server::builder().layer(limit.bodies::<EmptyBody>())`). See
+    /// [`MakeBody`](super::MakeBody) and the
+    /// [module docs](crate::layer#bodies-and-tonics-server).
     pub fn bodies<M2>(self) -> RateLimitLayer<St, M2> {
         RateLimitLayer {
             config: self.config,

@@ -1,7 +1,9 @@
-//! Tower middleware for HTTP: [`RateLimitLayer`] and its [`RateLimit`] service.
+//! Tower middleware for HTTP and gRPC: [`RateLimitLayer`] and its [`RateLimit`]
+//! service.
 //!
-//! Works with axum's `Router::layer` and `Router::route_layer`, with hyper
-//! services and with anything built on tower. The response body type stays the
+//! Works with axum's `Router::layer` and `Router::route_layer`, with tonic's
+//! `Server::builder().layer` (see [gRPC](#grpc-tonic)), with hyper services and
+//! with anything built on tower. The response body type stays the
 //! inner service's. To answer 429, 503 and 400 by itself with a short text, the
 //! layer needs that type to be buildable from [`Bytes`](bytes::Bytes) (axum's
 //! `Body` and `http_body_util::Full<Bytes>` are); for body types that only have
@@ -73,10 +75,11 @@
 //! | [`key`](RateLimitLayer::key) | [`PeerIp`](crate::key::PeerIp): a bucket per client address (IPv6 per /64) | [`ClientIp`](crate::key::ClientIp) behind proxies, [`Header`](crate::key::Header), [`Global`](crate::key::Global), any [`KeyExtractor`](crate::key::KeyExtractor) |
 //! | [`policy`](RateLimitLayer::policy) | the layer's own policy, named `default` | a [`Policy`] per request, or [`Choice::Exempt`] |
 //! | [`cost`](RateLimitLayer::cost) | 1 token per request | any weight; 0 is a peek |
-//! | [`on_missing_key`](RateLimitLayer::on_missing_key) | [`MissingKey::reject`]: 400 | allow, or fall back to another extractor |
-//! | [`on_store_error`](RateLimitLayer::on_store_error) | [`OnStoreError::Allow`]: forward | [`OnStoreError::Deny`]: 503 |
+//! | [`on_missing_key`](RateLimitLayer::on_missing_key) | [`MissingKey::reject`]: 400 (gRPC `INVALID_ARGUMENT`) | allow, or fall back to another extractor |
+//! | [`on_store_error`](RateLimitLayer::on_store_error) | [`OnStoreError::Allow`]: forward | [`OnStoreError::Deny`]: 503 (gRPC `UNAVAILABLE`) |
 //! | [`headers`](RateLimitLayer::headers) | [`HeaderStyle::Ietf`] | legacy `X-RateLimit-*`, none |
-//! | [`rejection`](RateLimitLayer::rejection) | [`Rejection::text`]: 429 `text/plain` | RFC 9457 problem+json, your own |
+//! | [`rejection`](RateLimitLayer::rejection) | [`Rejection::text`]: 429 `text/plain` | RFC 9457 problem+json, your own (HTTP only: gRPC calls get [gRPC statuses](#grpc-tonic)) |
+//! | [`bodies`](RateLimitLayer::bodies) | [`TextBody`]: needs `From<Bytes>` | [`EmptyBody`] for tonic's server |
 //!
 //! The default key is the socket peer address, because a rate limit is almost
 //! always meant per client, and one bucket silently shared by every client is
@@ -85,7 +88,8 @@
 //!
 //! - axum: enable tollgate's `axum` feature and serve with
 //!   `app.into_make_service_with_connect_info::<SocketAddr>()`;
-//! - tonic: enable the `tonic` feature (tonic inserts `TcpConnectInfo` itself);
+//! - tonic: keep the `tonic` feature (on by default; tonic inserts
+//!   `TcpConnectInfo` itself);
 //! - a bare hyper server: insert the peer's `SocketAddr` into each request.
 //!
 //! Without it every request lacks its key and is answered 400 (the default
@@ -132,7 +136,127 @@
 //!   key kind that was missing (`ip`, `header:x-api-key`).
 //!
 //! A limit or store problem never becomes a service error: the layer's error
-//! type is the inner service's.
+//! type is the inner service's. gRPC calls get gRPC statuses instead of these;
+//! see below.
+//!
+//! ## gRPC (tonic)
+//!
+//! The same layer limits tonic services. A request is a gRPC call when its
+//! `content-type` starts with `application/grpc` (any case; this includes
+//! `application/grpc+proto` and gRPC-Web), as [`is_grpc`] tells. gRPC clients
+//! read `grpc-status`, not the HTTP status (tonic turns a bare 429 into
+//! `UNAVAILABLE` and loses the wait), so the layer never answers a gRPC call with
+//! an HTTP error: it answers **HTTP 200 "trailers-only"**, one header block that
+//! ends the stream, with `content-type: application/grpc` (`application/grpc-web`
+//! or `application/grpc-web-text` for gRPC-Web calls), `grpc-status` and a
+//! percent-encoded `grpc-message`.
+//!
+//! | outcome | HTTP answer | gRPC status | `grpc-retry-pushback-ms` | `grpc-status-details-bin` (feature `tonic`) |
+//! | --- | --- | --- | --- | --- |
+//! | over the limit | 429, `Retry-After` | `RESOURCE_EXHAUSTED` (8) | the wait in ms, rounded up, never 0 | `RetryInfo` (the same wait) and `QuotaFailure` |
+//! | cost above a capacity | 429 without `Retry-After` | `RESOURCE_EXHAUSTED` (8) | `-1`: do not retry | `QuotaFailure` only |
+//! | no key, [`MissingKey::reject`] | 400 | `INVALID_ARGUMENT` (3) | none | none |
+//! | store failed, [`OnStoreError::Deny`] | 503, `Retry-After: 1` | `UNAVAILABLE` (14) | `1000` | `RetryInfo` of 1 s |
+//!
+//! - **Statuses.** Rate limited is `RESOURCE_EXHAUSTED`, as gRPC and Google's
+//!   API guidelines define it (a per-user quota), not `UNAVAILABLE`, which
+//!   clients read as "server down, retry anywhere". A cost above a capacity is a
+//!   quota problem too, so it is `RESOURCE_EXHAUSTED` as well, like the HTTP 429
+//!   without `Retry-After`; it carries no `RetryInfo`, and a negative pushback,
+//!   which gRPC retry policies take as "do not retry" (gRFC A6, "Pushback"). A
+//!   missing key is `INVALID_ARGUMENT`, like the HTTP 400: the call lacks
+//!   something it must carry. `UNAUTHENTICATED` would claim the key is a
+//!   credential, which the layer cannot know (it may be a tenant header or the
+//!   peer address).
+//! - **Messages** name the policy and the wait (`rate limit exceeded: policy
+//!   api, retry in 250 ms`) or the missing key kind; never a client's key.
+//! - **Retry hints.** `grpc-retry-pushback-ms` is the metadata gRPC retry
+//!   policies read (ASCII integer milliseconds). With the `tonic` feature,
+//!   `grpc-status-details-bin` holds a `google.rpc.Status` built with
+//!   tonic-types: `RetryInfo.retry_delay` is exactly the pushback, and
+//!   `QuotaFailure` has one violation per quota the call did not fit in, with
+//!   `subject` the key kind (`ip`, `header:x-api-key`; never the key itself),
+//!   `quota_id` the item name of the `RateLimit` headers (`api`, `api.0`),
+//!   `quota_value` the capacity and a `description` such as `policy api: 10 per
+//!   1s, bursts of 20 exhausted`. Clients read them with
+//!   `tonic_types::StatusExt::get_details_retry_info` and
+//!   `get_details_quota_failure`. Without the feature the answers are the same
+//!   except for this header.
+//! - **Rate limit headers** are HTTP headers, so gRPC clients see them as
+//!   metadata: initial metadata on admitted calls (`response.metadata()`), and
+//!   metadata of the `Status` on limited ones. They are kept, so clients can
+//!   watch their budget; [`HeaderStyle::None`] turns them off.
+//!   `Retry-After` and `Cache-Control` are not sent to gRPC calls.
+//! - **[`Rejection`]** (text, problem+json, custom) shapes HTTP answers only.
+//! - **Streaming** calls are checked once, when the call starts, from the
+//!   request head: the messages of an admitted stream are not counted, and a
+//!   long stream holds no tokens. To limit messages, call a
+//!   [`RateLimiter`](crate::RateLimiter) inside the handler.
+//! - **Per-method policies**: the [`policy`](RateLimitLayer::policy) closure
+//!   sees the path `/package.Service/Method`; [`grpc_method`] splits it.
+//! - **Keys**: [`PeerIp`](crate::key::PeerIp) (the default) and
+//!   [`ClientIp`](crate::key::ClientIp) read tonic's `TcpConnectInfo` with the
+//!   `tonic` feature; [`Header`](crate::key::Header) reads ASCII metadata such
+//!   as `x-api-key`.
+//! - **Shadow mode** forwards gRPC calls as it forwards HTTP requests.
+//!
+//! ### Bodies and tonic's server
+//!
+//! tonic's `Body` has only `Default`, so on `Server::builder().layer(...)` the
+//! layer needs [`bodies::<EmptyBody>()`](RateLimitLayer::bodies); nothing is
+//! lost, since gRPC answers have no body. (The default [`TextBody`] cannot
+//! cover tonic's `Body`: see [`MakeBody`].) Forgetting it shows at compile time
+//! as ``the trait bound `tonic::body::Body: From<Bytes>` is not satisfied``.
+//!
+//! ```no_run
+//! use tollgate::layer::{Choice, EmptyBody, Policy, RateLimitLayer, grpc_method};
+//! use tollgate::{Quota, RedisStore};
+//! use tonic::transport::Server;
+//!
+//! # #[tokio::main]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = RedisStore::from_url("redis://127.0.0.1:6379")?;
+//! // 20 calls a second per client address; health checks (as an example of a
+//! // method) exempt.
+//! let limit = RateLimitLayer::new(store, Quota::per_second(20)?)
+//!     .policy(|parts| match grpc_method(parts) {
+//!         Some(("grpc.health.v1.Health", _)) => Choice::Exempt,
+//!         _ => Choice::Default,
+//!     })
+//!     .bodies::<EmptyBody>();
+//! let (_reporter, health) = tonic_health::server::health_reporter();
+//! Server::builder()
+//!     .layer(limit)
+//!     .add_service(health)
+//!     .serve("0.0.0.0:50051".parse()?)
+//!     .await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! HTTP routes and tonic services in one axum router share one layer with the
+//! default bodies (axum's `Body` has `From<Bytes>`): HTTP requests get 429,
+//! gRPC calls `RESOURCE_EXHAUSTED`. Serve it with HTTP/2 enabled (axum's
+//! `http2` feature) and connect info for the peer address:
+//!
+//! ```no_run
+//! use std::net::SocketAddr;
+//! use axum::{Router, routing::get};
+//! use tollgate::{Quota, RateLimitLayer, RedisStore};
+//!
+//! # #[tokio::main]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = RedisStore::from_url("redis://127.0.0.1:6379")?;
+//! let (_reporter, health) = tonic_health::server::health_reporter();
+//! let app = Router::new()
+//!     .route("/", get(|| async { "hello" }))
+//!     .merge(tonic::service::Routes::new(health).into_axum_router())
+//!     .layer(RateLimitLayer::new(store, Quota::per_second(10)?));
+//! let listener = tokio::net::TcpListener::bind("0.0.0.0:3000").await?;
+//! axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>()).await?;
+//! # Ok(())
+//! # }
+//! ```
 //!
 //! ## Keys
 //!
@@ -155,6 +279,7 @@ mod body;
 mod check;
 mod config;
 mod future;
+mod grpc;
 #[allow(clippy::module_inception)]
 mod layer;
 mod policy;
@@ -167,6 +292,7 @@ use std::sync::Arc;
 pub use body::{EmptyBody, MakeBody, TextBody};
 pub use config::{HeaderStyle, MissingKey, OnStoreError, RejectFn, Rejection};
 pub use future::ResponseFuture;
+pub use grpc::{GRPC_RETRY_PUSHBACK_MS, grpc_method, is_grpc};
 pub use layer::{DEFAULT_POLICY_NAME, RateLimitLayer};
 pub use policy::{Choice, MAX_POLICY_NAME_LEN, Policy};
 pub use response::{

@@ -1,9 +1,9 @@
 //! What the layer answers and which headers it adds.
 //!
 //! Everything here builds `Response<Bytes>`; the service converts the body into
-//! the inner service's body type. A gRPC branch (trailers-only
-//! `RESOURCE_EXHAUSTED` for `content-type: application/grpc` requests) belongs in
-//! [`Answer::render`]: it is the one place that turns an outcome into a response.
+//! the inner service's body type. [`Answer::render`] is the one place that turns
+//! an outcome into a response: HTTP statuses here, gRPC statuses in
+//! [`super::grpc`] for gRPC calls.
 
 use std::fmt::Write;
 use std::time::Duration;
@@ -15,6 +15,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 use super::StoreFailure;
 use super::check::After;
 use super::config::{HeaderStyle, Reject};
+use super::grpc::{self, Grpc};
 use super::policy::Policy;
 use crate::{Decision, QuotaState};
 
@@ -131,10 +132,18 @@ pub(crate) fn apply_report(target: &mut HeaderMap, report: HeaderMap) {
 
 /// An outcome the layer answers itself instead of calling the inner service.
 pub(crate) enum Answer {
-    /// Over the limit: 429.
-    TooMany { policy: Policy, decision: Decision },
+    /// Over the limit: 429. `kind` is the kind of key the bucket belongs to.
+    TooMany {
+        policy: Policy,
+        decision: Decision,
+        kind: String,
+    },
     /// The request's cost exceeds a capacity of its policy: it can never pass.
-    CostTooHigh { cost: u64, capacity: u64 },
+    CostTooHigh {
+        cost: u64,
+        policy: Policy,
+        kind: String,
+    },
     /// No key to limit by.
     MissingKey { kind: String },
     /// The store failed and the layer is configured to deny.
@@ -143,16 +152,27 @@ pub(crate) enum Answer {
 
 impl Answer {
     /// The response for this outcome. This is the one place that chooses a
-    /// response's shape; a gRPC branch (trailers-only `RESOURCE_EXHAUSTED` when
-    /// the request's content-type is `application/grpc`) belongs here.
-    pub(crate) fn render(self, style: HeaderStyle, reject: &Reject) -> Response<Bytes> {
+    /// response's shape: a gRPC call (`grpc` is `Some`) gets a trailers-only gRPC
+    /// status whatever `reject` says, because gRPC clients read no HTTP error.
+    pub(crate) fn render(
+        self,
+        style: HeaderStyle,
+        reject: &Reject,
+        grpc: Option<Grpc>,
+    ) -> Response<Bytes> {
+        if let Some(grpc) = grpc {
+            return self.render_grpc(grpc, style);
+        }
         match self {
-            Answer::TooMany { policy, decision } => too_many(&policy, decision, style, reject),
-            Answer::CostTooHigh { cost, capacity } => plain(
+            Answer::TooMany {
+                policy, decision, ..
+            } => too_many(&policy, decision, style, reject),
+            Answer::CostTooHigh { cost, policy, .. } => plain(
                 StatusCode::TOO_MANY_REQUESTS,
                 format!(
                     "Too Many Requests: this request costs {cost}, more than the limit of \
-                     {capacity}; it can never be admitted\n"
+                     {}; it can never be admitted\n",
+                    policy.max_cost()
                 ),
             ),
             Answer::MissingKey { kind } => plain(
@@ -172,11 +192,28 @@ impl Answer {
         }
     }
 
+    fn render_grpc(self, grpc: Grpc, style: HeaderStyle) -> Response<Bytes> {
+        match self {
+            Answer::TooMany {
+                policy,
+                decision,
+                kind,
+            } => grpc::too_many(grpc, &policy, decision, &kind, style),
+            Answer::CostTooHigh { cost, policy, kind } => {
+                grpc::cost_too_high(grpc, &policy, cost, &kind)
+            }
+            Answer::MissingKey { kind } => grpc::missing_key(grpc, &kind),
+            Answer::StoreDown(failure) => grpc::store_down(grpc, failure),
+        }
+    }
+
     /// What shadow mode forwards instead of this answer: the report and the
     /// decision or failure, without the response.
     pub(crate) fn into_report(self, style: HeaderStyle) -> After {
         match self {
-            Answer::TooMany { policy, decision } => After {
+            Answer::TooMany {
+                policy, decision, ..
+            } => After {
                 headers: report(style, &policy, &decision),
                 decision: Some(decision),
                 failure: None,
@@ -308,8 +345,9 @@ mod tests {
         let res = Answer::TooMany {
             policy: p,
             decision: d,
+            kind: "ip".into(),
         }
-        .render(HeaderStyle::Ietf, &Reject::Problem);
+        .render(HeaderStyle::Ietf, &Reject::Problem, None);
         assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(res.headers()[RETRY_AFTER], "1");
         assert_eq!(res.headers()[CACHE_CONTROL], "no-store");

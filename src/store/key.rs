@@ -6,7 +6,10 @@
 //! `redis-cli`. Anything else (long, binary, braces that would move the
 //! `{hash tag}`, spaces) becomes `#` and the first 128 bits of its SHA-256 in hex.
 //! Only hashed keys start with `#`, so a hashed key never equals a raw one, and a
-//! hashed part can be embedded in a longer raw key (`policy:header:#1f...`).
+//! hashed part can be embedded in a longer raw key (`policy:header:#1f...`). A
+//! value that already starts with `#` is hashed again when made safe on its own
+//! (the layer does this to every extracted value): deterministic and bounded,
+//! and it stops a client-written `#...` from posing as a hashed key.
 
 use sha2::{Digest, Sha256};
 use std::borrow::Cow;

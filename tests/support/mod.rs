@@ -382,4 +382,5 @@ impl Drop for Proxy {
     }
 }
 
+pub mod grpc;
 pub mod http;
