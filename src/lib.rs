@@ -11,9 +11,12 @@
 //! - [`RateLimiter`]: `check`, `acquire` (waits), `peek` and `reset` over a store.
 //! - [`Decision`]: what a check answers: allowed, limit, remaining, retry-after,
 //!   reset-after.
-//! - [`RateLimitLayer`]: tower middleware for HTTP (axum, hyper): 429 with
-//!   `Retry-After`, the IETF `RateLimit` headers, per-route policies; see
-//!   [`layer`] for the axum quick start.
+//! - [`RateLimitLayer`]: tower middleware for axum, hyper and tonic: 429 with
+//!   `Retry-After` and the IETF `RateLimit` headers for HTTP, `RESOURCE_EXHAUSTED`
+//!   with retry hints for gRPC, per-route and per-method policies; see [`layer`]
+//!   for the axum quick start.
+//! - [`key`]: which bucket a request spends from (peer IP, client IP behind
+//!   trusted proxies, API key header, auth extension, closures, combinations).
 //!
 //! ## Quick start
 //!
