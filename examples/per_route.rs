@@ -7,8 +7,11 @@
 //!
 //! - `GET /search`: 2 a second per API key (expensive), its own `route_layer`.
 //! - `POST /bulk`: costs one token per item in `x-items` (at most 20).
-//! - everything else: the tier from `x-tier` picks the policy: `pro` 100 a minute,
-//!   otherwise `free` 10 a minute.
+//! - everything else: the customer's tier picks the policy: `pro` 100 a minute,
+//!   otherwise `free` 10 a minute. The tier comes from the server's own records
+//!   (here a lookup by API key; in an application, from the auth layer), never
+//!   from a header the client writes: each policy has its own buckets, so a
+//!   client choosing its tier could pick the larger quota.
 //! - `GET /health`: exempt.
 
 use std::error::Error;
@@ -40,21 +43,21 @@ async fn main() -> Result<(), Box<dyn Error>> {
 
     let by_tier = RateLimitLayer::with_policy(store.clone(), free.clone())
         .key(Header::new("x-api-key"))
-        .policy(
-            move |parts| match (parts.uri.path(), parts.headers.get("x-tier")) {
-                ("/health", _) => Choice::Exempt,
-                ("/bulk", _) => bulk.clone().into(),
-                (_, Some(tier)) if tier == "pro" => pro.clone().into(),
-                _ => Choice::Default,
-            },
-        )
-        // Bulk calls weigh one token per item; anything unparsable weighs 1.
+        .policy(move |parts| match (parts.uri.path(), tier_of(parts)) {
+            ("/health", _) => Choice::Exempt,
+            ("/bulk", _) => bulk.clone().into(),
+            (_, "pro") => pro.clone().into(),
+            _ => Choice::Default,
+        })
+        // Bulk calls weigh one token per item; anything unparsable weighs 1, and
+        // never less than 1: a client that could send `x-items: 0` would be free.
         .cost(|parts| {
             parts
                 .headers
                 .get("x-items")
-                .and_then(|v| v.to_str().ok()?.parse().ok())
+                .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
                 .unwrap_or(1)
+                .max(1)
         });
     let search = RateLimitLayer::new(store, Quota::per_second(2)?)
         .name("search")?
@@ -95,7 +98,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
         ("GET", "/search", &[("x-api-key", "alice")]),
         ("GET", "/search", &[("x-api-key", "alice")]),
         ("GET", "/", &[("x-api-key", "alice")]),
-        ("GET", "/", &[("x-api-key", "bob"), ("x-tier", "pro")]),
+        ("GET", "/", &[("x-api-key", "bob")]),
         (
             "POST",
             "/bulk",
@@ -142,4 +145,13 @@ async fn main() -> Result<(), Box<dyn Error>> {
     let _ = stop.send(());
     server.await??;
     Ok(())
+}
+
+/// The customer's tier from the server's own records. A real application would
+/// read what its auth layer stored in the request extensions.
+fn tier_of(parts: &http::request::Parts) -> &'static str {
+    match parts.headers.get("x-api-key").map(|k| k.as_bytes()) {
+        Some(b"bob") => "pro",
+        _ => "free",
+    }
 }

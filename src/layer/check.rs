@@ -97,8 +97,9 @@ async fn decide<St: Store>(config: &Config<St>, parts: &Parts) -> Result<After, 
     if cost > policy.max_cost() {
         return Err(too_costly(cost, policy, kind));
     }
-    // Policy name first: two policies never share a bucket. The value is made
-    // safe here too: `from_fn` extractors return whatever their closure built.
+    // Policy name first: policies with different names never share a bucket.
+    // The value is made safe here too: `from_fn` extractors return whatever
+    // their closure built.
     let key = format!("{}:{kind}:{}", policy.name(), safe_key(&value));
     match config.store.check(&key, policy.quotas(), cost).await {
         Ok(decision) if decision.allowed() => Ok(After {
@@ -115,7 +116,13 @@ async fn decide<St: Store>(config: &Config<St>, parts: &Parts) -> Result<After, 
         // Every other error means no decision could be made; the layer never
         // turns it into a service error.
         Err(err) => {
+            // A full MemoryStore is a bound, not an outage: letting the new key
+            // through would let a flood of fresh keys pass unlimited.
+            let full = matches!(err, Error::StoreFull { .. });
             let failure = StoreFailure(Arc::new(err));
+            if full {
+                return Err(Answer::StoreDown(failure));
+            }
             match config.on_store_error {
                 OnStoreError::Allow => Ok(After {
                     failure: Some(failure),

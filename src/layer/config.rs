@@ -104,8 +104,15 @@ impl Default for MissingKey {
 }
 
 /// What the layer does when the store cannot decide (Redis down or slow beyond
-/// its timeout, [`MemoryStore`](crate::MemoryStore) full): the errors for which
-/// [`Error::is_store_error`](crate::Error::is_store_error) is true.
+/// its timeout, or any other error a store returns, except
+/// [`Error::CostExceedsCapacity`](crate::Error::CostExceedsCapacity), which is
+/// answered as a request that can never be admitted).
+///
+/// [`Error::StoreFull`](crate::Error::StoreFull) (a full
+/// [`MemoryStore`](crate::MemoryStore) refusing a new key) is always answered as
+/// with `Deny`, whatever this says: it is a bound, not an outage, and forwarding
+/// would let a flood of fresh keys through unlimited. Keys the store already
+/// holds keep being limited.
 ///
 /// Either way the failure is put into the request and response extensions as a
 /// [`StoreFailure`](crate::layer::StoreFailure), so logging or metrics layers can

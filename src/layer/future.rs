@@ -5,8 +5,7 @@ use std::marker::PhantomData;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
-use bytes::Bytes;
-use http::{Request, Response, StatusCode};
+use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
@@ -46,6 +45,8 @@ pin_project! {
             future: S::Future,
             after: Option<After>,
         },
+        // Answered: the layer's own response went out, or the inner future ended.
+        Done,
     }
 }
 
@@ -79,13 +80,15 @@ where
                 StateProj::Checking { check, inner, body } => {
                     let Checked { parts, verdict } = ready!(check.as_mut().poll(cx));
                     let after = match verdict {
-                        Verdict::Respond(res) => return Poll::Ready(Ok(res.map(M::make_body))),
+                        Verdict::Respond(res) => {
+                            this.state.set(State::Done);
+                            return Poll::Ready(Ok(res.map(M::make_body)));
+                        }
                         Verdict::Forward(after) => after,
                     };
                     let (Some(mut service), Some(body)) = (inner.take(), body.take()) else {
-                        // Only reachable when polled again after completing, which
-                        // the Future contract forbids; answer rather than panic.
-                        return Poll::Ready(Ok(internal_error::<ResBody, M>()));
+                        // Both are taken only here, right before leaving this state.
+                        polled_after_completion()
                     };
                     let future = service.call(Request::from_parts(parts, body));
                     this.state.set(State::Calling {
@@ -94,8 +97,11 @@ where
                     });
                 }
                 StateProj::Calling { future, after } => {
-                    let mut res = ready!(future.poll(cx))?;
-                    if let Some(after) = after.take() {
+                    let res = ready!(future.poll(cx));
+                    let after = after.take();
+                    this.state.set(State::Done);
+                    let mut res = res?;
+                    if let Some(after) = after {
                         apply_report(res.headers_mut(), after.headers);
                         // With nested layers the innermost (most specific) decision
                         // is kept, as the handler saw it in the request.
@@ -110,13 +116,16 @@ where
                     }
                     return Poll::Ready(Ok(res));
                 }
+                StateProj::Done => polled_after_completion(),
             }
         }
     }
 }
 
-fn internal_error<B, M: MakeBody<B>>() -> Response<B> {
-    let mut res = Response::new(M::make_body(Bytes::new()));
-    *res.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
-    res
+/// The `Future` contract forbids polling a finished future; like the futures
+/// of std and tower, this one panics if it happens (a bug in the caller, never
+/// something a request can cause).
+#[cold]
+fn polled_after_completion() -> ! {
+    panic!("rate limit ResponseFuture polled after completion")
 }

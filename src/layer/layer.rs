@@ -121,6 +121,11 @@ impl<St, M> RateLimitLayer<St, M> {
     /// Chooses the policy per request (per route, method, customer tier), or
     /// exempts the request. Build the [`Policy`] values once and clone them into
     /// the closure: it runs for every request and must not block.
+    ///
+    /// Choose from trusted data only (the route, the method, what your auth layer
+    /// put in the extensions): each policy has its own buckets, so a tier taken
+    /// from a header the client writes lets the client pick the larger quota, or
+    /// spend from several.
     pub fn policy<F>(self, select: F) -> Self
     where
         F: Fn(&Parts) -> Choice + Send + Sync + 'static,
@@ -129,8 +134,10 @@ impl<St, M> RateLimitLayer<St, M> {
     }
 
     /// The weight of each request in tokens, computed from its head (1 when not
-    /// set). A cost of 0 is a peek: the store is asked, nothing is spent, the
-    /// request passes and the headers show the current state. A cost above the
+    /// set). A cost of 0 means free: the store is asked, nothing is spent, the
+    /// request passes and the headers show the current state. So compute the cost
+    /// from trusted data, or never let it fall to 0 (`.max(1)`) when a client can
+    /// influence it: a client that can make its cost 0 is not limited. A cost above the
     /// chosen policy's smallest capacity can never be admitted: the layer answers
     /// 429 without `Retry-After` (gRPC: `RESOURCE_EXHAUSTED` with a pushback of
     /// `-1`, "do not retry"), and never asks the store.

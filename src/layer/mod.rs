@@ -115,7 +115,10 @@
 //!   never earlier than any `t`.
 //! - Nested layers (a global limit and a per-route one) append their items to
 //!   the same two fields. The outer layer decides first: a request it admits has
-//!   spent its tokens even if an inner layer then answers 429.
+//!   spent its tokens even if an inner layer then answers 429, and its item keeps
+//!   the admitted form (`t` until its next token), so "`Retry-After` is never
+//!   earlier than any `t`" holds for the items of the layer that answered.
+//!   Give nested layers different [names](RateLimitLayer::name) (see Keys).
 //! - [`HeaderStyle::Legacy`] sends `X-RateLimit-Limit` (capacity),
 //!   `X-RateLimit-Remaining` and `X-RateLimit-Reset` of the most restrictive quota;
 //!   the reset is **delay seconds** until that bucket is full again (rounded up),
@@ -261,8 +264,12 @@
 //! ## Keys
 //!
 //! The storage key of a request is `policy:kind:value`, for example
-//! `default:header:x-api-key:k-1`, so two policies or two extractors never share a
-//! bucket. The value is made safe with [`safe_key`](crate::store::safe_key), and
+//! `default:header:x-api-key:k-1`, so policies with different names, or two
+//! extractors, never share a bucket. The policy name is the bucket's namespace:
+//! layers (or policies) with the same name, key kind and quota share their
+//! buckets, which is how several routes can share one budget, and also why two
+//! nested layers that both keep the default name `default` and the same quota
+//! would spend twice from one bucket: name them. The value is made safe with [`safe_key`](crate::store::safe_key), and
 //! the store makes the whole key safe again (hashing it when it is long) and
 //! wraps it in the `{hash tag}`: no request data reaches Redis raw or unbounded.
 //!

@@ -69,7 +69,13 @@ impl Policy {
         let value = items
             .iter()
             .zip(quotas.iter())
-            .map(|(item, q)| format!("{item};q={};w={}", q.capacity(), window_secs(q)))
+            .map(|(item, q)| {
+                format!(
+                    "{item};q={};w={}",
+                    super::response::sf_integer(q.capacity()),
+                    window_secs(q)
+                )
+            })
             .collect::<Vec<_>>()
             .join(", ");
         let header = HeaderValue::from_str(&value)

@@ -63,6 +63,12 @@ fn next_token(state: &QuotaState) -> Option<Duration> {
     Some(Duration::from_micros(us.max(1)))
 }
 
+/// RFC 9651 integers have at most 15 digits; a quota may count up to 2^52
+/// tokens, so larger values are reported as the largest integer the syntax has.
+pub(crate) fn sf_integer(v: u64) -> u64 {
+    v.min(999_999_999_999_999)
+}
+
 /// The `t` of one `RateLimit` item. On an admission: seconds until one more token
 /// is available (omitted when the bucket is full). On a denial: seconds until this
 /// quota holds the request's cost (omitted for quotas that already hold it), so
@@ -84,7 +90,7 @@ pub(crate) fn ratelimit_value(policy: &Policy, decision: &Decision) -> String {
             out.push_str(", ");
         }
         // Writing to a String cannot fail.
-        let _ = write!(out, "{item};r={}", state.remaining());
+        let _ = write!(out, "{item};r={}", sf_integer(state.remaining()));
         if let Some(t) = item_t(decision, state) {
             let _ = write!(out, ";t={t}");
         }
@@ -328,6 +334,8 @@ mod tests {
         // A full bucket has nothing more to come: no t.
         let fresh = store.check("other", &[q], 0).await.unwrap();
         assert_eq!(ratelimit_value(&p, &fresh), "\"p\";r=5");
+        assert_eq!(sf_integer(1 << 52), 999_999_999_999_999);
+        assert_eq!(sf_integer(42), 42);
     }
 
     #[test]

@@ -141,8 +141,9 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_full_store_follows_the_store_error_policy() {
-        // One key fits; a second key finds the store full: a store error.
+    async fn a_full_store_refuses_new_keys_even_when_failing_open() {
+        // One key fits; a second key finds the store full. Forwarding it would let
+        // a flood of fresh keys through unlimited, so even Allow refuses it.
         let store = MemoryStore::with_max_keys(1).unwrap();
         let key = crate::key::from_fn("n", |p| Some(p.uri.path().to_owned()));
         let inner = tower::service_fn(|req: Request<()>| async move {
@@ -155,13 +156,14 @@ mod tests {
         let res = allow.clone().oneshot(Request::new(())).await.unwrap();
         assert_eq!(res.body(), "false");
         let other = || Request::get("/other").body(()).unwrap();
-        let res = allow.oneshot(other()).await.unwrap();
-        assert_eq!(
-            (res.status(), res.body().as_ref()),
-            (StatusCode::OK, &b"true"[..])
-        );
+        let res = allow.clone().oneshot(other()).await.unwrap();
+        assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(res.headers()["retry-after"], "1");
         let failure = res.extensions().get::<StoreFailure>().unwrap();
         assert!(matches!(*failure.0, Error::StoreFull { .. }));
+        // The key the store holds is still limited as before.
+        let res = allow.oneshot(Request::new(())).await.unwrap();
+        assert_eq!(res.status(), StatusCode::OK);
         let res = deny.oneshot(other()).await.unwrap();
         assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(res.headers()["retry-after"], "1");
