@@ -12,7 +12,7 @@ use super::config::{Config, Cost, Extractor, Missing};
 use super::grpc::flavor;
 use super::policy::{Choice, Policy};
 use super::response::{Answer, report};
-use super::{OnStoreError, StoreFailure};
+use super::{OnStoreError, ShadowRejection, StoreFailure};
 use crate::key::present;
 use crate::store::safe_key;
 use crate::{Decision, Error, Store};
@@ -36,6 +36,7 @@ pub(crate) struct After {
     pub(crate) headers: HeaderMap,
     pub(crate) decision: Option<Decision>,
     pub(crate) failure: Option<StoreFailure>,
+    pub(crate) shadow: Option<ShadowRejection>,
 }
 
 pub(crate) async fn check<St: Store>(config: Arc<Config<St>>, mut parts: Parts) -> Checked {
@@ -58,6 +59,9 @@ pub(crate) async fn check<St: Store>(config: Arc<Config<St>>, mut parts: Parts) 
     }
     if let Some(failure) = &after.failure {
         parts.extensions.insert(failure.clone());
+    }
+    if let Some(shadow) = &after.shadow {
+        parts.extensions.insert(shadow.clone());
     }
     Checked {
         parts,
@@ -105,7 +109,7 @@ async fn decide<St: Store>(config: &Config<St>, parts: &Parts) -> Result<After, 
         Ok(decision) if decision.allowed() => Ok(After {
             headers: report(config.headers, &policy, &decision),
             decision: Some(decision),
-            failure: None,
+            ..After::default()
         }),
         Ok(decision) => Err(Answer::TooMany {
             policy,

@@ -113,6 +113,9 @@ where
                         if let Some(failure) = after.failure {
                             res.extensions_mut().insert(failure);
                         }
+                        if let Some(shadow) = after.shadow {
+                            res.extensions_mut().insert(shadow);
+                        }
                     }
                     return Poll::Ready(Ok(res));
                 }

@@ -196,7 +196,11 @@ impl<St, M> RateLimitLayer<St, M> {
     /// Shadow mode: decide, spend and send the headers as usual, put the
     /// [`Decision`](crate::Decision) in the extensions, but never answer in place
     /// of the inner service: over-limit, keyless and store-failed requests are
-    /// all forwarded. For rolling out a limit and watching what it would do.
+    /// all forwarded. For rolling out a limit and watching what it would do:
+    /// over-limit requests carry a `Decision` with `allowed() == false`, store
+    /// failures a [`StoreFailure`](super::StoreFailure), and requests without a
+    /// key or with a cost no wait would admit a
+    /// [`ShadowRejection`](super::ShadowRejection).
     pub fn shadow(self) -> Self {
         self.with(|c| c.shadow = true)
     }

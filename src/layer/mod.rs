@@ -308,6 +308,27 @@ pub use response::{
 };
 pub use service::RateLimit;
 
+/// In [shadow mode](RateLimitLayer::shadow), what the layer would have answered
+/// to a request it forwarded without a decision: put into the request and
+/// response extensions, so a rollout shows these requests too. (Requests over the
+/// limit carry their [`Decision`](crate::Decision), with `allowed() == false`.)
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ShadowRejection {
+    /// No key (400 / `INVALID_ARGUMENT`); `kind` names the key kinds looked for.
+    MissingKey {
+        /// The key kinds that were looked for.
+        kind: String,
+    },
+    /// The cost exceeds a capacity of the policy (429 that no wait would help).
+    CostTooHigh {
+        /// The request's cost.
+        cost: u64,
+        /// The smallest capacity of the chosen policy.
+        capacity: u64,
+    },
+}
+
 /// Put into the request and response extensions when the store could not decide
 /// (whatever [`OnStoreError`] says), so logging and metrics can count outages.
 #[derive(Clone)]

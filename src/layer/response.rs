@@ -12,11 +12,11 @@ use bytes::Bytes;
 use http::header::{CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 
-use super::StoreFailure;
 use super::check::After;
 use super::config::{HeaderStyle, Reject};
 use super::grpc::{self, Grpc};
 use super::policy::Policy;
+use super::{ShadowRejection, StoreFailure};
 use crate::{Decision, QuotaState};
 
 /// `RateLimit-Policy` (draft-ietf-httpapi-ratelimit-headers-10).
@@ -222,13 +222,23 @@ impl Answer {
             } => After {
                 headers: report(style, &policy, &decision),
                 decision: Some(decision),
-                failure: None,
+                ..After::default()
             },
             Answer::StoreDown(failure) => After {
                 failure: Some(failure),
                 ..After::default()
             },
-            Answer::CostTooHigh { .. } | Answer::MissingKey { .. } => After::default(),
+            Answer::CostTooHigh { cost, policy, .. } => After {
+                shadow: Some(ShadowRejection::CostTooHigh {
+                    cost,
+                    capacity: policy.max_cost(),
+                }),
+                ..After::default()
+            },
+            Answer::MissingKey { kind } => After {
+                shadow: Some(ShadowRejection::MissingKey { kind }),
+                ..After::default()
+            },
         }
     }
 }

@@ -101,7 +101,7 @@ mod tests {
     use http::{Request, Response, StatusCode};
     use tower::{Layer, ServiceExt};
 
-    use crate::layer::{OnStoreError, RateLimitLayer, StoreFailure};
+    use crate::layer::{OnStoreError, RateLimitLayer, ShadowRejection, StoreFailure};
     use crate::{Decision, Error, MemoryStore, Quota};
 
     #[tokio::test]
@@ -167,6 +167,51 @@ mod tests {
         let res = deny.oneshot(other()).await.unwrap();
         assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(res.headers()["retry-after"], "1");
+    }
+
+    #[tokio::test]
+    async fn shadow_mode_marks_what_it_would_have_refused_without_a_decision() {
+        let inner = tower::service_fn(|req: Request<()>| async move {
+            let seen = req.extensions().get::<ShadowRejection>().cloned();
+            Ok::<_, Infallible>(Response::new(Bytes::from(format!("{seen:?}"))))
+        });
+        let layer = RateLimitLayer::new(MemoryStore::new(), Quota::per_minute(3).unwrap())
+            .key(crate::key::Header::new("x-api-key"))
+            .cost(|parts| if parts.uri.path() == "/big" { 10 } else { 1 })
+            .shadow();
+        let svc = layer.layer(inner);
+        // No key: forwarded, and marked in the request and the response.
+        let res = svc.clone().oneshot(Request::new(())).await.unwrap();
+        assert_eq!(res.status(), StatusCode::OK);
+        assert_eq!(
+            res.extensions().get::<ShadowRejection>(),
+            Some(&ShadowRejection::MissingKey {
+                kind: "header:x-api-key".into()
+            })
+        );
+        assert!(
+            std::str::from_utf8(res.body())
+                .unwrap()
+                .contains("MissingKey")
+        );
+        // A cost no wait would admit: forwarded and marked.
+        let big = Request::get("/big")
+            .header("x-api-key", "k")
+            .body(())
+            .unwrap();
+        let res = svc.clone().oneshot(big).await.unwrap();
+        assert_eq!(res.status(), StatusCode::OK);
+        assert_eq!(
+            res.extensions().get::<ShadowRejection>(),
+            Some(&ShadowRejection::CostTooHigh {
+                cost: 10,
+                capacity: 3
+            })
+        );
+        // An ordinary admitted request carries no mark.
+        let ok = Request::get("/").header("x-api-key", "k").body(()).unwrap();
+        let res = svc.oneshot(ok).await.unwrap();
+        assert_eq!(res.extensions().get::<ShadowRejection>(), None);
     }
 
     /// A body type with nothing but `Default`, like tonic's.
