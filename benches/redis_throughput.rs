@@ -158,7 +158,7 @@ async fn run_pool_per_decision(server: &RedisServer, max_size: Option<usize>) ->
     let pool = config
         .create_pool(Some(deadpool_redis::Runtime::Tokio1))
         .expect("pool");
-    let store = RedisStore::new(pool.clone());
+    let store = RedisStore::from_pool(pool.clone());
     let script = Arc::new(Script::new(SCRIPT));
     let q = quota();
     let period_us = q.period().as_micros() as u64;

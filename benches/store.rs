@@ -11,18 +11,22 @@ use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use support::RedisServer;
-use tollgate::{MemoryStore, Quota, Store};
+use tollgate::{MemoryStore, Policy, Quota, Store};
 
-fn quotas() -> [Quota; 1] {
+fn quotas() -> Policy {
     // Large enough that the hot key keeps being admitted (a write every time).
-    [Quota::per_second(1_000_000).expect("quota")]
+    Quota::per_second(1_000_000).expect("quota").into()
 }
 
-fn two_quotas() -> [Quota; 2] {
-    [
-        Quota::per_second(1_000_000).expect("quota"),
-        Quota::per_hour(1_000_000_000).expect("quota"),
-    ]
+fn two_quotas() -> Policy {
+    Policy::new(
+        "two",
+        [
+            Quota::per_second(1_000_000).expect("quota"),
+            Quota::per_hour(1_000_000_000).expect("quota"),
+        ],
+    )
+    .expect("policy")
 }
 
 fn runtime() -> tokio::runtime::Runtime {

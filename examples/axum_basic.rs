@@ -9,25 +9,26 @@ use std::error::Error;
 
 use axum::{Extension, Router, routing::get};
 use tollgate::key::Header;
-use tollgate::layer::{MissingKey, OnStoreError, Policy, RateLimitLayer};
-use tollgate::{Decision, MemoryStore, Quota, RedisStore, Store};
+use tollgate::layer::{MissingKey, OnStoreError, RateLimitLayer};
+use tollgate::{AnyStore, Decision, MemoryStore, Policy, Quota, RedisStore};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn Error>> {
-    match std::env::var("REDIS_URL") {
-        Ok(url) if !url.is_empty() => serve(RedisStore::from_url(&url)?, "Redis").await,
-        _ => serve(MemoryStore::new(), "memory").await,
-    }
+    let (store, label): (AnyStore, _) = match std::env::var("REDIS_URL") {
+        Ok(url) if !url.is_empty() => (RedisStore::from_url(&url)?.into(), "Redis"),
+        _ => (MemoryStore::new().into(), "memory"),
+    };
+    serve(store, label).await
 }
 
-async fn serve<St: Store>(store: St, label: &str) -> Result<(), Box<dyn Error>> {
+async fn serve(store: AnyStore, label: &str) -> Result<(), Box<dyn Error>> {
     // 5 requests a second per API key, bursts of 10, and 1000 an hour: both
     // quotas are decided together, all or nothing.
     let api = Policy::new(
         "api",
         [Quota::per_second(5)?.burst(10)?, Quota::per_hour(1000)?],
     )?;
-    let limit = RateLimitLayer::with_policy(store, api)
+    let limit = RateLimitLayer::new(store, api)
         .key(Header::new("x-api-key"))
         // No API key: 400 with a short explanation (the default, spelled out).
         .on_missing_key(MissingKey::reject())
@@ -56,6 +57,12 @@ async fn serve<St: Store>(store: St, label: &str) -> Result<(), Box<dyn Error>> 
     Ok(())
 }
 
-async fn hello(Extension(decision): Extension<Decision>) -> String {
-    format!("hello! {} requests left\n", decision.remaining())
+/// The decision is absent when the layer let the request through without one
+/// (store down, failing open): take it as an `Option`, or a Redis outage becomes
+/// a 500 "Missing request extension" here.
+async fn hello(decision: Option<Extension<Decision>>) -> String {
+    match decision {
+        Some(Extension(decision)) => format!("hello! {} requests left\n", decision.remaining()),
+        None => "hello! (not limited right now)\n".to_owned(),
+    }
 }

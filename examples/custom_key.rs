@@ -64,8 +64,13 @@ async fn main() -> Result<(), Box<dyn Error>> {
     let app = Router::new()
         .route(
             "/",
-            get(|Extension(d): Extension<Decision>| async move {
-                format!("ok, {} left", d.remaining())
+            // Option: a request the layer let through without a decision (store
+            // down, failing open) must not become a 500.
+            get(|d: Option<Extension<Decision>>| async move {
+                match d {
+                    Some(Extension(d)) => format!("ok, {} left", d.remaining()),
+                    None => "ok, not limited".to_owned(),
+                }
             }),
         )
         .layer(limit);

@@ -20,36 +20,38 @@ use hyper_util::rt::TokioExecutor;
 use tokio::net::TcpListener;
 use tollgate::key::Header;
 use tollgate::layer::RateLimitLayer;
-use tollgate::{Decision, MemoryStore, Quota, RedisStore, Store};
+use tollgate::{AnyStore, Decision, MemoryStore, Policy, Quota, RedisStore, Store};
 
 /// 2 requests a second, bursts of 5.
 const BURST: usize = 8;
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn Error>> {
-    match std::env::var("REDIS_URL") {
+    // Redis when REDIS_URL is set, memory otherwise: one type either way.
+    let store: AnyStore = match std::env::var("REDIS_URL") {
         Ok(url) if !url.is_empty() => {
-            println!("store: RedisStore at {url} (REDIS_URL)");
             let store = RedisStore::from_url(&url)?;
             // Fail loudly here: the layer itself would let requests through
             // unlimited when Redis is down (its default, OnStoreError::Allow).
-            if let Err(e) = store.check("demo:ping", &[Quota::per_second(1)?], 0).await {
-                eprintln!("cannot reach Redis at {url}: {e}");
+            let probe = Policy::from(Quota::per_second(1)?);
+            if let Err(e) = store.check("demo:ping", &probe, 0).await {
+                eprintln!("cannot reach Redis: {e}");
                 std::process::exit(1);
             }
-            run(store).await
+            println!("store: RedisStore (REDIS_URL)");
+            store.into()
         }
         _ => {
             println!("store: MemoryStore (set REDIS_URL=redis://127.0.0.1:6379 to use Redis)");
-            run(MemoryStore::new()).await
+            MemoryStore::new().into()
         }
-    }
+    };
+    run(store).await
 }
 
-async fn run<St: Store>(store: St) -> Result<(), Box<dyn Error>> {
-    let limit = RateLimitLayer::new(store, Quota::per_second(2)?.burst(5)?)
-        .name("demo")?
-        .key(Header::new("x-api-key"));
+async fn run(store: AnyStore) -> Result<(), Box<dyn Error>> {
+    let policy = Policy::new("demo", [Quota::per_second(2)?.burst(5)?])?;
+    let limit = RateLimitLayer::new(store, policy).key(Header::new("x-api-key"));
     let app = Router::new().route("/", get(hello)).layer(limit);
 
     let listener = TcpListener::bind("127.0.0.1:0").await?;
@@ -105,9 +107,14 @@ async fn run<St: Store>(store: St) -> Result<(), Box<dyn Error>> {
     Ok(())
 }
 
-/// Handlers can read the decision the layer made.
-async fn hello(Extension(decision): Extension<Decision>) -> String {
-    format!("hello! tokens left: {}\n", decision.remaining())
+/// Handlers can read the decision the layer made. It is absent when the layer
+/// let the request through without one (the store failed and the layer fails
+/// open), so take it as an `Option`: a store outage must not become a 500.
+async fn hello(decision: Option<Extension<Decision>>) -> String {
+    match decision {
+        Some(Extension(decision)) => format!("hello! tokens left: {}\n", decision.remaining()),
+        None => "hello! (not limited: the rate limit store is unavailable)\n".to_owned(),
+    }
 }
 
 struct Reply {

@@ -16,8 +16,8 @@ use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
-use tollgate::layer::{EmptyBody, RateLimitLayer};
-use tollgate::{MemoryStore, Quota};
+use tollgate::layer::RateLimitLayer;
+use tollgate::{MemoryStore, Policy, Quota};
 use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Endpoint, Server};
 use tonic_health::pb::HealthCheckRequest;
@@ -27,11 +27,9 @@ use tonic_types::StatusExt;
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Per client address: bursts of 3 calls, then 2 a second.
-    let limit = RateLimitLayer::new(MemoryStore::new(), Quota::per_second(2)?.burst(3)?)
-        .name("health")?
-        // tonic's body type has only `Default`: the layer's own answers to gRPC
-        // calls have no body anyway (trailers-only).
-        .bodies::<EmptyBody>();
+    // The layer goes on tonic's server as it is: its answers wrap tonic's body.
+    let policy = Policy::new("health", [Quota::per_second(2)?.burst(3)?])?;
+    let limit = RateLimitLayer::new(MemoryStore::new(), policy);
 
     let (_reporter, health) = tonic_health::server::health_reporter();
     let listener = TcpListener::bind("127.0.0.1:0").await?;

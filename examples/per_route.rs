@@ -24,8 +24,8 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tollgate::key::Header;
-use tollgate::layer::{Choice, Policy, RateLimitLayer};
-use tollgate::{MemoryStore, Quota};
+use tollgate::layer::{Choice, RateLimitLayer};
+use tollgate::{MemoryStore, Policy, Quota};
 
 /// One scripted request: method, path, headers.
 type Step = (
@@ -41,7 +41,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
     let pro = Policy::new("pro", [Quota::per_minute(100)?])?;
     let bulk = Policy::new("bulk", [Quota::per_minute(20)?])?;
 
-    let by_tier = RateLimitLayer::with_policy(store.clone(), free.clone())
+    let by_tier = RateLimitLayer::new(store.clone(), free.clone())
         .key(Header::new("x-api-key"))
         .policy(move |parts| match (parts.uri.path(), tier_of(parts)) {
             ("/health", _) => Choice::Exempt,
@@ -59,8 +59,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
                 .unwrap_or(1)
                 .max(1)
         });
-    let search = RateLimitLayer::new(store, Quota::per_second(2)?)
-        .name("search")?
+    let search = RateLimitLayer::new(store, Policy::new("search", [Quota::per_second(2)?])?)
         .key(Header::new("x-api-key"));
 
     let app = Router::new()

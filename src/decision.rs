@@ -4,7 +4,7 @@
 //! use tollgate::{MemoryStore, Quota, RateLimiter};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() -> Result<(), tollgate::Error> {
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let limiter = RateLimiter::new(MemoryStore::new(), Quota::per_minute(2)?);
 //! let first = limiter.check("client-1", 1).await?;
 //! assert!(first.allowed());

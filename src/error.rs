@@ -1,25 +1,105 @@
-//! What can go wrong: configuration mistakes, impossible requests and store trouble.
+//! What can go wrong, by phase: [`ConfigError`] while building quotas, policies,
+//! stores, extractors and layers; [`Error`] when a check runs.
+//!
+//! The two are separate types, as deadpool separates its `BuildError` from its
+//! `PoolError`: a caller of [`RateLimiter::check`](crate::RateLimiter::check)
+//! never has to match a mistake that can only happen at start-up, and a
+//! configuration mistake can never reach a request.
 
 use std::fmt;
 use std::time::Duration;
 
-/// The error type of every fallible tollgate operation.
+/// A configuration mistake, found when a quota, policy, key extractor, store or
+/// layer is built, never per request.
 ///
-/// Configuration mistakes ([`Error::InvalidQuota`], [`Error::InvalidConfig`]) come
-/// back when the quota, store or limiter is built, never per request. The other
-/// variants answer a single check: [`Error::CostExceedsCapacity`] can never
-/// succeed, [`Error::WaitTooLong`] comes from [`RateLimiter::acquire`], and the
-/// store variants ([`Error::is_store_error`]) mean no decision could be made.
+/// The message names the offending value and says why it was refused. It never
+/// contains a secret: URLs are shown without their password.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigError {
+    kind: ConfigErrorKind,
+    message: String,
+}
+
+/// What a [`ConfigError`] is about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ConfigErrorKind {
+    /// A [`Quota`](crate::Quota): zero, absurd, or too large to count exactly.
+    Quota,
+    /// A [`Policy`](crate::Policy): its name or its list of quotas.
+    Policy,
+    /// A key extractor: a header name, a network, a prefix length.
+    Key,
+    /// A store: a URL, a prefix, a timeout, a size.
+    Store,
+    /// A layer or limiter option, such as a fixed cost above a capacity.
+    Layer,
+}
+
+impl ConfigError {
+    pub(crate) fn new(kind: ConfigErrorKind, message: impl Into<String>) -> Self {
+        ConfigError {
+            kind,
+            message: message.into(),
+        }
+    }
+
+    pub(crate) fn quota(message: impl Into<String>) -> Self {
+        Self::new(ConfigErrorKind::Quota, message)
+    }
+
+    pub(crate) fn policy(message: impl Into<String>) -> Self {
+        Self::new(ConfigErrorKind::Policy, message)
+    }
+
+    pub(crate) fn key(message: impl Into<String>) -> Self {
+        Self::new(ConfigErrorKind::Key, message)
+    }
+
+    pub(crate) fn store(message: impl Into<String>) -> Self {
+        Self::new(ConfigErrorKind::Store, message)
+    }
+
+    pub(crate) fn layer(message: impl Into<String>) -> Self {
+        Self::new(ConfigErrorKind::Layer, message)
+    }
+
+    /// What the mistake is about.
+    pub fn kind(&self) -> ConfigErrorKind {
+        self.kind
+    }
+
+    /// The explanation, without the `invalid ...:` prefix of `Display`.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let what = match self.kind {
+            ConfigErrorKind::Quota => "quota",
+            ConfigErrorKind::Policy => "policy",
+            ConfigErrorKind::Key => "key extractor",
+            ConfigErrorKind::Store => "store configuration",
+            ConfigErrorKind::Layer => "rate limit configuration",
+        };
+        write!(f, "invalid {what}: {}", self.message)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// Why a check could not be answered with a [`Decision`](crate::Decision).
+///
+/// [`Error::CostExceedsCapacity`] can never succeed, [`Error::WaitTooLong`] comes
+/// from [`RateLimiter::acquire`], and the store variants
+/// ([`Error::is_store_error`]) mean no decision could be made.
 ///
 /// [`RateLimiter::acquire`]: crate::RateLimiter::acquire
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum Error {
-    /// A quota was built with values that are zero, absurd, or too large to stay
-    /// exact in the store's arithmetic. The message names the value.
-    InvalidQuota(String),
-    /// A store, limiter or layer was configured with a value it cannot use.
-    InvalidConfig(String),
     /// The cost is larger than the bucket capacity: no amount of waiting admits it.
     CostExceedsCapacity {
         /// The cost asked for.
@@ -40,16 +120,16 @@ pub enum Error {
         /// The configured key limit.
         max_keys: usize,
     },
-    /// The store failed (connection refused, pool exhausted, Redis error reply).
+    /// The store failed (connection refused, Redis error reply).
     Store(Box<dyn std::error::Error + Send + Sync + 'static>),
 }
 
 impl Error {
     /// True when no decision could be made because the store failed, timed out or
-    /// was full, as opposed to a configuration or caller error.
+    /// was full, as opposed to a request that can never be admitted or waited too
+    /// long.
     ///
-    /// The HTTP layer applies its store-error policy (allow or deny) to exactly
-    /// these errors.
+    /// The HTTP layer applies its store-error policy to exactly these errors.
     pub fn is_store_error(&self) -> bool {
         matches!(
             self,
@@ -66,8 +146,6 @@ impl Error {
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Error::InvalidQuota(msg) => write!(f, "invalid quota: {msg}"),
-            Error::InvalidConfig(msg) => write!(f, "invalid configuration: {msg}"),
             Error::CostExceedsCapacity { cost, capacity } => write!(
                 f,
                 "cost {cost} exceeds the bucket capacity {capacity}: it can never be admitted"
@@ -92,5 +170,21 @@ impl std::error::Error for Error {
             Error::Store(err) => Some(err.as_ref()),
             _ => None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_errors_say_what_and_why() {
+        let e = ConfigError::quota("tokens per period must be at least 1");
+        assert_eq!(e.kind(), ConfigErrorKind::Quota);
+        assert_eq!(
+            e.to_string(),
+            "invalid quota: tokens per period must be at least 1"
+        );
+        assert_eq!(e.message(), "tokens per period must be at least 1");
     }
 }

@@ -24,7 +24,7 @@
 //! use tollgate::{MemoryStore, Quota, RateLimiter};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() -> Result<(), tollgate::Error> {
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! // Use RedisStore::from_url("redis://127.0.0.1:6379")? to share the limit
 //! // between instances; MemoryStore keeps it in this process.
 //! let limiter = RateLimiter::new(MemoryStore::new(), Quota::per_second(5)?.burst(10)?);
@@ -53,24 +53,26 @@
     not(test),
     warn(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)
 )]
-#![cfg_attr(docsrs, feature(doc_auto_cfg))]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod decision;
 mod error;
 pub mod key;
 pub mod layer;
 pub mod limiter;
+pub mod policy;
 pub mod quota;
 pub mod store;
 
 pub use decision::{Decision, QuotaState};
-pub use error::Error;
+pub use error::{ConfigError, ConfigErrorKind, Error};
 pub use layer::{RateLimit, RateLimitLayer};
 pub use limiter::RateLimiter;
+pub use policy::{DEFAULT_POLICY_NAME, Policy};
 pub use quota::Quota;
 #[cfg(feature = "redis")]
 pub use store::RedisStore;
-pub use store::{MemoryStore, Store};
+pub use store::{AnyStore, MemoryStore, Store};
 
 /// The deadpool-redis crate tollgate is built against, for building a pool.
 #[cfg(feature = "redis")]

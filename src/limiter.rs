@@ -2,15 +2,15 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use tollgate::{MemoryStore, Quota, RateLimiter};
+//! use tollgate::{MemoryStore, Policy, Quota, RateLimiter};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() -> Result<(), tollgate::Error> {
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! // 10 per second and 1000 per hour for each key, decided together.
-//! let limiter = RateLimiter::with_quotas(
+//! let limiter = RateLimiter::new(
 //!     MemoryStore::new(),
-//!     [Quota::per_second(10)?, Quota::per_hour(1000)?],
-//! )?;
+//!     Policy::new("tenants", [Quota::per_second(10)?, Quota::per_hour(1000)?])?,
+//! );
 //! let d = limiter.check("tenant-7", 1).await?;
 //! assert!(d.allowed());
 //! // Wait (up to 2 s) for 10 more tokens instead of failing.
@@ -21,70 +21,72 @@
 //! # }
 //! ```
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::{Decision, Error, Quota, Store};
+use crate::store::{AnyStore, Store};
+use crate::{Decision, Error, Policy, Quota};
 
-/// Checks keys against one or more quotas in a [`Store`]. See the
+/// Checks keys against a [`Policy`] (one quota or several) in a store. See the
 /// [module example](crate::limiter).
 ///
-/// Keys are yours to choose: two limiters on the same store that check the same
-/// key with the same quota share its bucket (with different quotas they never
-/// do). Give each use its own key prefix (`login:user:42`, `search:user:42`) or
-/// its own store prefix ([`RedisStore::with_prefix`](crate::RedisStore::with_prefix)).
+/// Takes any store ([`MemoryStore`](crate::MemoryStore),
+/// [`RedisStore`](crate::RedisStore), [`AnyStore`]) and does not carry its
+/// type. Keys are yours to choose: two limiters on the same store that check the
+/// same key with the same quota share its bucket (with different quotas they
+/// never do). Give each use its own key prefix (`login:user:42`,
+/// `search:user:42`) or its own store prefix
+/// ([`RedisStoreBuilder::prefix`](crate::store::RedisStoreBuilder::prefix)).
 ///
-/// Cheap to clone: clones share the store and quotas.
-#[derive(Debug)]
-pub struct RateLimiter<S> {
-    store: Arc<S>,
-    quotas: Arc<[Quota]>,
+/// Cheap to clone: clones share the store and the policy.
+#[derive(Clone, Debug)]
+#[must_use]
+pub struct RateLimiter {
+    store: AnyStore,
+    policy: Policy,
 }
 
-impl<S> Clone for RateLimiter<S> {
-    fn clone(&self) -> Self {
+impl RateLimiter {
+    /// A limiter over `store` enforcing `policy`: a single [`Quota`] (`.into()`
+    /// is implied) or a [`Policy`] of several, decided all or nothing.
+    pub fn new(store: impl Into<AnyStore>, policy: impl Into<Policy>) -> Self {
         RateLimiter {
-            store: Arc::clone(&self.store),
-            quotas: Arc::clone(&self.quotas),
-        }
-    }
-}
-
-impl<S: Store> RateLimiter<S> {
-    /// A limiter with one quota.
-    pub fn new(store: S, quota: Quota) -> Self {
-        RateLimiter {
-            store: Arc::new(store),
-            quotas: Arc::from([quota]),
+            store: store.into(),
+            policy: policy.into(),
         }
     }
 
-    /// A limiter that checks several quotas at once, all or nothing. Fails when the
-    /// list is empty or names the same quota twice.
-    pub fn with_quotas(store: S, quotas: impl IntoIterator<Item = Quota>) -> Result<Self, Error> {
-        let quotas = check_quotas(quotas)?;
-        Ok(RateLimiter {
-            store: Arc::new(store),
-            quotas,
-        })
+    /// The policy this limiter checks.
+    pub fn policy(&self) -> &Policy {
+        &self.policy
     }
 
     /// The quotas this limiter checks.
     pub fn quotas(&self) -> &[Quota] {
-        &self.quotas
+        self.policy.quotas()
     }
 
     /// The store behind this limiter.
-    pub fn store(&self) -> &S {
+    pub fn store(&self) -> &AnyStore {
         &self.store
     }
 
     /// Spends `cost` tokens from `key`'s buckets if every quota has them; a denied
     /// check spends nothing. A cost of 0 only looks.
     pub async fn check(&self, key: &str, cost: u64) -> Result<Decision, Error> {
-        self.store.check(key, &self.quotas, cost).await
+        self.check_policy(key, &self.policy, cost).await
+    }
+
+    /// [`check`](Self::check) under another policy, on the same store: what the
+    /// HTTP layer does when it chooses a policy per request.
+    pub(crate) async fn check_policy(
+        &self,
+        key: &str,
+        policy: &Policy,
+        cost: u64,
+    ) -> Result<Decision, Error> {
+        self.store.check(key, policy, cost).await
     }
 
     /// Like [`check`](Self::check), but waits until `cost` is admitted, as Guava's
@@ -121,22 +123,8 @@ impl<S: Store> RateLimiter<S> {
 
     /// Forgets `key`'s buckets: the next check finds them full.
     pub async fn reset(&self, key: &str) -> Result<(), Error> {
-        self.store.reset(key, &self.quotas).await
+        self.store.reset(key, &self.policy).await
     }
-}
-
-/// A non-empty list of distinct quotas.
-pub(crate) fn check_quotas(quotas: impl IntoIterator<Item = Quota>) -> Result<Arc<[Quota]>, Error> {
-    let quotas: Vec<Quota> = quotas.into_iter().collect();
-    if quotas.is_empty() {
-        return Err(Error::InvalidConfig("at least one quota is needed".into()));
-    }
-    for (i, q) in quotas.iter().enumerate() {
-        if quotas.iter().skip(i + 1).any(|other| other == q) {
-            return Err(Error::InvalidConfig(format!("quota {q} is listed twice")));
-        }
-    }
-    Ok(quotas.into())
 }
 
 #[cfg(test)]
@@ -196,12 +184,5 @@ mod tests {
             .await
             .unwrap_err();
         assert!(matches!(err, Error::CostExceedsCapacity { .. }));
-    }
-
-    #[test]
-    fn quota_lists_are_checked() {
-        let q = Quota::per_second(1).unwrap();
-        assert!(RateLimiter::with_quotas(MemoryStore::new(), []).is_err());
-        assert!(RateLimiter::with_quotas(MemoryStore::new(), [q, q]).is_err());
     }
 }

@@ -8,7 +8,7 @@
 //! use std::time::Duration;
 //! use tollgate::Quota;
 //!
-//! # fn main() -> Result<(), tollgate::Error> {
+//! # fn main() -> Result<(), tollgate::ConfigError> {
 //! let api = Quota::per_second(10)?.burst(20)?; // 10/s, bursts of 20
 //! let daily = Quota::new(1_000, Duration::from_secs(86_400))?; // 1000 a day
 //! assert_eq!(api.capacity(), 20);
@@ -21,7 +21,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::Error;
+use crate::ConfigError;
 
 /// Largest value the store arithmetic may reach. Lua numbers are doubles, exact
 /// only below 2^53; staying at or below 2^52 leaves room for the sums the bucket
@@ -37,13 +37,14 @@ pub const MIN_PERIOD: Duration = Duration::from_millis(1);
 /// A token bucket: `capacity` tokens at most, refilled at `tokens` per `period`.
 ///
 /// Build it with [`Quota::per_second`], [`Quota::per_minute`], [`Quota::per_hour`]
-/// or [`Quota::new`]; each checks its values and returns [`Error::InvalidQuota`]
+/// or [`Quota::new`]; each checks its values and returns a [`ConfigError`]
 /// for zero, absurd, or inexact ones. See the [module example](crate::quota).
 ///
 /// Internally the rate is kept as the reduced fraction `num / den` tokens per
 /// microsecond, and bucket levels are counted in units of `1 / den` token, so every
 /// refill is an exact integer: no token is ever lost to rounding.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
+#[must_use]
 pub struct Quota {
     tokens: u64,
     period_us: u64,
@@ -59,19 +60,17 @@ impl Quota {
     /// The period must lie between [`MIN_PERIOD`] and [`MAX_PERIOD`] and be a whole
     /// number of microseconds; `tokens` must not be zero; and the bucket must stay
     /// exact (capacity x period-in-microseconds / gcd below 2^52).
-    pub fn new(tokens: u64, period: Duration) -> Result<Self, Error> {
+    pub fn new(tokens: u64, period: Duration) -> Result<Self, ConfigError> {
         if tokens == 0 {
-            return Err(Error::InvalidQuota(
-                "tokens per period must be at least 1".into(),
-            ));
+            return Err(ConfigError::quota("tokens per period must be at least 1"));
         }
         if period < MIN_PERIOD || period > MAX_PERIOD {
-            return Err(Error::InvalidQuota(format!(
+            return Err(ConfigError::quota(format!(
                 "period {period:?} is outside {MIN_PERIOD:?}..={MAX_PERIOD:?}"
             )));
         }
         if !period.subsec_nanos().is_multiple_of(1_000) {
-            return Err(Error::InvalidQuota(format!(
+            return Err(ConfigError::quota(format!(
                 "period {period:?} is not a whole number of microseconds"
             )));
         }
@@ -82,27 +81,25 @@ impl Quota {
     }
 
     /// `n` tokens refilled per second, capacity `n`.
-    pub fn per_second(n: u64) -> Result<Self, Error> {
+    pub fn per_second(n: u64) -> Result<Self, ConfigError> {
         Self::new(n, Duration::from_secs(1))
     }
 
     /// `n` tokens refilled per minute, capacity `n`.
-    pub fn per_minute(n: u64) -> Result<Self, Error> {
+    pub fn per_minute(n: u64) -> Result<Self, ConfigError> {
         Self::new(n, Duration::from_secs(60))
     }
 
     /// `n` tokens refilled per hour, capacity `n`.
-    pub fn per_hour(n: u64) -> Result<Self, Error> {
+    pub fn per_hour(n: u64) -> Result<Self, ConfigError> {
         Self::new(n, Duration::from_secs(3600))
     }
 
     /// The same rate with a bucket of `capacity` tokens: the largest burst admitted
     /// at once, and the largest cost a single check may ask for.
-    pub fn burst(self, capacity: u64) -> Result<Self, Error> {
+    pub fn burst(self, capacity: u64) -> Result<Self, ConfigError> {
         if capacity == 0 {
-            return Err(Error::InvalidQuota(
-                "burst capacity must be at least 1".into(),
-            ));
+            return Err(ConfigError::quota("burst capacity must be at least 1"));
         }
         Self::checked(self.tokens, self.period_us, capacity, self.num, self.den)
     }
@@ -113,10 +110,10 @@ impl Quota {
         capacity: u64,
         num: u64,
         den: u64,
-    ) -> Result<Self, Error> {
+    ) -> Result<Self, ConfigError> {
         let full = capacity.checked_mul(den).filter(|f| *f <= MAX_EXACT);
         if full.is_none() || num > MAX_EXACT {
-            return Err(Error::InvalidQuota(format!(
+            return Err(ConfigError::quota(format!(
                 "{tokens} per {:?} with capacity {capacity} is too large to count exactly; \
                  use a smaller capacity or a rate that divides the period more evenly",
                 Duration::from_micros(period_us)

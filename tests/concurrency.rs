@@ -37,7 +37,7 @@ use std::time::Duration;
 
 use support::RedisServer;
 use tokio::time::Instant;
-use tollgate::{MemoryStore, Quota, RateLimiter, Store};
+use tollgate::{MemoryStore, Quota, RateLimiter};
 
 const TASKS: usize = 64;
 const RUN: Duration = Duration::from_secs(3);
@@ -57,8 +57,8 @@ struct Outcome {
 }
 
 /// Runs the hammer; `clock` reads the store's clock in microseconds.
-async fn hammer<S: Store>(
-    limiters: &[RateLimiter<S>],
+async fn hammer(
+    limiters: &[RateLimiter],
     clock: impl Fn() -> u64 + Send + Sync + 'static,
 ) -> Outcome {
     let clock = Arc::new(clock);

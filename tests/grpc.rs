@@ -18,10 +18,8 @@ use support::RedisServer;
 use support::grpc::{self, CHECK, GrpcServer, check, meta, pushback, within};
 use support::http::{Client, TestServer};
 use tollgate::key::{Global, Header};
-use tollgate::layer::{
-    Choice, EmptyBody, OnStoreError, Policy, RateLimitLayer, Rejection, grpc_method,
-};
-use tollgate::{Quota, RedisStore};
+use tollgate::layer::{Choice, OnStoreError, RateLimitLayer, Rejection, grpc_method};
+use tollgate::{Policy, Quota};
 use tonic::Code;
 use tonic_health::ServingStatus;
 use tonic_health::pb::HealthCheckRequest;
@@ -32,9 +30,14 @@ fn per_minute(n: u64) -> Quota {
     Quota::per_minute(n).unwrap()
 }
 
-/// A layer for tonic's server: tonic's body type has only `Default`.
-fn layer(redis: &RedisServer, quota: Quota) -> RateLimitLayer<RedisStore, EmptyBody> {
-    RateLimitLayer::new(redis.store(), quota).bodies::<EmptyBody>()
+/// A layer for tonic's server, as it is: no body configuration.
+fn layer(redis: &RedisServer, policy: impl Into<Policy>) -> RateLimitLayer {
+    RateLimitLayer::new(redis.store(), policy)
+}
+
+/// A policy named `name` of `quotas`.
+fn named(name: &str, quotas: impl IntoIterator<Item = Quota>) -> Policy {
+    Policy::new(name, quotas).unwrap()
 }
 
 /// The `t` of a `RateLimit` item (`"name";r=0;t=30`).
@@ -45,10 +48,7 @@ fn t_of(item: &str) -> u64 {
 #[tokio::test]
 async fn limited_calls_get_resource_exhausted_with_pushback() {
     let redis = RedisServer::start();
-    let layer = layer(&redis, per_minute(2))
-        .key(Global)
-        .name("health")
-        .unwrap();
+    let layer = layer(&redis, named("health", [per_minute(2)])).key(Global);
     let server = GrpcServer::start(layer).await;
     let mut client = server.client().await;
     for r in [1, 0] {
@@ -82,12 +82,7 @@ async fn details_carry_retry_info_and_quota_failure() {
 
     let redis = RedisServer::start();
     let quotas = [per_minute(2), Quota::per_hour(100).unwrap()];
-    let layer = layer(&redis, per_minute(2))
-        .key(Header::new("x-api-key"))
-        .quotas(quotas)
-        .unwrap()
-        .name("reads")
-        .unwrap();
+    let layer = layer(&redis, named("reads", quotas)).key(Header::new("x-api-key"));
     let server = GrpcServer::start(layer).await;
     let mut client = server.client().await;
     let key = [("x-api-key", "k-secret-1")];

@@ -19,7 +19,7 @@ fn slow() -> Quota {
     Quota::per_minute(3).unwrap()
 }
 
-async fn serve(layer: RateLimitLayer<tollgate::RedisStore>) -> TestServer {
+async fn serve(layer: RateLimitLayer) -> TestServer {
     TestServer::axum(
         Router::new()
             .route("/", get(|| async { "ok" }))

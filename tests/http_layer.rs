@@ -13,9 +13,14 @@ use support::RedisServer;
 use support::http::{Client, TestServer};
 use tollgate::key::{Global, Header, from_fn};
 use tollgate::layer::{
-    Choice, HeaderStyle, MissingKey, OnStoreError, Policy, RateLimitLayer, Rejection, StoreFailure,
+    Choice, HeaderStyle, MissingKey, OnStoreError, RateLimitLayer, Rejection, StoreFailure,
 };
-use tollgate::{Decision, Quota, RedisStore};
+use tollgate::{Decision, Policy, Quota, RedisStore};
+
+/// A policy named `name` of `quotas`.
+fn named(name: &str, quotas: impl IntoIterator<Item = Quota>) -> Policy {
+    Policy::new(name, quotas).unwrap()
+}
 
 /// A handler that reports what the layer put in the request extensions.
 async fn echo(
@@ -35,7 +40,7 @@ async fn echo(
     }
 }
 
-fn app(layer: RateLimitLayer<RedisStore>) -> Router {
+fn app(layer: RateLimitLayer) -> Router {
     Router::new().route("/", get(echo)).layer(layer)
 }
 
@@ -96,12 +101,7 @@ async fn burst_is_cut_at_capacity_then_admitted_after_retry_after() {
 async fn headers_equal_the_decision_the_handler_sees() {
     let redis = RedisServer::start();
     let quotas = [Quota::per_second(10).unwrap(), Quota::per_hour(5).unwrap()];
-    let layer = RateLimitLayer::new(redis.store(), small())
-        .key(Global)
-        .quotas(quotas)
-        .unwrap()
-        .name("api")
-        .unwrap();
+    let layer = RateLimitLayer::new(redis.store(), named("api", quotas)).key(Global);
     let server = TestServer::axum(app(layer)).await;
     let client = Client::new();
     for n in 1..=5u64 {
@@ -154,10 +154,8 @@ async fn headers_equal_the_decision_the_handler_sees() {
     assert_eq!(limited.retry_after(), Some(t));
 
     // Legacy headers carry the same numbers.
-    let legacy = RateLimitLayer::new(redis.store(), small())
+    let legacy = RateLimitLayer::new(redis.store(), named("legacy", [small()]))
         .key(Global)
-        .name("legacy")
-        .unwrap()
         .headers(HeaderStyle::Legacy);
     let server = TestServer::axum(app(legacy)).await;
     let r = client.get(&server.url("/")).await;
@@ -423,9 +421,7 @@ async fn hostile_header_values_neither_panic_nor_grow_redis_keys() {
 
 /// A store with the 100 ms timeout the brief asks failure tests to use.
 fn fast_failing(redis: &RedisServer) -> RedisStore {
-    RedisStore::new(redis.pool())
-        .with_timeout(Duration::from_millis(100))
-        .unwrap()
+    redis.store_with_timeout(Duration::from_millis(100))
 }
 
 /// Generous for a busy 2-core CI machine: the store gives up after 100 ms.
@@ -482,10 +478,7 @@ async fn redis_down_or_frozen_allow_forwards_and_deny_answers_503_quickly() {
 #[tokio::test]
 async fn route_layer_limits_only_matched_routes() {
     let redis = RedisServer::start();
-    let layer = RateLimitLayer::new(redis.store(), slow())
-        .key(Global)
-        .name("search")
-        .unwrap();
+    let layer = RateLimitLayer::new(redis.store(), named("search", [slow()])).key(Global);
     let app = Router::new()
         .route("/search", get(echo))
         .route_layer(layer)
@@ -522,17 +515,18 @@ async fn rejections_can_be_problem_json_or_custom() {
     );
     assert_eq!(r.retry_after(), Some(60));
 
-    let custom = RateLimitLayer::new(redis.store(), Quota::per_minute(1).unwrap())
-        .key(Global)
-        .name("custom")
-        .unwrap()
-        .rejection(Rejection::custom(|d| {
-            http::Response::builder()
-                .status(429)
-                .header("content-type", "application/json")
-                .body(format!("{{\"wait_ms\":{}}}", d.retry_after().as_millis()).into())
-                .unwrap()
-        }));
+    let custom = RateLimitLayer::new(
+        redis.store(),
+        named("custom", [Quota::per_minute(1).unwrap()]),
+    )
+    .key(Global)
+    .rejection(Rejection::custom(|d| {
+        http::Response::builder()
+            .status(429)
+            .header("content-type", "application/json")
+            .body(format!("{{\"wait_ms\":{}}}", d.retry_after().as_millis()).into())
+            .unwrap()
+    }));
     let server = TestServer::axum(app(custom)).await;
     client.get(&server.url("/")).await;
     let r = client.get(&server.url("/")).await;

@@ -5,12 +5,12 @@
 use std::time::Duration;
 
 use tollgate::store::{MAX_RAW_KEY_LEN, safe_key};
-use tollgate::{Error, MemoryStore, Quota, RateLimiter, Store};
+use tollgate::{Error, MemoryStore, Policy, Quota, RateLimiter, Store};
 
 const SECOND: u64 = 1_000_000;
 
-fn per_second(n: u64) -> [Quota; 1] {
-    [Quota::per_second(n).unwrap()]
+fn per_second(n: u64) -> Policy {
+    Quota::per_second(n).unwrap().into()
 }
 
 /// A small store holds exactly as many busy keys as it was built for, then
@@ -19,7 +19,7 @@ fn per_second(n: u64) -> [Quota; 1] {
 fn a_small_store_holds_exactly_max_keys() {
     for max in [1, 2, 7, 100, 1000] {
         let store = MemoryStore::with_max_keys(max).unwrap();
-        let quotas = [Quota::per_hour(1).unwrap()];
+        let quotas = Policy::from(Quota::per_hour(1).unwrap());
         for i in 0..max {
             store
                 .check_at(&format!("k{i}"), &quotas, 1, 0)
@@ -43,7 +43,7 @@ fn a_small_store_holds_exactly_max_keys() {
 fn a_large_store_fills_up_evenly_and_stays_bounded() {
     let max = 64 * 1024;
     let store = MemoryStore::with_max_keys(max).unwrap();
-    let quotas = [Quota::per_hour(1).unwrap()];
+    let quotas = Policy::from(Quota::per_hour(1).unwrap());
     let (mut accepted, mut first_refusal, mut refusals) = (0, None, 0);
     // Each refusal scans its full shard for refilled keys: stop after a few
     // thousand, by then most shards are full.
@@ -146,7 +146,7 @@ async fn sweep_and_reset_release_keys() {
     assert!(!slow.check("t", 1).await.unwrap().allowed());
     // Resetting other quotas of a key leaves its buckets alone.
     store
-        .reset("t", &[Quota::per_second(1).unwrap()])
+        .reset("t", &Policy::from(Quota::per_second(1).unwrap()))
         .await
         .unwrap();
     assert!(!slow.check("t", 1).await.unwrap().allowed());
@@ -199,8 +199,7 @@ fn long_and_hostile_keys_are_hashed_and_kept_apart() {
 
 #[test]
 fn a_store_needs_room_for_one_key() {
-    assert!(matches!(
-        MemoryStore::with_max_keys(0),
-        Err(Error::InvalidConfig(_))
-    ));
+    let err = MemoryStore::with_max_keys(0).unwrap_err();
+    assert_eq!(err.kind(), tollgate::ConfigErrorKind::Store);
+    assert!(err.to_string().contains("at least one key"), "{err}");
 }

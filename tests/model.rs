@@ -22,7 +22,7 @@ use std::time::Duration;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use support::RedisServer;
-use tollgate::{Decision, Error, MemoryStore, Quota, RedisStore};
+use tollgate::{Decision, Error, MemoryStore, Policy, Quota, RedisStore};
 
 /// A realistic Redis clock (microseconds since the epoch, November 2025), so the
 /// script's arithmetic runs on numbers of the size production sends.
@@ -325,6 +325,7 @@ fn run_case(stores: &Stores, quotas: &[Quota], steps: &[(u64, u64)]) -> Result<(
 }
 
 fn compare_stores(stores: &Stores, quotas: &[Quota], steps: &[(u64, u64)]) -> Result<(), String> {
+    let policy = Policy::new("model", quotas.iter().copied()).map_err(|e| e.to_string())?;
     let id = stores.next_key.fetch_add(1, Ordering::Relaxed);
     let key = format!("model:{id}");
     let memory = MemoryStore::new();
@@ -334,12 +335,12 @@ fn compare_stores(stores: &Stores, quotas: &[Quota], steps: &[(u64, u64)]) -> Re
         now += elapsed;
         let want = model.check(elapsed, cost);
         let mem = memory
-            .check_at(&key, quotas, cost, now)
+            .check_at(&key, &policy, cost, now)
             .map_err(|e| format!("memory, step {step}: {e}"))?;
         compare("memory", step, &mem, &want)?;
         let red = stores
             .runtime
-            .block_on(stores.redis.check_at(&key, quotas, cost, now))
+            .block_on(stores.redis.check_at(&key, &policy, cost, now))
             .map_err(|e| format!("redis, step {step}: {e}"))?;
         compare("redis", step, &red, &want)?;
     }
@@ -386,10 +387,14 @@ fn both_stores_refuse_impossible_costs_alike() {
         .enable_all()
         .build()
         .unwrap();
-    let quotas = [
-        Quota::per_second(10).unwrap(),
-        Quota::per_hour(1).unwrap().burst(4).unwrap(),
-    ];
+    let quotas = Policy::new(
+        "impossible",
+        [
+            Quota::per_second(10).unwrap(),
+            Quota::per_hour(1).unwrap().burst(4).unwrap(),
+        ],
+    )
+    .unwrap();
     let memory = MemoryStore::new();
     let redis = server.store();
     let mem = memory.check_at("k", &quotas, 5, EPOCH_US).unwrap_err();
@@ -423,7 +428,7 @@ fn both_stores_wait_from_the_stamp_when_the_clock_goes_back() {
         .enable_all()
         .build()
         .unwrap();
-    let quotas = [Quota::per_second(10).unwrap()];
+    let quotas = Policy::from(Quota::per_second(10).unwrap());
     let memory = MemoryStore::new();
     let redis = server.store();
     let stamp = EPOCH_US + 5_000_000;

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use support::RedisServer;
-use tollgate::{Error, Quota, RateLimiter, RedisStore, Store};
+use tollgate::{Error, Policy, Quota, RateLimiter, RedisStore, Store};
 
 /// A realistic clock for `check_at` (microseconds since the epoch).
 const T0: u64 = 1_763_000_000_000_000;
@@ -56,7 +56,7 @@ fn keys(server: &RedisServer) -> Vec<String> {
 async fn one_per_hour_refills_exactly_on_schedule() {
     let server = RedisServer::start();
     let store = server.store();
-    let hourly = [Quota::per_hour(1).unwrap().burst(3).unwrap()];
+    let hourly = Policy::from(Quota::per_hour(1).unwrap().burst(3).unwrap());
     assert!(store.check_at("h", &hourly, 3, T0).await.unwrap().allowed());
     for k in 1..=3 {
         let due = T0 + k * HOUR;
@@ -82,7 +82,7 @@ async fn one_per_hour_refills_exactly_on_schedule() {
 async fn seven_per_second_refills_exactly_on_schedule() {
     let server = RedisServer::start();
     let store = server.store();
-    let seven = [Quota::per_second(7).unwrap()];
+    let seven = Policy::from(Quota::per_second(7).unwrap());
     assert!(store.check_at("s", &seven, 7, T0).await.unwrap().allowed());
     for k in 1..=21u64 {
         let due = T0 + (k * SECOND).div_ceil(7);
@@ -123,7 +123,7 @@ async fn subsecond_and_slow_rates_with_costs_above_one() {
     ];
     for (i, (quota, spend, ask, retry_us)) in cases.into_iter().enumerate() {
         let key = format!("rate:{i}");
-        let quotas = [quota];
+        let quotas = Policy::from(quota);
         let first = store.check_at(&key, &quotas, spend, T0).await.unwrap();
         assert!(first.allowed(), "{quota}");
         assert_eq!(first.remaining(), quota.capacity() - spend, "{quota}");
@@ -145,7 +145,10 @@ async fn cost_above_capacity_is_refused_by_the_store_and_the_script() {
     let server = RedisServer::start();
     let store = server.store();
     let quota = Quota::per_second(1).unwrap().burst(4).unwrap();
-    let err = store.check("big", &[quota], 5).await.unwrap_err();
+    let err = store
+        .check("big", &Policy::from(quota), 5)
+        .await
+        .unwrap_err();
     assert!(
         matches!(
             err,
@@ -195,8 +198,8 @@ async fn a_denial_spends_nothing_and_the_balance_never_goes_negative() {
     let store = server.store();
     // One token every 12 s: the key lives a minute of real time, so the test
     // cannot race its TTL.
-    let quotas = [Quota::per_minute(5).unwrap()];
-    let key = store.bucket_key("d", &quotas[0]);
+    let quotas = Policy::from(Quota::per_minute(5).unwrap());
+    let key = store.bucket_key("d", &quotas.quotas()[0]);
     assert!(store.check_at("d", &quotas, 5, T0).await.unwrap().allowed());
     let value = get(&server, &key).unwrap();
     let ttl = pttl(&server, &key);
@@ -236,11 +239,11 @@ async fn a_denial_spends_nothing_and_the_balance_never_goes_negative() {
 
     // The same with the real clock: a burst of production denials leaves a
     // non-negative level behind.
-    let quotas = [Quota::per_second(5).unwrap()];
+    let quotas = Policy::from(Quota::per_second(5).unwrap());
     for _ in 0..100 {
         store.check("live", &quotas, 2).await.unwrap();
     }
-    let (level, _) = stored(&server, &store.bucket_key("live", &quotas[0]));
+    let (level, _) = stored(&server, &store.bucket_key("live", &quotas.quotas()[0]));
     assert!(level >= 0, "level {level}");
 }
 
@@ -266,7 +269,10 @@ async fn ttl_covers_the_refill_and_no_more_than_a_second_beyond() {
                 continue;
             }
             let start = Instant::now();
-            let d = store.check(&key, &[*quota], cost).await.unwrap();
+            let d = store
+                .check(&key, &Policy::from(*quota), cost)
+                .await
+                .unwrap();
             if !d.allowed() {
                 continue;
             }
@@ -292,7 +298,7 @@ async fn keys_vanish_after_their_ttl() {
     let server = RedisServer::start();
     let store = server.store();
     let fast = Quota::per_second(1000).unwrap();
-    store.check("idle", &[fast], 1).await.unwrap();
+    store.check("idle", &Policy::from(fast), 1).await.unwrap();
     let key = store.bucket_key("idle", &fast);
     let exists = |server: &RedisServer| server.cmd::<i64>(&["EXISTS", &key]) == 1;
     assert!(exists(&server));
@@ -308,14 +314,15 @@ async fn keys_vanish_after_their_ttl() {
 #[tokio::test]
 async fn peek_writes_nothing() {
     let server = RedisServer::start();
-    let limiter = RateLimiter::new(server.store(), Quota::per_minute(10).unwrap());
+    let store = server.store();
+    let limiter = RateLimiter::new(store.clone(), Quota::per_minute(10).unwrap());
     let d = limiter.peek("new").await.unwrap();
     assert!(d.allowed());
     assert_eq!(d.remaining(), 10);
     assert!(keys(&server).is_empty(), "peek created {:?}", keys(&server));
 
     limiter.check("new", 4).await.unwrap();
-    let key = limiter.store().bucket_key("new", &limiter.quotas()[0]);
+    let key = store.bucket_key("new", &limiter.quotas()[0]);
     let value = get(&server, &key);
     let ttl = pttl(&server, &key);
     for _ in 0..10 {
@@ -329,11 +336,14 @@ async fn peek_writes_nothing() {
 #[tokio::test]
 async fn reset_forgets_the_buckets() {
     let server = RedisServer::start();
-    let limiter = RateLimiter::with_quotas(
+    let limiter = RateLimiter::new(
         server.store(),
-        [Quota::per_second(5).unwrap(), Quota::per_hour(20).unwrap()],
-    )
-    .unwrap();
+        Policy::new(
+            "reset",
+            [Quota::per_second(5).unwrap(), Quota::per_hour(20).unwrap()],
+        )
+        .unwrap(),
+    );
     limiter.check("a", 5).await.unwrap();
     limiter.check("b", 2).await.unwrap();
     assert!(!limiter.check("a", 1).await.unwrap().allowed());
@@ -365,7 +375,7 @@ async fn several_quotas_are_all_or_nothing() {
     let store = server.store();
     let second = Quota::per_second(10).unwrap();
     let hour = Quota::per_hour(15).unwrap();
-    let quotas = [second, hour];
+    let quotas = Policy::new("m", [second, hour]).unwrap();
     let second_key = store.bucket_key("m", &second);
     let hour_key = store.bucket_key("m", &hour);
 
@@ -414,7 +424,7 @@ async fn all_keys_of_a_client_share_one_cluster_slot() {
     // CLUSTER KEYSLOT needs a cluster-enabled node ("cluster support disabled"
     // otherwise); it answers without any slot assigned.
     let server = RedisServer::start_with(&["--cluster-enabled", "yes"]);
-    let store = RedisStore::new(server.pool());
+    let store = RedisStore::from_pool(server.pool());
     let quotas = [
         Quota::per_second(10).unwrap(),
         Quota::per_hour(1000).unwrap(),
@@ -464,10 +474,14 @@ async fn all_keys_of_a_client_share_one_cluster_slot() {
 async fn production_checks_read_redis_time_once_each() {
     let server = RedisServer::start();
     let store = server.store();
-    let quotas = [
-        Quota::per_second(100).unwrap(),
-        Quota::per_hour(1000).unwrap(),
-    ];
+    let quotas = Policy::new(
+        "clock",
+        [
+            Quota::per_second(100).unwrap(),
+            Quota::per_hour(1000).unwrap(),
+        ],
+    )
+    .unwrap();
     // Commands run inside a script are counted in INFO commandstats.
     let _: i64 = server.cmd(&["EVAL", "redis.call('TIME') return 1", "0"]);
     assert_eq!(server.calls("time"), 1);
@@ -490,11 +504,11 @@ async fn production_checks_read_redis_time_once_each() {
 async fn a_stamp_ahead_of_redis_time_refills_nothing() {
     let server = RedisServer::start();
     let store = server.store();
-    let quotas = [Quota::per_second(10).unwrap()];
+    let quotas = Policy::from(Quota::per_second(10).unwrap());
     let now = server.time_us();
 
     // Half spent at a stamp an hour ahead of Redis.
-    let ahead = store.bucket_key("ahead", &quotas[0]);
+    let ahead = store.bucket_key("ahead", &quotas.quotas()[0]);
     let d = store
         .check_at("ahead", &quotas, 5, now + HOUR)
         .await
@@ -522,7 +536,7 @@ async fn a_stamp_ahead_of_redis_time_refills_nothing() {
     assert!(d.retry_after() <= Duration::from_secs(3600) + Duration::from_millis(100));
     assert_eq!(get(&server, &ahead), value, "a denial wrote the bucket");
 
-    let behind = store.bucket_key("behind", &quotas[0]);
+    let behind = store.bucket_key("behind", &quotas.quotas()[0]);
     store
         .check_at("behind", &quotas, 10, now - 2 * SECOND)
         .await
@@ -545,7 +559,7 @@ async fn a_stamp_ahead_of_redis_time_refills_nothing() {
 async fn script_flush_reloads_the_script_and_keeps_state() {
     let server = RedisServer::start();
     let store = server.store();
-    let quotas = [Quota::per_hour(10).unwrap()];
+    let quotas = Policy::from(Quota::per_hour(10).unwrap());
     assert_eq!(store.check("f", &quotas, 3).await.unwrap().remaining(), 7);
     let loads = server.calls("script|load");
     assert_eq!(loads, 1, "first check loads the script");
@@ -565,7 +579,7 @@ async fn script_flush_reloads_the_script_and_keeps_state() {
 async fn a_redis_restart_is_invisible_to_the_caller() {
     let mut server = RedisServer::start();
     let store = server.store();
-    let quotas = [Quota::per_hour(10).unwrap()];
+    let quotas = Policy::from(Quota::per_hour(10).unwrap());
     assert_eq!(store.check("r", &quotas, 4).await.unwrap().remaining(), 6);
     server.restart();
     let d = store
@@ -587,14 +601,17 @@ async fn a_redis_restart_is_invisible_to_the_caller() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_round_trip_per_decision() {
     let server = RedisServer::start();
-    let limiter = RateLimiter::with_quotas(
+    let limiter = RateLimiter::new(
         server.store(),
-        [
-            Quota::per_second(1000).unwrap(),
-            Quota::per_hour(100_000).unwrap(),
-        ],
-    )
-    .unwrap();
+        Policy::new(
+            "trips",
+            [
+                Quota::per_second(1000).unwrap(),
+                Quota::per_hour(100_000).unwrap(),
+            ],
+        )
+        .unwrap(),
+    );
     limiter.check("warm", 1).await.unwrap();
     server.reset_stats();
 
@@ -639,7 +656,7 @@ async fn one_round_trip_per_decision() {
 #[tokio::test]
 async fn a_stopped_server_is_a_quick_store_error() {
     let mut server = RedisServer::start();
-    let quotas = [Quota::per_second(5).unwrap()];
+    let quotas = Policy::from(Quota::per_second(5).unwrap());
     let warm = server.store();
     warm.check("x", &quotas, 1).await.unwrap();
     let cold = server.store();
@@ -662,10 +679,10 @@ async fn a_stopped_server_is_a_quick_store_error() {
 async fn a_frozen_server_times_out_then_recovers() {
     let server = RedisServer::start();
     let timeout = Duration::from_millis(100);
-    let quotas = [Quota::per_second(50).unwrap()];
-    let warm = server.store().with_timeout(timeout).unwrap();
+    let quotas = Policy::from(Quota::per_second(50).unwrap());
+    let warm = server.store_with_timeout(timeout);
     warm.check("x", &quotas, 1).await.unwrap();
-    let cold = server.store().with_timeout(timeout).unwrap();
+    let cold = server.store_with_timeout(timeout);
     server.freeze();
     for (name, store) in [("held connection", &warm), ("cold store", &cold)] {
         let start = Instant::now();
@@ -707,11 +724,12 @@ async fn a_dead_connection_is_replaced_after_a_timeout() {
     let server = RedisServer::start();
     let proxy = support::Proxy::start(server.port());
     let timeout = Duration::from_millis(100);
-    let store = RedisStore::from_url(&proxy.url())
-        .unwrap()
-        .with_timeout(timeout)
+    let store = RedisStore::builder()
+        .url(proxy.url())
+        .timeout(timeout)
+        .build()
         .unwrap();
-    let quotas = [Quota::per_hour(100).unwrap()];
+    let quotas = Policy::from(Quota::per_hour(100).unwrap());
     assert_eq!(store.check("x", &quotas, 1).await.unwrap().remaining(), 99);
     proxy.blackhole();
     let first = store.check("x", &quotas, 1).await.unwrap_err();
@@ -737,14 +755,16 @@ async fn a_demoted_primary_is_left_for_the_new_one() {
     let old = RedisServer::start();
     let new = RedisServer::start();
     let proxy = support::Proxy::start(old.port());
-    let store = RedisStore::new(
-        deadpool_redis::Config::from_url(proxy.url())
-            .create_pool(Some(deadpool_redis::Runtime::Tokio1))
-            .unwrap(),
-    )
-    .with_timeout(Duration::from_secs(5))
-    .unwrap();
-    let quotas = [Quota::per_minute(10).unwrap()];
+    let store = RedisStore::builder()
+        .pool(
+            deadpool_redis::Config::from_url(proxy.url())
+                .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+                .unwrap(),
+        )
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let quotas = Policy::from(Quota::per_minute(10).unwrap());
     assert!(store.check("failover", &quotas, 1).await.unwrap().allowed());
 
     // New connections now reach `new`; the held one still reaches `old`, which
@@ -766,7 +786,7 @@ async fn a_demoted_primary_is_left_for_the_new_one() {
 async fn checks_in_flight_after_a_restart_share_one_reconnect() {
     let mut server = RedisServer::start();
     let store = server.store();
-    let quotas = [Quota::per_second(1_000).unwrap()];
+    let quotas = Policy::from(Quota::per_second(1_000).unwrap());
     store.check("warm", &quotas, 1).await.unwrap();
     server.restart();
     // Connections the harness itself opened since the restart (readiness PING).
@@ -774,7 +794,7 @@ async fn checks_in_flight_after_a_restart_share_one_reconnect() {
 
     let checks: Vec<_> = (0..200)
         .map(|i| {
-            let store = store.clone();
+            let (store, quotas) = (store.clone(), quotas.clone());
             tokio::spawn(async move { store.check(&format!("k{i}"), &quotas, 1).await })
         })
         .collect();

@@ -7,10 +7,10 @@ use std::net::IpAddr;
 use http::HeaderName;
 use http::request::Parts;
 
-use super::KeyExtractor;
+use super::extractor::KeyExtractor;
 use super::forwarded::{self, Hop, ListHeader, MAX_HOPS};
 use super::ip::{Cidr, IpKeying, parse_cidrs, peer_ip};
-use crate::Error;
+use crate::ConfigError;
 
 /// The client's IP address behind reverse proxies and load balancers.
 ///
@@ -70,7 +70,7 @@ use crate::Error;
 /// use tollgate::key::{ClientIp, KeyExtractor};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), tollgate::Error> {
+/// # async fn main() -> Result<(), tollgate::ConfigError> {
 /// let client_ip = ClientIp::trusted_proxies(["10.0.0.0/8", "2001:db8:ffff::/48"])?;
 ///
 /// // The load balancer 10.0.0.2 forwards a request that went through 10.0.0.1.
@@ -87,6 +87,7 @@ use crate::Error;
 /// # }
 /// ```
 #[derive(Clone, Debug)]
+#[must_use]
 pub struct ClientIp {
     strategy: Strategy,
     /// Peers whose headers are believed; empty means any peer.
@@ -113,10 +114,10 @@ impl ClientIp {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidConfig`] when the list is empty, an entry is not a
+    /// a [`ConfigError`] when the list is empty, an entry is not a
     /// network or has host bits set (`10.1.2.3/8`), or an entry is a /0 (trusting
     /// every address would let any client choose its key).
-    pub fn trusted_proxies<I, S>(cidrs: I) -> Result<Self, Error>
+    pub fn trusted_proxies<I, S>(cidrs: I) -> Result<Self, ConfigError>
     where
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
@@ -145,11 +146,11 @@ impl ClientIp {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidConfig`] unless `count` is 1 to [`MAX_HOPS`] (with no proxy,
+    /// a [`ConfigError`] unless `count` is 1 to [`MAX_HOPS`] (with no proxy,
     /// use [`PeerIp`](super::PeerIp)).
-    pub fn hops(count: usize) -> Result<Self, Error> {
+    pub fn hops(count: usize) -> Result<Self, ConfigError> {
         if !(1..=MAX_HOPS).contains(&count) {
-            return Err(Error::InvalidConfig(format!(
+            return Err(ConfigError::key(format!(
                 "ClientIp::hops({count}): the proxy count must be 1 to {MAX_HOPS}; \
                  without a proxy, use PeerIp"
             )));
@@ -174,10 +175,10 @@ impl ClientIp {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidConfig`] when `name` is not a valid header name.
-    pub fn header(name: &str) -> Result<Self, Error> {
+    /// a [`ConfigError`] when `name` is not a valid header name.
+    pub fn header(name: &str) -> Result<Self, ConfigError> {
         let name = HeaderName::from_bytes(name.as_bytes())
-            .map_err(|_| Error::InvalidConfig(format!("{name:?} is not a valid header name")))?;
+            .map_err(|_| ConfigError::key(format!("{name:?} is not a valid header name")))?;
         Ok(ClientIp {
             strategy: Strategy::Single(name),
             trusted: Vec::new(),
@@ -194,8 +195,8 @@ impl ClientIp {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidConfig`] as for [`trusted_proxies`](Self::trusted_proxies).
-    pub fn only_from<I, S>(mut self, cidrs: I) -> Result<Self, Error>
+    /// a [`ConfigError`] as for [`trusted_proxies`](Self::trusted_proxies).
+    pub fn only_from<I, S>(mut self, cidrs: I) -> Result<Self, ConfigError>
     where
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
@@ -222,8 +223,8 @@ impl ClientIp {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidConfig`] unless `prefix` is 1 to 128.
-    pub fn ipv6_prefix(mut self, prefix: u8) -> Result<Self, Error> {
+    /// a [`ConfigError`] unless `prefix` is 1 to 128.
+    pub fn ipv6_prefix(mut self, prefix: u8) -> Result<Self, ConfigError> {
         self.keying = IpKeying::with_ipv6_prefix(prefix)?;
         Ok(self)
     }
@@ -645,7 +646,7 @@ mod tests {
 
     #[test]
     fn configuration_mistakes_are_errors() {
-        let bad: [Result<ClientIp, Error>; 7] = [
+        let bad: [Result<ClientIp, ConfigError>; 7] = [
             ClientIp::trusted_proxies(Vec::<&str>::new()),
             ClientIp::trusted_proxies(["10.0.0.0/33"]),
             ClientIp::trusted_proxies(["10.0.0.1/8"]),
@@ -655,7 +656,7 @@ mod tests {
             ClientIp::hops(1).and_then(|c| c.only_from(["nope"])),
         ];
         for result in bad {
-            assert!(matches!(result, Err(Error::InvalidConfig(_))), "{result:?}");
+            assert!(result.is_err(), "{result:?}");
         }
     }
 }

@@ -6,7 +6,7 @@ use std::borrow::Cow;
 
 use http::request::Parts;
 
-use super::KeyExtractor;
+use super::extractor::KeyExtractor;
 use crate::store::safe_key;
 
 /// `.and()` and `.or()` on every [`KeyExtractor`].
@@ -56,6 +56,7 @@ impl<K: KeyExtractor> KeyExtractorExt for K {}
 /// without the length `("a:b", "c")` and `("a", "b:c")` would share a bucket. The
 /// kind is `first+second`. Build it with [`KeyExtractorExt::and`].
 #[derive(Clone, Debug)]
+#[must_use]
 pub struct And<A, B> {
     first: A,
     second: B,
@@ -90,6 +91,7 @@ impl<A: KeyExtractor, B: KeyExtractor> KeyExtractor for And<A, B> {
 /// `primary/fallback`. Build it with [`KeyExtractorExt::or`]; chains nest
 /// (`a.or(b).or(c)` answers `0:0:`, `0:1:` or `1:`).
 #[derive(Clone, Debug)]
+#[must_use]
 pub struct Or<A, B> {
     primary: A,
     fallback: B,

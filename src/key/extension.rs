@@ -7,7 +7,7 @@ use std::marker::PhantomData;
 
 use http::request::Parts;
 
-use super::KeyExtractor;
+use super::extractor::KeyExtractor;
 use crate::store::safe_key;
 
 /// Keys requests by a value of type `T` in the request extensions, put there by an
@@ -47,6 +47,7 @@ use crate::store::safe_key;
 /// assert_eq!(by_plan.extract(&parts).await.as_deref(), Some("pro"));
 /// # }
 /// ```
+#[must_use]
 pub struct Extension<T, F = fn(&T) -> String> {
     kind: Cow<'static, str>,
     f: F,

@@ -4,7 +4,7 @@ use std::borrow::Cow;
 
 use http::request::Parts;
 
-use super::KeyExtractor;
+use super::extractor::KeyExtractor;
 use super::ip::{IpKeying, peer_ip};
 
 /// The IP address of the connected socket (the TCP peer), ignoring every header.
@@ -34,7 +34,7 @@ use super::ip::{IpKeying, peer_ip};
 /// use tollgate::key::{KeyExtractor, PeerIp};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), tollgate::Error> {
+/// # async fn main() -> Result<(), tollgate::ConfigError> {
 /// let (mut parts, ()) = Request::get("/").body(()).unwrap().into_parts();
 /// parts.extensions.insert(SocketAddr::from(([203, 0, 113, 7], 51000)));
 /// assert_eq!(PeerIp::new().extract(&parts).await.as_deref(), Some("203.0.113.7"));
@@ -46,6 +46,7 @@ use super::ip::{IpKeying, peer_ip};
 /// # }
 /// ```
 #[derive(Clone, Copy, Debug, Default)]
+#[must_use]
 pub struct PeerIp {
     keying: IpKeying,
 }
@@ -61,9 +62,9 @@ impl PeerIp {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidConfig`](crate::Error::InvalidConfig) unless `prefix` is 1
+    /// a [`ConfigError`](crate::ConfigError) unless `prefix` is 1
     /// to 128.
-    pub fn ipv6_prefix(self, prefix: u8) -> Result<Self, crate::Error> {
+    pub fn ipv6_prefix(self, prefix: u8) -> Result<Self, crate::ConfigError> {
         Ok(PeerIp {
             keying: IpKeying::with_ipv6_prefix(prefix)?,
         })

@@ -1,45 +1,125 @@
-//! How the layer's own answers (429, 503, 400, gRPC statuses) get the inner
-//! service's body type.
+//! [`ResponseBody`]: the body of every response that passes through the layer,
+//! either the inner service's own or one of the layer's short answers.
 //!
-//! The layer keeps the inner service's response body type, so it must build
-//! bodies of that type. [`TextBody`], the default, needs `B: From<Bytes>` (axum's
-//! `Body`, `http_body_util::Full<Bytes>`, `String`-free hyper services) and sends
-//! the short text or JSON. [`EmptyBody`] needs only `B: Default` and sends the
-//! status and headers with an empty body, for body types without `From<Bytes>`
-//! such as tonic's `Body`. Choose with
-//! [`RateLimitLayer::bodies`](crate::layer::RateLimitLayer::bodies).
-//!
-//! Answers to gRPC calls are trailers-only, so their body is empty whichever is
-//! chosen: on tonic's server `EmptyBody` loses nothing. `TextBody` cannot cover
-//! tonic's `Body` itself: Rust refuses an impl for it next to the blanket one
-//! (error E0119, "upstream crates may add a new impl of trait `From<Bytes>`").
+//! As in tower-http's `limit` middleware, wrapping the inner body lets the layer
+//! answer by itself without asking anything of the inner body type beyond being
+//! a body of `Bytes` chunks: axum's `Body`, tonic's `Body`, hyper's `Incoming`,
+//! `http_body_util::Full<Bytes>` all work as they are.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
 
 use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use pin_project_lite::pin_project;
 
-/// Turns the bytes of an answer the layer built into a body of type `B`.
-///
-/// Implement it for your own marker type to convert bodies another way.
-pub trait MakeBody<B> {
-    /// The body for `bytes` (the rendered text or JSON, possibly empty).
-    fn make_body(bytes: Bytes) -> B;
-}
-
-/// The default: bodies carry the layer's text (`B: From<Bytes>`).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct TextBody;
-
-impl<B: From<Bytes>> MakeBody<B> for TextBody {
-    fn make_body(bytes: Bytes) -> B {
-        B::from(bytes)
+pin_project! {
+    /// The response body of [`RateLimit`](super::RateLimit): the inner service's
+    /// body, or the text, JSON or (for gRPC) empty body of an answer the layer
+    /// gave by itself.
+    pub struct ResponseBody<B> {
+        #[pin]
+        kind: Kind<B>,
     }
 }
 
-/// Empty bodies (`B: Default`): status and headers only.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct EmptyBody;
+pin_project! {
+    #[project = KindProj]
+    enum Kind<B> {
+        Inner { #[pin] body: B },
+        Own { data: Option<Bytes> },
+    }
+}
 
-impl<B: Default> MakeBody<B> for EmptyBody {
-    fn make_body(_bytes: Bytes) -> B {
-        B::default()
+impl<B> ResponseBody<B> {
+    pub(crate) fn inner(body: B) -> Self {
+        ResponseBody {
+            kind: Kind::Inner { body },
+        }
+    }
+
+    pub(crate) fn own(data: Bytes) -> Self {
+        let data = (!data.is_empty()).then_some(data);
+        ResponseBody {
+            kind: Kind::Own { data },
+        }
+    }
+
+    /// The inner service's body, or `None` for an answer the layer gave itself.
+    pub fn into_inner(self) -> Option<B> {
+        match self.kind {
+            Kind::Inner { body } => Some(body),
+            Kind::Own { .. } => None,
+        }
+    }
+}
+
+impl<B> std::fmt::Debug for ResponseBody<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.kind {
+            Kind::Inner { .. } => f.write_str("ResponseBody::Inner"),
+            Kind::Own { data } => f
+                .debug_struct("ResponseBody::Own")
+                .field("len", &data.as_ref().map_or(0, Bytes::len))
+                .finish(),
+        }
+    }
+}
+
+impl<B> Body for ResponseBody<B>
+where
+    B: Body<Data = Bytes>,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        match self.project().kind.project() {
+            KindProj::Inner { body } => body.poll_frame(cx),
+            KindProj::Own { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.kind {
+            Kind::Inner { body } => body.is_end_stream(),
+            Kind::Own { data } => data.is_none(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.kind {
+            Kind::Inner { body } => body.size_hint(),
+            Kind::Own { data } => SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::{BodyExt, Full};
+
+    #[tokio::test]
+    async fn own_bodies_are_sent_whole_and_end() {
+        let body: ResponseBody<Full<Bytes>> = ResponseBody::own(Bytes::from_static(b"limited"));
+        assert_eq!(body.size_hint().exact(), Some(7));
+        assert!(!body.is_end_stream());
+        let bytes = body.collect().await.unwrap().to_bytes();
+        assert_eq!(bytes, "limited");
+        let empty: ResponseBody<Full<Bytes>> = ResponseBody::own(Bytes::new());
+        assert!(empty.is_end_stream());
+        assert_eq!(empty.size_hint().exact(), Some(0));
+    }
+
+    #[tokio::test]
+    async fn inner_bodies_pass_through() {
+        let body = ResponseBody::inner(Full::new(Bytes::from_static(b"hello")));
+        assert_eq!(body.size_hint().exact(), Some(5));
+        let bytes = body.collect().await.unwrap().to_bytes();
+        assert_eq!(bytes, "hello");
     }
 }

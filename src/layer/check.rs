@@ -1,21 +1,22 @@
 //! The decision for one request: choose the policy, extract the key, ask the
-//! store. Runs as one boxed future that owns the request head, so the request
-//! body (`Send` but not `Sync`) is never borrowed across an `.await`.
+//! store, and render the layer's own answer if there is one. Runs as one boxed
+//! future that owns the request head, so the request body (`Send` but not
+//! `Sync`) is never borrowed across an `.await`.
 
 use std::sync::Arc;
 
 use bytes::Bytes;
+use http::Response;
 use http::request::Parts;
-use http::{HeaderMap, Response};
 
-use super::config::{Config, Cost, Extractor, Missing};
-use super::grpc::flavor;
-use super::policy::{Choice, Policy};
-use super::response::{Answer, report};
-use super::{OnStoreError, ShadowRejection, StoreFailure};
+use super::config::{Choice, Config, Cost, Extractor, Missing, OnStoreError};
+use super::grpc;
+use super::http_answer;
+use super::outcome::{After, Answer, StoreFailure};
+use super::report::{report, shadow_report};
 use crate::key::present;
 use crate::store::safe_key;
-use crate::{Decision, Error, Store};
+use crate::{Error, Policy};
 
 /// The request head back, and what to do with the request.
 pub(crate) struct Checked {
@@ -30,24 +31,17 @@ pub(crate) enum Verdict {
     Respond(Response<Bytes>),
 }
 
-/// What is added to the inner service's response.
-#[derive(Default)]
-pub(crate) struct After {
-    pub(crate) headers: HeaderMap,
-    pub(crate) decision: Option<Decision>,
-    pub(crate) failure: Option<StoreFailure>,
-    pub(crate) shadow: Option<ShadowRejection>,
-}
-
-pub(crate) async fn check<St: Store>(config: Arc<Config<St>>, mut parts: Parts) -> Checked {
+pub(crate) async fn check(config: Arc<Config>, mut parts: Parts) -> Checked {
     let after = match decide(&config, &parts).await {
         Ok(after) => after,
         // Shadow mode reports everything but never stands between client and
         // service: what would have been answered is forwarded with its report.
-        Err(answer) if config.shadow => answer.into_report(config.headers),
+        Err(answer) if config.shadow => shadow_report(answer, config.headers),
         Err(answer) => {
-            let grpc = flavor(&parts.headers);
-            let res = answer.render(config.headers, &config.rejection, grpc);
+            let res = match grpc::flavor(&parts.headers) {
+                Some(kind) => grpc::render(answer, kind, config.headers),
+                None => http_answer::render(answer, config.headers, &config.rejection),
+            };
             return Checked {
                 parts,
                 verdict: Verdict::Respond(res),
@@ -70,11 +64,11 @@ pub(crate) async fn check<St: Store>(config: Arc<Config<St>>, mut parts: Parts) 
 }
 
 /// `Ok` to forward the request, `Err` to answer it without the inner service.
-async fn decide<St: Store>(config: &Config<St>, parts: &Parts) -> Result<After, Answer> {
+async fn decide(config: &Config, parts: &Parts) -> Result<After, Answer> {
     let policy = match &config.select {
-        None => config.policy.clone(),
+        None => config.limiter.policy().clone(),
         Some(select) => match select(parts) {
-            Choice::Default => config.policy.clone(),
+            Choice::Default => config.limiter.policy().clone(),
             Choice::Policy(p) => p,
             Choice::Exempt => return Ok(After::default()),
         },
@@ -105,7 +99,7 @@ async fn decide<St: Store>(config: &Config<St>, parts: &Parts) -> Result<After, 
     // The value is made safe here too: `from_fn` extractors return whatever
     // their closure built.
     let key = format!("{}:{kind}:{}", policy.name(), safe_key(&value));
-    match config.store.check(&key, policy.quotas(), cost).await {
+    match config.limiter.check_policy(&key, &policy, cost).await {
         Ok(decision) if decision.allowed() => Ok(After {
             headers: report(config.headers, &policy, &decision),
             decision: Some(decision),
@@ -123,7 +117,7 @@ async fn decide<St: Store>(config: &Config<St>, parts: &Parts) -> Result<After, 
             // A full MemoryStore is a bound, not an outage: letting the new key
             // through would let a flood of fresh keys pass unlimited.
             let full = matches!(err, Error::StoreFull { .. });
-            let failure = StoreFailure(Arc::new(err));
+            let failure = StoreFailure::new(err);
             if full {
                 return Err(Answer::StoreDown(failure));
             }

@@ -10,9 +10,8 @@ use bytes::Bytes;
 use http::Response;
 use http::request::Parts;
 
-use super::policy::{Choice, Policy};
-use crate::Decision;
 use crate::key::KeyExtractor;
+use crate::{Decision, Policy, RateLimiter};
 
 /// A boxed future, as the object-safe extractor wrapper returns.
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -59,6 +58,27 @@ impl fmt::Debug for Extractor {
     }
 }
 
+/// What the [`policy`](crate::layer::RateLimitLayer::policy) closure decides for
+/// one request.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub enum Choice {
+    /// Limit by the layer's own policy (the one given to
+    /// [`RateLimitLayer::new`](crate::layer::RateLimitLayer::new)).
+    Default,
+    /// Limit by this policy.
+    Policy(Policy),
+    /// Do not limit this request: no key is extracted, the store is not asked and
+    /// no rate limit header is added (health checks, internal callers).
+    Exempt,
+}
+
+impl From<Policy> for Choice {
+    fn from(policy: Policy) -> Self {
+        Choice::Policy(policy)
+    }
+}
+
 /// What the layer does when its key extractor finds no key in a request (no API
 /// key header, no peer address). Set with
 /// [`RateLimitLayer::on_missing_key`](crate::layer::RateLimitLayer::on_missing_key).
@@ -66,6 +86,7 @@ impl fmt::Debug for Extractor {
 /// The default is [`MissingKey::reject`]: a limit keyed on a header that clients
 /// could simply leave out would otherwise be no limit at all.
 #[derive(Clone, Debug)]
+#[must_use]
 pub struct MissingKey(pub(crate) Missing);
 
 #[derive(Clone, Debug)]
@@ -149,9 +170,6 @@ pub enum HeaderStyle {
     None,
 }
 
-/// A custom rejection: builds the body and headers of a 429 from the decision.
-pub type RejectFn = dyn Fn(&Decision) -> Response<Bytes> + Send + Sync;
-
 /// How the layer answers an HTTP request over its limit. Set with
 /// [`RateLimitLayer::rejection`](crate::layer::RateLimitLayer::rejection).
 ///
@@ -159,6 +177,7 @@ pub type RejectFn = dyn Fn(&Decision) -> Response<Bytes> + Send + Sync;
 /// `RESOURCE_EXHAUSTED` described in the [module docs](crate::layer#grpc-tonic),
 /// because gRPC clients do not read HTTP errors.
 #[derive(Clone)]
+#[must_use]
 pub struct Rejection(pub(crate) Reject);
 
 #[derive(Clone)]
@@ -208,6 +227,8 @@ impl fmt::Debug for Rejection {
     }
 }
 
+/// Builds the body and headers of a custom 429 from the decision.
+pub(crate) type RejectFn = dyn Fn(&Decision) -> Response<Bytes> + Send + Sync;
 pub(crate) type CostFn = dyn Fn(&Parts) -> u64 + Send + Sync;
 pub(crate) type SelectFn = dyn Fn(&Parts) -> Choice + Send + Sync;
 
@@ -218,9 +239,10 @@ pub(crate) enum Cost {
 }
 
 /// Everything a service clone needs, shared behind one `Arc`.
-pub(crate) struct Config<St> {
-    pub(crate) store: Arc<St>,
-    pub(crate) policy: Policy,
+#[derive(Clone)]
+pub(crate) struct Config {
+    /// The store and the default policy.
+    pub(crate) limiter: RateLimiter,
     pub(crate) key: Extractor,
     pub(crate) select: Option<Arc<SelectFn>>,
     pub(crate) cost: Cost,
@@ -231,29 +253,11 @@ pub(crate) struct Config<St> {
     pub(crate) shadow: bool,
 }
 
-// Written by hand: a derive would require `St: Clone`, but only the `Arc` is cloned.
-impl<St> Clone for Config<St> {
-    fn clone(&self) -> Self {
-        Config {
-            store: Arc::clone(&self.store),
-            policy: self.policy.clone(),
-            key: self.key.clone(),
-            select: self.select.clone(),
-            cost: self.cost.clone(),
-            missing: self.missing.clone(),
-            on_store_error: self.on_store_error,
-            headers: self.headers,
-            rejection: self.rejection.clone(),
-            shadow: self.shadow,
-        }
-    }
-}
-
-impl<St> fmt::Debug for Config<St> {
+impl fmt::Debug for Config {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimitLayer")
-            .field("store", &std::any::type_name::<St>())
-            .field("policy", &self.policy)
+            .field("store", self.limiter.store())
+            .field("policy", self.limiter.policy())
             .field("key", &self.key)
             .field("per_request_policy", &self.select.is_some())
             .field(

@@ -1,7 +1,6 @@
 //! [`ResponseFuture`]: first the check, then the inner service.
 
 use std::future::Future;
-use std::marker::PhantomData;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
@@ -9,21 +8,21 @@ use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use super::body::{MakeBody, TextBody};
-use super::check::{After, Checked, Verdict};
+use super::body::ResponseBody;
+use super::check::{Checked, Verdict};
 use super::config::BoxFuture;
-use super::response::apply_report;
+use super::outcome::After;
+use super::report::apply_report;
 
 pin_project! {
     /// The response future of [`RateLimit`](super::RateLimit): decides the
     /// request, then calls the inner service or answers by itself.
-    pub struct ResponseFuture<S, ReqBody, M = TextBody>
+    pub struct ResponseFuture<S, ReqBody>
     where
         S: Service<Request<ReqBody>>,
     {
         #[pin]
         state: State<S, ReqBody>,
-        body: PhantomData<fn() -> M>,
     }
 }
 
@@ -50,7 +49,7 @@ pin_project! {
     }
 }
 
-impl<S, ReqBody, M> ResponseFuture<S, ReqBody, M>
+impl<S, ReqBody> ResponseFuture<S, ReqBody>
 where
     S: Service<Request<ReqBody>>,
 {
@@ -61,17 +60,15 @@ where
                 inner: Some(inner),
                 body: Some(body),
             },
-            body: PhantomData,
         }
     }
 }
 
-impl<S, ReqBody, ResBody, M> Future for ResponseFuture<S, ReqBody, M>
+impl<S, ReqBody, ResBody> Future for ResponseFuture<S, ReqBody>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
-    M: MakeBody<ResBody>,
 {
-    type Output = Result<Response<ResBody>, S::Error>;
+    type Output = Result<Response<ResponseBody<ResBody>>, S::Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
@@ -82,7 +79,7 @@ where
                     let after = match verdict {
                         Verdict::Respond(res) => {
                             this.state.set(State::Done);
-                            return Poll::Ready(Ok(res.map(M::make_body)));
+                            return Poll::Ready(Ok(res.map(ResponseBody::own)));
                         }
                         Verdict::Forward(after) => after,
                     };
@@ -98,9 +95,9 @@ where
                 }
                 StateProj::Calling { future, after } => {
                     let res = ready!(future.poll(cx));
-                    let after = after.take();
+                    let after: Option<After> = after.take();
                     this.state.set(State::Done);
-                    let mut res = res?;
+                    let mut res = res?.map(ResponseBody::inner);
                     if let Some(after) = after {
                         apply_report(res.headers_mut(), after.headers);
                         // With nested layers the innermost (most specific) decision

@@ -1,72 +1,62 @@
 //! [`RateLimitLayer`]: configuration, checked when it is built.
 
 use std::fmt;
-use std::marker::PhantomData;
 use std::sync::Arc;
 
 use http::request::Parts;
 use tower_layer::Layer;
 
-use super::body::TextBody;
-use super::config::{Config, Cost, Extractor, HeaderStyle, MissingKey, OnStoreError, Rejection};
-use super::policy::{Choice, Policy};
+use super::config::{
+    Choice, Config, Cost, Extractor, HeaderStyle, MissingKey, OnStoreError, Rejection,
+};
 use super::service::RateLimit;
 use crate::key::{KeyExtractor, PeerIp};
-use crate::{Error, Quota, Store};
-
-/// The name of the policy made by [`RateLimitLayer::new`].
-pub const DEFAULT_POLICY_NAME: &str = "default";
+use crate::store::AnyStore;
+use crate::{ConfigError, Policy, RateLimiter};
 
 /// Applies [`RateLimit`] to a service: a tower [`Layer`] for axum's
-/// `Router::layer` / `route_layer`, hyper services and any tower stack.
+/// `Router::layer` / `route_layer`, tonic's `Server::builder().layer`, hyper
+/// services and any tower stack.
 ///
-/// Every builder method takes the layer by value and returns it; the ones that
-/// can meet a configuration mistake return `Result`, so mistakes surface at
+/// It holds any store ([`MemoryStore`](crate::MemoryStore),
+/// [`RedisStore`](crate::RedisStore), [`AnyStore`](crate::AnyStore)) without
+/// carrying its type, so a layer built from a store chosen at runtime is still a
+/// `RateLimitLayer`. Every builder method takes the layer by value and returns
+/// it; the one that can meet a configuration mistake
+/// ([`fixed_cost`](Self::fixed_cost)) returns a `Result`, so mistakes surface at
 /// start-up, never per request. See the [module docs](crate::layer) for an
 /// example, the defaults and the responses.
 ///
-/// `M` builds the bodies of the layer's own answers: [`TextBody`] by default,
-/// see [`bodies`](Self::bodies).
-///
 /// Cheap to clone: clones share the store and the configuration.
-pub struct RateLimitLayer<St, M = TextBody> {
-    config: Arc<Config<St>>,
-    body: PhantomData<fn() -> M>,
+#[derive(Clone)]
+#[must_use]
+pub struct RateLimitLayer {
+    config: Arc<Config>,
 }
 
-impl<St, M> Clone for RateLimitLayer<St, M> {
-    fn clone(&self) -> Self {
-        RateLimitLayer {
-            config: Arc::clone(&self.config),
-            body: PhantomData,
-        }
-    }
-}
-
-impl<St, M> fmt::Debug for RateLimitLayer<St, M> {
+impl fmt::Debug for RateLimitLayer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         self.config.fmt(f)
     }
 }
 
-impl<St: Store> RateLimitLayer<St> {
-    /// One quota in a policy named [`DEFAULT_POLICY_NAME`], keyed by the client's
-    /// socket address ([`PeerIp`]) until [`key`](Self::key) says otherwise. See
-    /// the [module docs](crate::layer#defaults) for what the peer address needs.
-    pub fn new(store: St, quota: Quota) -> Self {
-        match Policy::new(DEFAULT_POLICY_NAME, [quota]) {
-            Ok(policy) => Self::with_policy(store, policy),
-            // One quota under a valid constant name cannot fail.
-            Err(e) => unreachable!("{e}"),
-        }
+impl RateLimitLayer {
+    /// Limits requests by `policy` (a single [`Quota`](crate::Quota), which
+    /// becomes a policy named [`DEFAULT_POLICY_NAME`](crate::DEFAULT_POLICY_NAME),
+    /// or a [`Policy`] of several quotas decided all or nothing), with buckets in
+    /// `store`, keyed by the client's socket address ([`PeerIp`]) until
+    /// [`key`](Self::key) says otherwise. See the
+    /// [module docs](crate::layer#defaults) for what the peer address needs.
+    pub fn new(store: impl Into<AnyStore>, policy: impl Into<Policy>) -> Self {
+        Self::from_limiter(RateLimiter::new(store, policy))
     }
 
-    /// Limits by `policy` (its name and quotas) instead of a single quota.
-    pub fn with_policy(store: St, policy: Policy) -> Self {
+    /// A layer over the store and policy of an existing [`RateLimiter`], so
+    /// code outside tower shares its buckets.
+    pub fn from_limiter(limiter: RateLimiter) -> Self {
         RateLimitLayer {
             config: Arc::new(Config {
-                store: Arc::new(store),
-                policy,
+                limiter,
                 key: Extractor::new(PeerIp::new()),
                 select: None,
                 cost: Cost::Fixed(1),
@@ -76,13 +66,10 @@ impl<St: Store> RateLimitLayer<St> {
                 rejection: Rejection::default().0,
                 shadow: false,
             }),
-            body: PhantomData,
         }
     }
-}
 
-impl<St, M> RateLimitLayer<St, M> {
-    fn with(mut self, change: impl FnOnce(&mut Config<St>)) -> Self {
+    fn with(mut self, change: impl FnOnce(&mut Config)) -> Self {
         change(Arc::make_mut(&mut self.config));
         self
     }
@@ -90,24 +77,7 @@ impl<St, M> RateLimitLayer<St, M> {
     /// The policy applied when the [`policy`](Self::policy) closure does not
     /// choose another one.
     pub fn default_policy(&self) -> &Policy {
-        &self.config.policy
-    }
-
-    /// Several quotas for the default policy, decided all or nothing (for
-    /// example 10 a second and 1000 an hour). Fails when the list is empty, names
-    /// a quota twice, or a fixed cost exceeds a capacity.
-    pub fn quotas(self, quotas: impl IntoIterator<Item = Quota>) -> Result<Self, Error> {
-        let policy = Policy::new(self.config.policy.name(), quotas)?;
-        check_fixed_cost(&self.config.cost, &policy)?;
-        Ok(self.with(|c| c.policy = policy))
-    }
-
-    /// Renames the default policy ([`DEFAULT_POLICY_NAME`] otherwise). The name
-    /// goes into the response headers and the storage keys; it must be 1 to 64
-    /// bytes of `[A-Za-z0-9_-]`.
-    pub fn name(self, name: &str) -> Result<Self, Error> {
-        let policy = Policy::new(name, self.config.policy.quotas().iter().copied())?;
-        Ok(self.with(|c| c.policy = policy))
+        self.config.limiter.policy()
     }
 
     /// Which client a request counts against. The default, [`PeerIp`], is the
@@ -148,12 +118,23 @@ impl<St, M> RateLimitLayer<St, M> {
         self.with(|c| c.cost = Cost::Dynamic(Arc::new(cost)))
     }
 
-    /// The same weight for every request. Fails when it exceeds a capacity of the
-    /// default policy.
-    pub fn fixed_cost(self, cost: u64) -> Result<Self, Error> {
-        let cost = Cost::Fixed(cost);
-        check_fixed_cost(&cost, &self.config.policy)?;
-        Ok(self.with(|c| c.cost = cost))
+    /// The same weight for every request.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] when it exceeds a capacity of the default policy: no
+    /// request could ever be admitted.
+    pub fn fixed_cost(self, cost: u64) -> Result<Self, ConfigError> {
+        let policy = self.default_policy();
+        if cost > policy.max_cost() {
+            return Err(ConfigError::layer(format!(
+                "fixed cost {cost} exceeds the capacity {} of policy {:?}: no request \
+                 could ever be admitted",
+                policy.max_cost(),
+                policy.name()
+            )));
+        }
+        Ok(self.with(|c| c.cost = Cost::Fixed(cost)))
     }
 
     /// What to do when the key extractor finds no key: reject (the default),
@@ -180,19 +161,6 @@ impl<St, M> RateLimitLayer<St, M> {
         self.with(|c| c.rejection = rejection.0)
     }
 
-    /// Chooses how the bodies of the layer's own answers are built: [`TextBody`]
-    /// (the default, for body types with `From<Bytes>` such as axum's) or
-    /// [`EmptyBody`](super::EmptyBody) (for body types with only `Default`, such
-    /// as tonic's: `Server::builder().layer(limit.bodies::<EmptyBody>())`). See
-    /// [`MakeBody`](super::MakeBody) and the
-    /// [module docs](crate::layer#bodies-and-tonics-server).
-    pub fn bodies<M2>(self) -> RateLimitLayer<St, M2> {
-        RateLimitLayer {
-            config: self.config,
-            body: PhantomData,
-        }
-    }
-
     /// Shadow mode: decide, spend and send the headers as usual, put the
     /// [`Decision`](crate::Decision) in the extensions, but never answer in place
     /// of the inner service: over-limit, keyless and store-failed requests are
@@ -206,18 +174,8 @@ impl<St, M> RateLimitLayer<St, M> {
     }
 }
 
-fn check_fixed_cost(cost: &Cost, policy: &Policy) -> Result<(), Error> {
-    match cost {
-        Cost::Fixed(n) if *n > policy.max_cost() => Err(Error::CostExceedsCapacity {
-            cost: *n,
-            capacity: policy.max_cost(),
-        }),
-        _ => Ok(()),
-    }
-}
-
-impl<S, St, M> Layer<S> for RateLimitLayer<St, M> {
-    type Service = RateLimit<S, St, M>;
+impl<S> Layer<S> for RateLimitLayer {
+    type Service = RateLimit<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
         RateLimit::new(inner, Arc::clone(&self.config))
@@ -227,24 +185,18 @@ impl<S, St, M> Layer<S> for RateLimitLayer<St, M> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::MemoryStore;
+    use crate::{MemoryStore, Quota};
 
     #[test]
     fn configuration_mistakes_surface_when_built() {
         let q = Quota::per_second(5).unwrap();
         let layer = RateLimitLayer::new(MemoryStore::new(), q);
-        assert!(layer.clone().quotas([]).is_err());
-        assert!(layer.clone().quotas([q, q]).is_err());
-        assert!(layer.clone().name("no spaces").is_err());
-        assert!(layer.clone().fixed_cost(6).is_err());
-        let layer = layer.fixed_cost(5).unwrap();
-        assert!(
-            layer
-                .clone()
-                .quotas([Quota::per_second(4).unwrap()])
-                .is_err()
-        );
-        let layer = layer.name("api").unwrap();
+        let err = layer.clone().fixed_cost(6).unwrap_err();
+        assert!(err.to_string().contains("fixed cost 6"), "{err}");
+        assert!(layer.fixed_cost(5).is_ok());
+        let api = Policy::new("api", [q]).unwrap();
+        let layer = RateLimitLayer::from_limiter(RateLimiter::new(MemoryStore::new(), api))
+            .key(crate::key::PeerIp::new());
         assert_eq!(layer.default_policy().name(), "api");
         let debug = format!("{layer:?}");
         assert!(debug.contains("api") && debug.contains("ip"), "{debug}");

@@ -1,37 +1,31 @@
 //! [`RateLimit`]: the middleware service.
 
 use std::fmt;
-use std::marker::PhantomData;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use http::{Request, Response};
 use tower_service::Service;
 
-use super::body::{MakeBody, TextBody};
+use super::body::ResponseBody;
 use super::check::check;
 use super::config::Config;
 use super::future::ResponseFuture;
-use crate::Store;
 
-/// Rate limits requests to the inner service `S` with buckets in the store `St`.
+/// Rate limits requests to the inner service `S`.
 ///
 /// Built by [`RateLimitLayer`](super::RateLimitLayer); see the
-/// [module docs](crate::layer) for an example and the responses it sends. `M`
-/// builds the bodies of the layer's own answers (see [`MakeBody`]).
-pub struct RateLimit<S, St, M = TextBody> {
+/// [module docs](crate::layer) for an example and the responses it sends. Its
+/// responses carry a [`ResponseBody`] around the inner service's body, so the
+/// layer can answer by itself whatever that body type is.
+pub struct RateLimit<S> {
     inner: S,
-    config: Arc<Config<St>>,
-    body: PhantomData<fn() -> M>,
+    config: Arc<Config>,
 }
 
-impl<S, St, M> RateLimit<S, St, M> {
-    pub(crate) fn new(inner: S, config: Arc<Config<St>>) -> Self {
-        RateLimit {
-            inner,
-            config,
-            body: PhantomData,
-        }
+impl<S> RateLimit<S> {
+    pub(crate) fn new(inner: S, config: Arc<Config>) -> Self {
+        RateLimit { inner, config }
     }
 
     /// The inner service.
@@ -50,13 +44,13 @@ impl<S, St, M> RateLimit<S, St, M> {
     }
 }
 
-impl<S: Clone, St, M> Clone for RateLimit<S, St, M> {
+impl<S: Clone> Clone for RateLimit<S> {
     fn clone(&self) -> Self {
         RateLimit::new(self.inner.clone(), Arc::clone(&self.config))
     }
 }
 
-impl<S: fmt::Debug, St, M> fmt::Debug for RateLimit<S, St, M> {
+impl<S: fmt::Debug> fmt::Debug for RateLimit<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimit")
             .field("inner", &self.inner)
@@ -65,15 +59,13 @@ impl<S: fmt::Debug, St, M> fmt::Debug for RateLimit<S, St, M> {
     }
 }
 
-impl<S, St, M, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S, St, M>
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
-    St: Store,
-    M: MakeBody<ResBody>,
 {
-    type Response = Response<ResBody>;
+    type Response = Response<ResponseBody<ResBody>>;
     type Error = S::Error;
-    type Future = ResponseFuture<S, ReqBody, M>;
+    type Future = ResponseFuture<S, ReqBody>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -99,10 +91,20 @@ mod tests {
 
     use bytes::Bytes;
     use http::{Request, Response, StatusCode};
+    use http_body_util::{BodyExt, Full};
     use tower::{Layer, ServiceExt};
 
-    use crate::layer::{OnStoreError, RateLimitLayer, ShadowRejection, StoreFailure};
+    use crate::layer::{OnStoreError, RateLimitLayer, ResponseBody, ShadowRejection, StoreFailure};
     use crate::{Decision, Error, MemoryStore, Quota};
+
+    fn text(body: impl Into<Bytes>) -> Result<Response<Full<Bytes>>, Infallible> {
+        Ok(Response::new(Full::new(body.into())))
+    }
+
+    async fn body_text(res: Response<ResponseBody<Full<Bytes>>>) -> String {
+        let bytes = res.into_body().collect().await.unwrap().to_bytes();
+        String::from_utf8(bytes.to_vec()).unwrap()
+    }
 
     #[tokio::test]
     async fn rejected_requests_never_reach_the_inner_service() {
@@ -111,15 +113,15 @@ mod tests {
         let inner = tower::service_fn(move |req: Request<()>| {
             seen.fetch_add(1, Ordering::SeqCst);
             let remaining = req.extensions().get::<Decision>().map(Decision::remaining);
-            async move { Ok::<_, Infallible>(Response::new(Bytes::from(format!("{remaining:?}")))) }
+            async move { text(format!("{remaining:?}")) }
         });
         let layer = RateLimitLayer::new(MemoryStore::new(), Quota::per_minute(2).unwrap())
             .key(crate::key::Global);
         let svc = layer.layer(inner);
         for expected in ["Some(1)", "Some(0)"] {
             let res = svc.clone().oneshot(Request::new(())).await.unwrap();
-            assert_eq!(res.body(), expected);
             assert!(res.extensions().get::<Decision>().is_some());
+            assert_eq!(body_text(res).await, expected);
         }
         let res = svc.clone().oneshot(Request::new(())).await.unwrap();
         assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
@@ -129,8 +131,9 @@ mod tests {
 
     #[tokio::test]
     async fn inner_errors_pass_through_unchanged() {
-        let inner =
-            tower::service_fn(|_: Request<()>| async { Err::<Response<Bytes>, _>("inner failed") });
+        let inner = tower::service_fn(|_: Request<()>| async {
+            Err::<Response<Full<Bytes>>, _>("inner failed")
+        });
         let svc = RateLimitLayer::new(MemoryStore::new(), Quota::per_minute(2).unwrap())
             .key(crate::key::Global)
             .layer(inner);
@@ -147,20 +150,19 @@ mod tests {
         let store = MemoryStore::with_max_keys(1).unwrap();
         let key = crate::key::from_fn("n", |p| Some(p.uri.path().to_owned()));
         let inner = tower::service_fn(|req: Request<()>| async move {
-            let failed = req.extensions().get::<StoreFailure>().is_some();
-            Ok::<_, Infallible>(Response::new(Bytes::from(failed.to_string())))
+            text(req.extensions().get::<StoreFailure>().is_some().to_string())
         });
         let layer = RateLimitLayer::new(store, Quota::per_hour(5).unwrap()).key(key);
         let allow = layer.clone().layer(inner);
         let deny = layer.on_store_error(OnStoreError::Deny).layer(inner);
         let res = allow.clone().oneshot(Request::new(())).await.unwrap();
-        assert_eq!(res.body(), "false");
+        assert_eq!(body_text(res).await, "false");
         let other = || Request::get("/other").body(()).unwrap();
         let res = allow.clone().oneshot(other()).await.unwrap();
         assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(res.headers()["retry-after"], "1");
         let failure = res.extensions().get::<StoreFailure>().unwrap();
-        assert!(matches!(*failure.0, Error::StoreFull { .. }));
+        assert!(matches!(failure.error(), Error::StoreFull { .. }));
         // The key the store holds is still limited as before.
         let res = allow.oneshot(Request::new(())).await.unwrap();
         assert_eq!(res.status(), StatusCode::OK);
@@ -173,7 +175,7 @@ mod tests {
     async fn shadow_mode_marks_what_it_would_have_refused_without_a_decision() {
         let inner = tower::service_fn(|req: Request<()>| async move {
             let seen = req.extensions().get::<ShadowRejection>().cloned();
-            Ok::<_, Infallible>(Response::new(Bytes::from(format!("{seen:?}"))))
+            text(format!("{seen:?}"))
         });
         let layer = RateLimitLayer::new(MemoryStore::new(), Quota::per_minute(3).unwrap())
             .key(crate::key::Header::new("x-api-key"))
@@ -189,11 +191,7 @@ mod tests {
                 kind: "header:x-api-key".into()
             })
         );
-        assert!(
-            std::str::from_utf8(res.body())
-                .unwrap()
-                .contains("MissingKey")
-        );
+        assert!(body_text(res).await.contains("MissingKey"));
         // A cost no wait would admit: forwarded and marked.
         let big = Request::get("/big")
             .header("x-api-key", "k")
@@ -214,39 +212,43 @@ mod tests {
         assert_eq!(res.extensions().get::<ShadowRejection>(), None);
     }
 
-    /// A body type with nothing but `Default`, like tonic's.
-    #[derive(Debug, Default, PartialEq)]
-    struct OnlyDefault;
+    /// A body type with nothing but `Body` (no `From<Bytes>`, no `Default`).
+    struct Opaque(Full<Bytes>);
+
+    impl http_body::Body for Opaque {
+        type Data = Bytes;
+        type Error = Infallible;
+
+        fn poll_frame(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Infallible>>> {
+            std::pin::Pin::new(&mut self.0).poll_frame(cx)
+        }
+    }
 
     #[tokio::test]
-    async fn empty_bodies_serve_body_types_without_from_bytes() {
-        use crate::layer::EmptyBody;
+    async fn any_body_of_bytes_works_without_configuration() {
         let inner = tower::service_fn(|_: Request<()>| async {
-            Ok::<_, Infallible>(Response::new(OnlyDefault))
+            Ok::<_, Infallible>(Response::new(Opaque(Full::new(Bytes::from("inner")))))
         });
         let svc = RateLimitLayer::new(MemoryStore::new(), Quota::per_minute(1).unwrap())
             .key(crate::key::Global)
-            .bodies::<EmptyBody>()
             .layer(inner);
-        assert_eq!(
-            svc.clone()
-                .oneshot(Request::new(()))
-                .await
-                .unwrap()
-                .status(),
-            200
-        );
+        let res = svc.clone().oneshot(Request::new(())).await.unwrap();
+        assert_eq!(res.status(), 200);
+        let body = res.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(body, "inner");
         let res = svc.oneshot(Request::new(())).await.unwrap();
         assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(res.headers()["retry-after"], "60");
-        assert_eq!(res.body(), &OnlyDefault);
+        let body = res.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(body, "Too Many Requests: retry in 60 s\n");
     }
 
     #[tokio::test]
     async fn the_default_key_is_the_peer_address() {
-        let inner = tower::service_fn(|_: Request<()>| async {
-            Ok::<_, Infallible>(Response::new(Bytes::from("ok")))
-        });
+        let inner = tower::service_fn(|_: Request<()>| async { text("ok") });
         let store = MemoryStore::new();
         let svc = RateLimitLayer::new(store.clone(), Quota::per_minute(1).unwrap()).layer(inner);
         let from = |ip: [u8; 4]| {
@@ -266,6 +268,6 @@ mod tests {
         // No peer address: a configuration problem, answered at once.
         let res = svc.oneshot(Request::new(())).await.unwrap();
         assert_eq!(res.status(), StatusCode::BAD_REQUEST);
-        assert!(std::str::from_utf8(res.body()).unwrap().contains("(ip)"));
+        assert!(body_text(res).await.contains("(ip)"));
     }
 }

@@ -8,8 +8,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::time::Instant;
 
 use super::bucket::{Level, spend};
-use super::{Store, safe_key, validate};
-use crate::{Decision, Error, Quota};
+use super::contract::{Store, validate};
+use super::key::safe_key;
+use super::sealed::Sealed;
+use crate::{ConfigError, Decision, Error, Policy, Quota};
 
 /// The default key limit of [`MemoryStore::new`].
 pub const DEFAULT_MAX_KEYS: usize = 100_000;
@@ -49,7 +51,7 @@ const MIN_PER_SHARD: usize = 1024;
 /// use tollgate::{MemoryStore, Quota, RateLimiter};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), tollgate::Error> {
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let limiter = RateLimiter::new(MemoryStore::with_max_keys(10_000)?, Quota::per_second(5)?);
 /// assert!(limiter.check("job-queue", 5).await?.allowed());
 /// assert!(!limiter.check("job-queue", 1).await?.allowed());
@@ -57,6 +59,7 @@ const MIN_PER_SHARD: usize = 1024;
 /// # }
 /// ```
 #[derive(Clone, Debug)]
+#[must_use]
 pub struct MemoryStore {
     inner: Arc<Inner>,
 }
@@ -113,10 +116,14 @@ impl MemoryStore {
     }
 
     /// A store for up to `max_keys` keys (at least 1).
-    pub fn with_max_keys(max_keys: usize) -> Result<Self, Error> {
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] when `max_keys` is 0.
+    pub fn with_max_keys(max_keys: usize) -> Result<Self, ConfigError> {
         if max_keys == 0 {
-            return Err(Error::InvalidConfig(
-                "MemoryStore needs room for at least one key".into(),
+            return Err(ConfigError::store(
+                "MemoryStore needs room for at least one key",
             ));
         }
         Ok(Self::build(max_keys))
@@ -175,11 +182,12 @@ impl MemoryStore {
     pub fn check_at(
         &self,
         key: &str,
-        quotas: &[Quota],
+        policy: &Policy,
         cost: u64,
         now_us: u64,
     ) -> Result<Decision, Error> {
-        validate(quotas, cost)?;
+        validate(policy, cost)?;
+        let quotas = policy.quotas();
         let key = safe_key(key);
         let mut shard = self.shard(&key);
         if !shard.map.contains_key(key.as_ref()) {
@@ -223,12 +231,15 @@ impl MemoryStore {
     }
 }
 
+impl Sealed for MemoryStore {}
+
 impl Store for MemoryStore {
-    async fn check(&self, key: &str, quotas: &[Quota], cost: u64) -> Result<Decision, Error> {
-        self.check_at(key, quotas, cost, self.now())
+    async fn check(&self, key: &str, policy: &Policy, cost: u64) -> Result<Decision, Error> {
+        self.check_at(key, policy, cost, self.now())
     }
 
-    async fn reset(&self, key: &str, quotas: &[Quota]) -> Result<(), Error> {
+    async fn reset(&self, key: &str, policy: &Policy) -> Result<(), Error> {
+        let quotas = policy.quotas();
         let key = safe_key(key);
         let mut shard = self.shard(&key);
         if let Some(buckets) = shard.map.get_mut(key.as_ref()) {
@@ -268,7 +279,7 @@ mod tests {
     #[test]
     fn full_store_forgets_refilled_keys_then_refuses() {
         let store = MemoryStore::with_max_keys(2).unwrap();
-        let q = [Quota::per_second(1).unwrap()];
+        let q = Policy::from(Quota::per_second(1).unwrap());
         // A small store is one shard: exactly two keys fit.
         store.check_at("k0", &q, 1, 0).unwrap();
         store.check_at("k1", &q, 1, 0).unwrap();
@@ -287,7 +298,7 @@ mod tests {
     #[test]
     fn a_flood_of_new_keys_into_a_full_shard_sweeps_once_until_something_refills() {
         let store = MemoryStore::with_max_keys(3).unwrap();
-        let q = [Quota::per_second(1).unwrap()];
+        let q = Policy::from(Quota::per_second(1).unwrap());
         for i in 0..3 {
             store
                 .check_at(&format!("k{i}"), &q, 1, i * 100_000)
@@ -312,7 +323,7 @@ mod tests {
     #[test]
     fn peek_of_unknown_key_stores_nothing() {
         let store = MemoryStore::new();
-        let q = [Quota::per_second(3).unwrap()];
+        let q = Policy::from(Quota::per_second(3).unwrap());
         let d = store.check_at("x", &q, 0, 0).unwrap();
         assert_eq!(d.remaining(), 3);
         assert!(store.is_empty());
@@ -321,7 +332,7 @@ mod tests {
     #[test]
     fn long_keys_are_stored_hashed() {
         let store = MemoryStore::new();
-        let q = [Quota::per_second(3).unwrap()];
+        let q = Policy::from(Quota::per_second(3).unwrap());
         store.check_at(&"k".repeat(1 << 16), &q, 1, 0).unwrap();
         let shard_keys: Vec<String> = store
             .inner

@@ -10,8 +10,7 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
-use tollgate::RedisStore;
-use tollgate::layer::{EmptyBody, RateLimitLayer};
+use tollgate::layer::RateLimitLayer;
 use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Channel, Endpoint, Server};
 use tonic_health::pb::HealthCheckRequest;
@@ -31,9 +30,9 @@ pub struct GrpcServer {
 }
 
 impl GrpcServer {
-    /// Serves the health service with `Server::builder().layer(layer)`. tonic's
-    /// body type has only `Default`, hence `EmptyBody`.
-    pub async fn start(layer: RateLimitLayer<RedisStore, EmptyBody>) -> Self {
+    /// Serves the health service with `Server::builder().layer(layer)`: the
+    /// layer as it is, no body configuration.
+    pub async fn start(layer: RateLimitLayer) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("local addr");
         let (reporter, health) = tonic_health::server::health_reporter();

@@ -120,9 +120,16 @@ impl RedisServer {
     /// A `RedisStore` with its own pool and a generous timeout for busy CI
     /// machines (tests about timeouts set their own).
     pub fn store(&self) -> RedisStore {
-        RedisStore::new(self.pool())
-            .with_timeout(Duration::from_secs(5))
-            .expect("timeout")
+        self.store_with_timeout(Duration::from_secs(5))
+    }
+
+    /// A `RedisStore` with its own pool and the given per-call timeout.
+    pub fn store_with_timeout(&self, timeout: Duration) -> RedisStore {
+        RedisStore::builder()
+            .pool(self.pool())
+            .timeout(timeout)
+            .build()
+            .expect("store")
     }
 
     /// A plain synchronous connection for inspecting the server. It sends no

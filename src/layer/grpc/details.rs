@@ -7,9 +7,9 @@ use std::time::Duration;
 use http::{HeaderMap, HeaderName};
 use tonic_types::{ErrorDetails, QuotaViolation, StatusExt};
 
-use super::Code;
-use crate::Decision;
-use crate::layer::policy::Policy;
+use super::status::Code;
+use crate::layer::report::items;
+use crate::{Decision, Policy};
 
 /// One entry of `QuotaFailure`.
 pub(super) type Violation = QuotaViolation;
@@ -47,8 +47,7 @@ pub(super) fn insert(
 /// One violation per quota the call did not fit in (those with a wait), so a
 /// client sees which limit it hit.
 pub(super) fn exhausted(policy: &Policy, decision: &Decision, kind: &str) -> Vec<QuotaViolation> {
-    policy
-        .items()
+    items(policy)
         .iter()
         .zip(decision.states())
         .filter(|(_, state)| !state.retry_after().is_zero())
@@ -61,8 +60,7 @@ pub(super) fn exhausted(policy: &Policy, decision: &Decision, kind: &str) -> Vec
 
 /// One violation per quota whose capacity is below the call's cost.
 pub(super) fn too_costly(policy: &Policy, cost: u64, kind: &str) -> Vec<QuotaViolation> {
-    policy
-        .items()
+    items(policy)
         .iter()
         .zip(policy.quotas())
         .filter(|(_, quota)| quota.capacity() < cost)
@@ -123,8 +121,8 @@ mod tests {
         let slow = Quota::per_hour(100).unwrap();
         let policy = Policy::new("api", [fast, slow]).unwrap();
         let store = MemoryStore::new();
-        store.check_at("k", &[fast, slow], 4, 0).unwrap();
-        let decision = store.check_at("k", &[fast, slow], 1, 100).unwrap();
+        store.check_at("k", &policy, 4, 0).unwrap();
+        let decision = store.check_at("k", &policy, 1, 100).unwrap();
         let res = too_many(Grpc::Native, &policy, decision, "ip", HeaderStyle::Ietf);
         let status = tonic::Status::from_header_map(res.headers()).unwrap();
         assert_eq!(status.code(), tonic::Code::ResourceExhausted);

@@ -1,0 +1,131 @@
+//! [`Header`]: a key from one request header, such as an API key.
+
+use std::borrow::Cow;
+
+use http::HeaderName;
+use http::request::Parts;
+
+use super::extractor::KeyExtractor;
+use crate::store::{hashed_key, safe_key_bytes};
+
+/// The value of one request header, such as an API key or a gRPC metadata entry.
+///
+/// - **Hashed by default.** Header keys are often credentials, so the value is
+///   stored as `#` and 128 bits of its SHA-256: an API key never appears in
+///   `KEYS`, `MONITOR` or the slow log. [`Header::verbatim`] keeps short, plain
+///   values readable (for non-secret headers such as a tenant id); long, binary
+///   or unsafe values are hashed either way, so the stored key is bounded
+///   whatever the client sends.
+/// - **One value.** An empty value, or a header sent more than once, counts as
+///   missing: with several lines a client could pair the value an auth layer
+///   checks with a fresh one for every request, and so a fresh bucket.
+/// - For an identity established by authentication, prefer keying on what the
+///   auth layer stored ([`Extension`](super::Extension)).
+#[derive(Clone, Debug)]
+#[must_use]
+pub struct Header {
+    name: HeaderName,
+    verbatim: bool,
+}
+
+impl Header {
+    /// Keys requests by the header `name`.
+    ///
+    /// # Panics
+    ///
+    /// When `name` is not a valid header name: a configuration mistake, caught at
+    /// start-up. Use [`Header::try_new`] to handle it instead.
+    pub fn new(name: &str) -> Self {
+        match Self::try_new(name) {
+            Ok(header) => header,
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    /// Keys requests by the header `name`, or explains why the name is invalid.
+    pub fn try_new(name: &str) -> Result<Self, crate::ConfigError> {
+        HeaderName::from_bytes(name.as_bytes())
+            .map(|name| Header {
+                name,
+                verbatim: false,
+            })
+            .map_err(|_| crate::ConfigError::key(format!("{name:?} is not a valid header name")))
+    }
+
+    /// Keeps values that are short and plain (see [`safe_key`](crate::store::safe_key))
+    /// readable in the store instead of hashing them. Only for headers that are
+    /// not secrets.
+    pub fn verbatim(mut self) -> Self {
+        self.verbatim = true;
+        self
+    }
+}
+
+impl KeyExtractor for Header {
+    fn kind(&self) -> Cow<'static, str> {
+        Cow::Owned(format!("header:{}", self.name.as_str()))
+    }
+
+    async fn extract(&self, parts: &Parts) -> Option<String> {
+        let mut values = parts.headers.get_all(&self.name).iter();
+        let value = values.next()?.as_bytes();
+        if value.is_empty() || values.next().is_some() {
+            return None;
+        }
+        Some(if self.verbatim {
+            safe_key_bytes(value)
+        } else {
+            hashed_key(value)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::Request;
+
+    fn parts(req: http::request::Builder) -> Parts {
+        req.body(()).unwrap().into_parts().0
+    }
+
+    #[tokio::test]
+    async fn header_values_are_hashed_unless_verbatim() {
+        let p = parts(Request::get("/").header("x-api-key", "sk_live_abc123"));
+        let hashed = Header::new("x-api-key").extract(&p).await.unwrap();
+        assert!(
+            hashed.starts_with('#') && !hashed.contains("abc123"),
+            "{hashed}"
+        );
+        let plain = Header::new("x-api-key").verbatim().extract(&p).await;
+        assert_eq!(plain.as_deref(), Some("sk_live_abc123"));
+    }
+
+    #[tokio::test]
+    async fn a_header_sent_twice_is_missing() {
+        let p = parts(
+            Request::get("/")
+                .header("x-api-key", "a")
+                .header("x-api-key", "b"),
+        );
+        assert_eq!(Header::new("x-api-key").extract(&p).await, None);
+    }
+
+    #[tokio::test]
+    async fn header_values_are_bounded_and_safe() {
+        let h = Header::new("x-api-key").verbatim();
+        let long = "a".repeat(64 * 1024);
+        let p = parts(Request::get("/").header("x-api-key", long.as_str()));
+        assert_eq!(h.extract(&p).await.unwrap().len(), 33);
+        let p = parts(Request::get("/").header("x-api-key", &b"\xff{}"[..]));
+        assert!(h.extract(&p).await.unwrap().starts_with('#'));
+        let p = parts(Request::get("/").header("x-api-key", ""));
+        assert_eq!(h.extract(&p).await, None);
+        assert_eq!(h.extract(&parts(Request::get("/"))).await, None);
+    }
+
+    #[test]
+    fn bad_header_names_are_configuration_errors() {
+        assert!(Header::try_new("bad header").is_err());
+    }
+}

@@ -1,0 +1,89 @@
+//! What the check found for one request, as data: the layer's own answers
+//! ([`Answer`]) and what is added to a forwarded request ([`After`]). Rendering
+//! them is the job of `http.rs` and `grpc/`.
+
+use std::fmt;
+use std::sync::Arc;
+
+use http::HeaderMap;
+
+use crate::{Decision, Error, Policy};
+
+/// In [shadow mode](super::RateLimitLayer::shadow), what the layer would have
+/// answered to a request it forwarded without a decision: put into the request
+/// and response extensions, so a rollout shows these requests too. (Requests over
+/// the limit carry their [`Decision`], with `allowed() == false`.)
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ShadowRejection {
+    /// No key (400 / `INVALID_ARGUMENT`); `kind` names the key kinds looked for.
+    MissingKey {
+        /// The key kinds that were looked for.
+        kind: String,
+    },
+    /// The cost exceeds a capacity of the policy (429 that no wait would help).
+    CostTooHigh {
+        /// The request's cost.
+        cost: u64,
+        /// The smallest capacity of the chosen policy.
+        capacity: u64,
+    },
+}
+
+/// Put into the request and response extensions when the store could not decide
+/// (whatever [`OnStoreError`](super::OnStoreError) says), so logging and metrics
+/// can count outages. Cheap to clone.
+#[derive(Clone)]
+pub struct StoreFailure(Arc<Error>);
+
+impl StoreFailure {
+    pub(crate) fn new(error: Error) -> Self {
+        StoreFailure(Arc::new(error))
+    }
+
+    /// The store's error.
+    pub fn error(&self) -> &Error {
+        &self.0
+    }
+}
+
+impl fmt::Debug for StoreFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("StoreFailure").field(&self.0).finish()
+    }
+}
+
+impl fmt::Display for StoreFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// An outcome the layer answers itself instead of calling the inner service.
+pub(crate) enum Answer {
+    /// Over the limit: 429. `kind` is the kind of key the bucket belongs to.
+    TooMany {
+        policy: Policy,
+        decision: Decision,
+        kind: String,
+    },
+    /// The request's cost exceeds a capacity of its policy: it can never pass.
+    CostTooHigh {
+        cost: u64,
+        policy: Policy,
+        kind: String,
+    },
+    /// No key to limit by.
+    MissingKey { kind: String },
+    /// The store failed and the layer is configured to deny.
+    StoreDown(StoreFailure),
+}
+
+/// What is added to a forwarded request and to the inner service's response.
+#[derive(Default)]
+pub(crate) struct After {
+    pub(crate) headers: HeaderMap,
+    pub(crate) decision: Option<Decision>,
+    pub(crate) failure: Option<StoreFailure>,
+    pub(crate) shadow: Option<ShadowRejection>,
+}

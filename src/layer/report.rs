@@ -1,0 +1,278 @@
+//! The rate limit headers that describe a decision (IETF draft or legacy),
+//! shared by HTTP and gRPC answers and by forwarded responses.
+
+use std::fmt::Write;
+use std::time::Duration;
+
+use http::{HeaderMap, HeaderValue};
+
+use super::config::HeaderStyle;
+use super::headers::{
+    RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
+    ceil_secs, sf_integer,
+};
+use super::outcome::{After, Answer, ShadowRejection};
+use crate::{Decision, Policy, QuotaState};
+
+/// What a policy advertises, built once per policy (see [`Policy`]'s derived
+/// values): the `RateLimit-Policy` field value and one item name per quota.
+struct Advertised {
+    header: Option<HeaderValue>,
+    /// One Structured Field string per quota, `"name"` or `"name.i"`.
+    items: Box<[String]>,
+}
+
+fn advertised(policy: &Policy) -> &Advertised {
+    policy.derived(|policy| {
+        let name = policy.name();
+        let quotas = policy.quotas();
+        let items: Box<[String]> = if quotas.len() == 1 {
+            Box::new([format!("\"{name}\"")])
+        } else {
+            // Several quotas need distinct item names, or a client could not tell
+            // which `r` belongs to which `q`. `.` is outside the allowed name
+            // characters, so `api.1` cannot clash with a policy of that name.
+            (0..quotas.len())
+                .map(|i| format!("\"{name}.{i}\""))
+                .collect()
+        };
+        let value = items
+            .iter()
+            .zip(quotas)
+            .map(|(item, q)| format!("{item};q={};w={}", sf_integer(q.capacity()), window_secs(q)))
+            .collect::<Vec<_>>()
+            .join(", ");
+        Advertised {
+            // Names are [A-Za-z0-9_-] and numbers are digits: always valid.
+            header: HeaderValue::from_str(&value).ok(),
+            items,
+        }
+    })
+}
+
+/// The quoted item name of each quota of `policy`, in order.
+pub(crate) fn items(policy: &Policy) -> &[String] {
+    &advertised(policy).items
+}
+
+/// The `w` of a quota: seconds for an empty bucket to refill completely, rounded
+/// up (the draft allows no fractions and no zero).
+fn window_secs(q: &crate::Quota) -> u64 {
+    ceil_secs(q.refill_time()).max(1)
+}
+
+/// `Retry-After` of a 429: the decision's wait rounded up, never 0.
+pub(crate) fn retry_after_secs(decision: &Decision) -> u64 {
+    ceil_secs(decision.retry_after()).max(1)
+}
+
+/// Seconds until `state`'s `remaining` grows by one token (`None` when full).
+///
+/// The store reports the time until the bucket is full; every missing token
+/// beyond the next one takes `period / tokens`, so the next one is due that much
+/// earlier. Rounded up, this is never earlier than the real refill.
+fn next_token(state: &QuotaState) -> Option<Duration> {
+    let q = state.quota();
+    let missing = q
+        .capacity()
+        .checked_sub(state.remaining())?
+        .checked_sub(1)?;
+    let per_token_us = q.period().as_micros() / u128::from(q.tokens().max(1));
+    let later = per_token_us.saturating_mul(u128::from(missing));
+    let full = state.reset_after().as_micros();
+    let us = u64::try_from(full.saturating_sub(later)).unwrap_or(u64::MAX);
+    Some(Duration::from_micros(us.max(1)))
+}
+
+/// The `t` of one `RateLimit` item. On an admission: seconds until one more token
+/// is available (omitted when the bucket is full). On a denial: seconds until this
+/// quota holds the request's cost (omitted for quotas that already hold it), so
+/// `Retry-After`, the longest of these, is never earlier than any `t`.
+fn item_t(decision: &Decision, state: &QuotaState) -> Option<u64> {
+    if decision.allowed() {
+        next_token(state).map(ceil_secs)
+    } else {
+        let wait = state.retry_after();
+        (!wait.is_zero()).then(|| ceil_secs(wait))
+    }
+}
+
+/// The `RateLimit` field value: one item per quota, in the policy's order.
+pub(crate) fn ratelimit_value(policy: &Policy, decision: &Decision) -> String {
+    let mut out = String::new();
+    for (item, state) in items(policy).iter().zip(decision.states()) {
+        if !out.is_empty() {
+            out.push_str(", ");
+        }
+        // Writing to a String cannot fail.
+        let _ = write!(out, "{item};r={}", sf_integer(state.remaining()));
+        if let Some(t) = item_t(decision, state) {
+            let _ = write!(out, ";t={t}");
+        }
+    }
+    out
+}
+
+/// The rate limit headers describing `decision` under `policy`.
+pub(crate) fn report(style: HeaderStyle, policy: &Policy, decision: &Decision) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    match style {
+        HeaderStyle::Ietf => {
+            if let Some(header) = &advertised(policy).header {
+                headers.insert(RATELIMIT_POLICY, header.clone());
+            }
+            if let Ok(v) = HeaderValue::from_str(&ratelimit_value(policy, decision)) {
+                headers.insert(RATELIMIT, v);
+            }
+        }
+        HeaderStyle::Legacy => {
+            headers.insert(X_RATELIMIT_LIMIT, decision.limit().into());
+            headers.insert(X_RATELIMIT_REMAINING, decision.remaining().into());
+            headers.insert(X_RATELIMIT_RESET, ceil_secs(decision.reset_after()).into());
+        }
+        HeaderStyle::None => {}
+    }
+    headers
+}
+
+/// Adds `report` to a response's headers. The draft's fields are lists, so
+/// nested layers (a global and a per-route limit) append their items; the legacy
+/// single-value fields keep the innermost layer's values.
+pub(crate) fn apply_report(target: &mut HeaderMap, report: HeaderMap) {
+    let mut last = None;
+    for (name, value) in report {
+        let Some(name) = name.or(last.take()) else {
+            continue;
+        };
+        if name == RATELIMIT || name == RATELIMIT_POLICY {
+            target.append(name.clone(), value);
+        } else if !target.contains_key(&name) {
+            target.insert(name.clone(), value);
+        }
+        last = Some(name);
+    }
+}
+
+/// What shadow mode forwards instead of `answer`: the report and the decision
+/// or failure, without the response.
+pub(crate) fn shadow_report(answer: Answer, style: HeaderStyle) -> After {
+    match answer {
+        Answer::TooMany {
+            policy, decision, ..
+        } => After {
+            headers: report(style, &policy, &decision),
+            decision: Some(decision),
+            ..After::default()
+        },
+        Answer::StoreDown(failure) => After {
+            failure: Some(failure),
+            ..After::default()
+        },
+        Answer::CostTooHigh { cost, policy, .. } => After {
+            shadow: Some(ShadowRejection::CostTooHigh {
+                cost,
+                capacity: policy.max_cost(),
+            }),
+            ..After::default()
+        },
+        Answer::MissingKey { kind } => After {
+            shadow: Some(ShadowRejection::MissingKey { kind }),
+            ..After::default()
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{MemoryStore, Quota, Store};
+
+    fn policy(quotas: &[Quota]) -> Policy {
+        Policy::new("p", quotas.iter().copied()).unwrap()
+    }
+
+    fn header(p: &Policy) -> &HeaderValue {
+        advertised(p).header.as_ref().unwrap()
+    }
+
+    #[test]
+    fn policy_header_lists_every_quota() {
+        let one = Policy::new("default", [Quota::per_second(10).unwrap()]).unwrap();
+        assert_eq!(header(&one), "\"default\";q=10;w=1");
+        let two = Policy::new(
+            "api",
+            [
+                Quota::per_second(10).unwrap().burst(20).unwrap(),
+                Quota::new(1000, Duration::from_secs(86_400)).unwrap(),
+            ],
+        )
+        .unwrap();
+        assert_eq!(header(&two), "\"api.0\";q=20;w=2, \"api.1\";q=1000;w=86400");
+        // A window under a second still says 1, never 0.
+        let fast = Policy::new("f", [Quota::new(5, Duration::from_millis(10)).unwrap()]).unwrap();
+        assert_eq!(header(&fast), "\"f\";q=5;w=1");
+        assert_eq!(two.max_cost(), 20);
+    }
+
+    #[tokio::test]
+    async fn admitted_items_report_the_next_token() {
+        // 1 per 10 s, burst 5: after two spends, one more token in 10 s, full in 20 s.
+        let q = Quota::new(1, Duration::from_secs(10))
+            .unwrap()
+            .burst(5)
+            .unwrap();
+        let store = MemoryStore::new();
+        let p = policy(&[q]);
+        let mut d = store.check_at("k", &p, 1, 0).unwrap();
+        assert_eq!(ratelimit_value(&p, &d), "\"p\";r=4;t=10");
+        d = store.check_at("k", &p, 1, 0).unwrap();
+        assert_eq!(d.reset_after(), Duration::from_secs(20));
+        assert_eq!(ratelimit_value(&p, &d), "\"p\";r=3;t=10");
+        // Halfway to the next token.
+        d = store.check_at("k", &p, 0, 5_000_000).unwrap();
+        assert_eq!(ratelimit_value(&p, &d), "\"p\";r=3;t=5");
+        // A full bucket has nothing more to come: no t.
+        let fresh = store.check("other", &p, 0).await.unwrap();
+        assert_eq!(ratelimit_value(&p, &fresh), "\"p\";r=5");
+    }
+
+    #[test]
+    fn denied_items_never_point_later_than_retry_after() {
+        let fast = Quota::per_second(2).unwrap();
+        let slow = Quota::per_hour(100).unwrap();
+        let store = MemoryStore::new();
+        let p = policy(&[fast, slow]);
+        store.check_at("k", &p, 2, 0).unwrap();
+        let d = store.check_at("k", &p, 1, 100_000).unwrap();
+        assert!(!d.allowed());
+        // Only the exhausted quota has a t; the hourly one still has tokens.
+        assert_eq!(ratelimit_value(&p, &d), "\"p.0\";r=0;t=1, \"p.1\";r=98");
+        assert_eq!(retry_after_secs(&d), 1);
+    }
+
+    #[test]
+    fn legacy_headers_use_the_binding_quota() {
+        let q = Quota::per_minute(6).unwrap();
+        let store = MemoryStore::new();
+        let p = policy(&[q]);
+        let d = store.check_at("k", &p, 1, 0).unwrap();
+        let h = report(HeaderStyle::Legacy, &p, &d);
+        assert_eq!(h[X_RATELIMIT_LIMIT], "6");
+        assert_eq!(h[X_RATELIMIT_REMAINING], "5");
+        assert_eq!(h[X_RATELIMIT_RESET], "10");
+        assert!(report(HeaderStyle::None, &p, &d).is_empty());
+    }
+
+    #[test]
+    fn nested_reports_append_list_fields() {
+        let q = Quota::per_second(3).unwrap();
+        let store = MemoryStore::new();
+        let p = policy(&[q]);
+        let d = store.check_at("k", &p, 1, 0).unwrap();
+        let mut target = report(HeaderStyle::Ietf, &p, &d);
+        let outer = Policy::new("outer", [q]).unwrap();
+        apply_report(&mut target, report(HeaderStyle::Ietf, &outer, &d));
+        assert_eq!(target.get_all(RATELIMIT).iter().count(), 2);
+        assert_eq!(target.get_all(RATELIMIT_POLICY).iter().count(), 2);
+    }
+}

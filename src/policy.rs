@@ -1,0 +1,211 @@
+//! What a client is limited by: a named list of quotas, decided together.
+//!
+//! ```
+//! use tollgate::{Policy, Quota};
+//!
+//! # fn main() -> Result<(), tollgate::ConfigError> {
+//! // One quota: the policy is called "default".
+//! let simple: Policy = Quota::per_second(10)?.into();
+//! assert_eq!(simple.name(), "default");
+//!
+//! // Several quotas, all or nothing: 2 a second and 500 an hour.
+//! let search = Policy::new("search", [Quota::per_second(2)?, Quota::per_hour(500)?])?;
+//! assert_eq!(search.quotas().len(), 2);
+//! assert_eq!(search.max_cost(), 2);
+//! assert!(Policy::new("bad name", [Quota::per_second(2)?]).is_err());
+//! assert!(Policy::new("empty", []).is_err());
+//! # Ok(())
+//! # }
+//! ```
+
+use std::fmt;
+use std::sync::{Arc, OnceLock};
+
+use crate::{ConfigError, Quota};
+
+/// Longest policy name accepted by [`Policy::new`].
+pub const MAX_POLICY_NAME_LEN: usize = 64;
+
+/// The name of a policy made from a single [`Quota`] (`Policy::from(quota)`).
+pub const DEFAULT_POLICY_NAME: &str = "default";
+
+/// A named, non-empty set of distinct quotas, decided together (all or nothing)
+/// for each check. See the [module example](crate::policy).
+///
+/// The name appears in the `RateLimit-Policy` and `RateLimit` response headers,
+/// in metrics labels, and at the front of every storage key the HTTP layer makes
+/// (`name:key-kind:key`), so two policies never share a bucket even when they
+/// have the same quotas and the same client key.
+///
+/// A policy is checked when it is built: the name must be 1 to
+/// [`MAX_POLICY_NAME_LEN`] bytes of `[A-Za-z0-9_-]`, and the quota list non-empty
+/// without duplicates. Build policies once at start-up; clones are cheap (one
+/// reference count) and nothing is validated per request.
+#[derive(Clone)]
+#[must_use]
+pub struct Policy {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    name: Box<str>,
+    quotas: Box<[Quota]>,
+    smallest: u64,
+    /// Values derived once per policy by the HTTP layer (its header values), so
+    /// they are not rebuilt for every request.
+    derived: OnceLock<Box<dyn std::any::Any + Send + Sync>>,
+}
+
+impl Policy {
+    /// A policy called `name` enforcing every quota in `quotas` at once.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] when the name is empty, too long or has other
+    /// characters than `[A-Za-z0-9_-]`, or when `quotas` is empty or lists a
+    /// quota twice.
+    pub fn new(name: &str, quotas: impl IntoIterator<Item = Quota>) -> Result<Self, ConfigError> {
+        check_name(name)?;
+        let quotas: Vec<Quota> = quotas.into_iter().collect();
+        if quotas.is_empty() {
+            return Err(ConfigError::policy(format!(
+                "policy {name:?} needs at least one quota"
+            )));
+        }
+        for (i, q) in quotas.iter().enumerate() {
+            if quotas.iter().skip(i + 1).any(|other| other == q) {
+                return Err(ConfigError::policy(format!(
+                    "policy {name:?} lists the quota {q} twice"
+                )));
+            }
+        }
+        Ok(Self::build(name, quotas.into()))
+    }
+
+    fn build(name: &str, quotas: Box<[Quota]>) -> Self {
+        let smallest = quotas.iter().map(Quota::capacity).min().unwrap_or(0);
+        Policy {
+            inner: Arc::new(Inner {
+                name: name.into(),
+                quotas,
+                smallest,
+                derived: OnceLock::new(),
+            }),
+        }
+    }
+
+    /// The policy name.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The quotas, in the order given.
+    pub fn quotas(&self) -> &[Quota] {
+        &self.inner.quotas
+    }
+
+    /// The smallest capacity: the largest cost a check may ever be admitted with.
+    pub fn max_cost(&self) -> u64 {
+        self.inner.smallest
+    }
+
+    /// A value derived from this policy once and kept with it (the HTTP layer's
+    /// header values). `T` must be the same type at every call site.
+    pub(crate) fn derived<T: Send + Sync + 'static>(&self, make: impl FnOnce(&Self) -> T) -> &T {
+        let any = self.inner.derived.get_or_init(|| Box::new(make(self)));
+        match any.downcast_ref::<T>() {
+            Some(value) => value,
+            // Only one module derives values, always of one type.
+            None => unreachable!("policy values derived as two different types"),
+        }
+    }
+}
+
+impl From<Quota> for Policy {
+    /// A policy of one quota, named [`DEFAULT_POLICY_NAME`].
+    fn from(quota: Quota) -> Self {
+        Policy::build(DEFAULT_POLICY_NAME, Box::new([quota]))
+    }
+}
+
+impl PartialEq for Policy {
+    fn eq(&self, other: &Self) -> bool {
+        self.name() == other.name() && self.quotas() == other.quotas()
+    }
+}
+
+impl Eq for Policy {}
+
+impl fmt::Debug for Policy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Policy")
+            .field("name", &self.name())
+            .field("quotas", &self.quotas())
+            .finish()
+    }
+}
+
+fn check_name(name: &str) -> Result<(), ConfigError> {
+    let ok = !name.is_empty()
+        && name.len() <= MAX_POLICY_NAME_LEN
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    if ok {
+        Ok(())
+    } else {
+        Err(ConfigError::policy(format!(
+            "policy name {name:?} must be 1 to {MAX_POLICY_NAME_LEN} bytes of [A-Za-z0-9_-]"
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_checked() {
+        let q = Quota::per_second(1).unwrap();
+        assert!(Policy::new("api_v2-x", [q]).is_ok());
+        for bad in ["", "a b", "a.b", "a{b}", "é", &"x".repeat(65)] {
+            assert!(Policy::new(bad, [q]).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn quota_lists_are_checked() {
+        let q = Quota::per_second(1).unwrap();
+        let empty = Policy::new("p", []).unwrap_err();
+        assert!(empty.to_string().contains("at least one quota"), "{empty}");
+        let twice = Policy::new("p", [q, q]).unwrap_err();
+        assert!(twice.to_string().contains("twice"), "{twice}");
+    }
+
+    #[test]
+    fn a_quota_is_a_default_policy() {
+        let q = Quota::per_minute(3).unwrap();
+        let p = Policy::from(q);
+        assert_eq!(p.name(), DEFAULT_POLICY_NAME);
+        assert_eq!(p.quotas(), &[q]);
+        assert_eq!(p, Policy::new("default", [q]).unwrap());
+    }
+
+    #[test]
+    fn derived_values_are_made_once() {
+        let p = Policy::from(Quota::per_minute(3).unwrap());
+        let calls = std::sync::atomic::AtomicUsize::new(0);
+        for _ in 0..3 {
+            let v: &String = p.derived(|p| {
+                calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                p.name().to_owned()
+            });
+            assert_eq!(v, "default");
+        }
+        assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1);
+        // Clones share the derived values.
+        let clone = p.clone();
+        let v: &String = clone.derived(|_| unreachable!());
+        assert_eq!(v, "default");
+    }
+}

@@ -1,0 +1,84 @@
+//! [`AnyStore`]: any of this crate's stores, chosen at runtime.
+
+use super::contract::Store;
+use super::memory::MemoryStore;
+#[cfg(feature = "redis")]
+use super::redis::RedisStore;
+use super::sealed::Sealed;
+use crate::{Decision, Error, Policy};
+
+/// Any of this crate's stores, chosen at runtime; what
+/// [`RateLimiter`](crate::RateLimiter) and [`RateLimitLayer`](crate::RateLimitLayer)
+/// hold. See the [module docs](crate::store#choosing-a-store-at-runtime).
+///
+/// Converts from every store with `.into()`; calls go straight to the store
+/// inside, with no allocation. Clones share the buckets.
+#[derive(Clone, Debug)]
+#[must_use]
+pub struct AnyStore {
+    inner: Inner,
+}
+
+#[derive(Clone, Debug)]
+enum Inner {
+    Memory(MemoryStore),
+    #[cfg(feature = "redis")]
+    Redis(RedisStore),
+}
+
+impl AnyStore {
+    /// The in-memory store inside, if that is what this is.
+    pub fn as_memory(&self) -> Option<&MemoryStore> {
+        match &self.inner {
+            Inner::Memory(store) => Some(store),
+            #[cfg(feature = "redis")]
+            Inner::Redis(_) => None,
+        }
+    }
+
+    /// The Redis store inside, if that is what this is.
+    #[cfg(feature = "redis")]
+    pub fn as_redis(&self) -> Option<&RedisStore> {
+        match &self.inner {
+            Inner::Redis(store) => Some(store),
+            Inner::Memory(_) => None,
+        }
+    }
+}
+
+impl From<MemoryStore> for AnyStore {
+    fn from(store: MemoryStore) -> Self {
+        AnyStore {
+            inner: Inner::Memory(store),
+        }
+    }
+}
+
+#[cfg(feature = "redis")]
+impl From<RedisStore> for AnyStore {
+    fn from(store: RedisStore) -> Self {
+        AnyStore {
+            inner: Inner::Redis(store),
+        }
+    }
+}
+
+impl Sealed for AnyStore {}
+
+impl Store for AnyStore {
+    async fn check(&self, key: &str, policy: &Policy, cost: u64) -> Result<Decision, Error> {
+        match &self.inner {
+            Inner::Memory(store) => store.check(key, policy, cost).await,
+            #[cfg(feature = "redis")]
+            Inner::Redis(store) => store.check(key, policy, cost).await,
+        }
+    }
+
+    async fn reset(&self, key: &str, policy: &Policy) -> Result<(), Error> {
+        match &self.inner {
+            Inner::Memory(store) => store.reset(key, policy).await,
+            #[cfg(feature = "redis")]
+            Inner::Redis(store) => store.reset(key, policy).await,
+        }
+    }
+}
