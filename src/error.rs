@@ -12,6 +12,10 @@ use std::time::Duration;
 /// A configuration mistake, found when a quota, policy, key extractor, store or
 /// layer is built, never per request.
 ///
+/// It is a type of its own, apart from [`Error`], as deadpool keeps its
+/// `BuildError` apart from its `PoolError`: code that checks requests never has
+/// to match a mistake that can only happen at start-up.
+///
 /// The message names the offending value and says why it was refused. It never
 /// contains a secret: URLs are shown without their password.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -39,6 +39,16 @@
 //! # }
 //! ```
 //!
+//! ## Conventions
+//!
+//! - Builders take `self` by value and return it, and are `#[must_use]`: a
+//!   builder call whose result is dropped configures nothing, and the compiler
+//!   says so.
+//! - `with_*` is always an alternative constructor (`MemoryStore::with_max_keys`);
+//!   setters have plain names (`RedisStore::builder().prefix(..).timeout(..)`).
+//! - Mistakes in configuration are a [`ConfigError`], returned while building;
+//!   a check only ever returns an [`Error`].
+//!
 //! ## Guarantees
 //!
 //! - Time comes from one clock per store (Redis `TIME` with microseconds for
