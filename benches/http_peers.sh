@@ -15,7 +15,8 @@
 #   KEYS [10000]       client keys in the open case (x-client: c1..cN, random)
 #   VARIANTS           open case  ["none governor trlr tollgate-memory tollgate-redis"]
 #   HOT_VARIANTS       hot case   ["governor trlr tollgate-memory tollgate-redis"] ("" skips it)
-#   PORT, REDIS_PORT   fixed ports (default: free ones are picked); a busy port fails
+#   PORT, REDIS_PORT   fixed ports, failing if busy (default: free ports below the
+#                      ephemeral range are picked, and picked again if taken)
 #   PIN [1]            1: pin as below; 0: let the scheduler place everything
 #   OUT [a temp dir]   where the raw results, logs and wrk outputs are kept
 #   CARGO_TARGET_DIR   respected by the build (as cargo itself does)
@@ -54,7 +55,9 @@
 #     above 1.000 for one call per request: Redis also sees the up to CONNS
 #     requests in flight when wrk stops, which wrk does not count.
 #   - Redis µs per script call: usec_per_call of EVALSHA (Redis-side time
-#     inside the command, script included).
+#     inside the command, script included). It is wall time: with Redis sharing
+#     core 0 with the server, a preempted call counts its wait too, so prefer
+#     the CPU figure below (and benches/lua_peers.sh for the script alone).
 #   - Redis CPU µs per request: delta of used_cpu_user + used_cpu_sys of the
 #     redis-server process over the measured run, divided by wrk's requests.
 #
@@ -102,11 +105,16 @@ if [ "$pin" = 1 ] && command -v taskset >/dev/null && [ "$(nproc)" -ge 2 ]; then
 fi
 
 # --- ports -----------------------------------------------------------------
-port_busy() { ss -Htln "sport = :$1" 2>/dev/null | grep -q .; }
+# Picked below the ephemeral range, so no outgoing connection (wrk's, other
+# tests') holds them; a port counts as busy if any socket, listening or not, uses it.
+port_busy() { ss -Htan "sport = :$1" 2>/dev/null | grep -q .; }
+ephemeral_lo=$(awk '{ print $1 }' /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
+[ "$ephemeral_lo" -gt 12000 ] 2>/dev/null || ephemeral_lo=32768
 free_port() {
   local p
   for _ in $(seq 200); do
-    p=$((20000 + RANDOM % 40000))
+    p=$((10000 + RANDOM % (ephemeral_lo - 10000)))
+    if [ "$p" = "${port:-}" ] || [ "$p" = "${redis_port:-}" ]; then continue; fi
     port_busy "$p" || { echo "$p"; return; }
   done
   die "no free port found"
@@ -122,7 +130,6 @@ if [ -n "${REDIS_PORT:-}" ]; then
   redis_port=$REDIS_PORT
 else
   redis_port=$(free_port)
-  [ "$redis_port" != "$port" ] || redis_port=$(free_port)
 fi
 
 # --- build -------------------------------------------------------------------
@@ -143,7 +150,7 @@ mkdir -p "$out"
 results="$out/results.txt"
 : >"$results"
 server_pid=""
-redis_started=""
+redis_pid=""
 
 cli() { timeout 10 redis-cli -h 127.0.0.1 -p "$redis_port" "$@"; }
 
@@ -159,18 +166,43 @@ stop_server() {
 }
 cleanup() {
   stop_server
-  if [ -n "$redis_started" ]; then
-    cli shutdown nosave >/dev/null 2>&1 || kill "$(cat "$out/redis.pid" 2>/dev/null)" 2>/dev/null || true
+  if [ -n "$redis_pid" ]; then
+    # SIGTERM: redis-server exits without saving (persistence is off).
+    kill "$redis_pid" 2>/dev/null || true
+    for _ in $(seq 50); do kill -0 "$redis_pid" 2>/dev/null || break; sleep 0.1; done
   fi
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-"${pin_server[@]}" redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no \
-  --dir "$out" --daemonize yes --pidfile "$out/redis.pid" --logfile "$out/redis.log" >/dev/null
-redis_started=1
-for _ in $(seq 50); do cli ping >/dev/null 2>&1 && break; sleep 0.1; done
-cli ping >/dev/null 2>&1 || die "redis-server did not start on port $redis_port (see $out/redis.log)"
+# Ours only if the server on the port is the process our pidfile names: never
+# talk to (let alone shut down) a redis-server that someone else started.
+start_redis() {
+  rm -f "$out/redis.pid"
+  : >"$out/redis.log"
+  "${pin_server[@]}" redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no \
+    --dir "$out" --daemonize yes --pidfile "$out/redis.pid" --logfile "$out/redis.log" >/dev/null
+  local pid
+  for _ in $(seq 50); do
+    pid=$(cat "$out/redis.pid" 2>/dev/null || true)
+    if [ -n "$pid" ] && [ "$(cli info server 2>/dev/null | tr -d '\r' | sed -n 's/^process_id://p')" = "$pid" ]; then
+      redis_pid=$pid
+      return 0
+    fi
+    if grep -q aborting "$out/redis.log" 2>/dev/null; then return 1; fi
+    sleep 0.1
+  done
+  return 1
+}
+# An automatically picked port can be taken between the check and the bind
+# (other tests pick ports too): then try another one, a few times.
+for attempt in 1 2 3 4 5; do
+  if start_redis; then break; fi
+  if [ -n "${REDIS_PORT:-}" ] || [ "$attempt" = 5 ]; then
+    die "redis-server did not start on port $redis_port (see $out/redis.log)"
+  fi
+  redis_port=$(free_port)
+done
 redis_url="redis://127.0.0.1:$redis_port"
 
 # --- one run -----------------------------------------------------------------
@@ -201,7 +233,10 @@ run_one() { # case variant round
   local case=$1 v=$2 round=$3 keys=$nkeys tag="$1-$2-r$3"
   [ "$case" = hot ] && keys=1
   for _ in $(seq 50); do port_busy "$port" || break; sleep 0.1; done
-  port_busy "$port" && die "port $port is busy (another process took it?)"
+  if port_busy "$port"; then
+    [ -z "${PORT:-}" ] || die "PORT $port is busy (another process took it?)"
+    port=$(free_port)
+  fi
   if is_redis "$v"; then cli flushall >/dev/null; fi
 
   PORT=$port REDIS_URL=$redis_url "${pin_server[@]}" "$bin" "$v" "$case" >"$out/$tag.server.log" 2>&1 &
@@ -212,7 +247,10 @@ run_one() { # case variant round
     port_busy "$port" && { up=1; break; }
     sleep 0.1
   done
-  [ -n "$up" ] || { cat "$out/$tag.server.log" >&2; die "$v did not start listening on $port within 10 s"; }
+  if [ -z "$up" ] || ! kill -0 "$server_pid" 2>/dev/null; then
+    cat "$out/$tag.server.log" >&2
+    die "$v did not start listening on $port within 10 s"
+  fi
   local code
   code=$(curl -s -o /dev/null -m 5 -w '%{http_code}' -H 'x-client: probe' "http://127.0.0.1:$port/" || true)
   [ "$code" = 200 ] || { cat "$out/$tag.server.log" >&2; die "$v ($case) answered $code to a probe, not 200"; }
@@ -263,6 +301,7 @@ for v in $hot_variants; do pairs+=("hot $v"); done
 per_run=$((duration + warmup + 2))
 echo "http_peers: ${#pairs[@]} runs x $rounds rounds, about $((${#pairs[@]} * rounds * per_run / 60 + 1)) min;" \
   "wrk -t$threads -c$conns ${duration}s (+${warmup}s warm-up), $placement; raw data in $out" >&2
+load_start=$(cut -d' ' -f1 /proc/loadavg 2>/dev/null || echo '?')
 for round in $(seq "$rounds"); do
   n=${#pairs[@]}
   for i in $(seq 0 $((n - 1))); do
@@ -272,9 +311,12 @@ for round in $(seq "$rounds"); do
 done
 
 # --- report --------------------------------------------------------------------
+load_end=$(cut -d' ' -f1 /proc/loadavg 2>/dev/null || echo '?')
 echo
 echo "tollgate HTTP peers: $rounds interleaved rounds, wrk -t$threads -c$conns -d${duration}s, $nkeys keys (open) / 1 key (hot)," \
   "$(nproc) cores, $placement"
+echo "1-minute load average: $load_start before the runs, $load_end after (this benchmark alone keeps it near $(nproc));" \
+  "well above that, other work shared the machine and the figures are noise"
 awk -v order="$variants" -v hot_order="$hot_variants" '
   function median(list,    n, xs, i, j, x) {
     n = split(list, xs, " ")
