@@ -376,7 +376,7 @@ awk -v order="$variants" -v hot_order="$hot_variants" '
     if ("hot tollgate-redis" in CMDS) printf "  %-52s %6.3f\n", "hot: tollgate-redis Redis commands per request", CMDS["hot tollgate-redis"]
     if ("hot trlr" in CMDS) printf "  %-52s %6.3f\n", "hot: trlr Redis commands per request", CMDS["hot trlr"]
 
-    worst = 0
+    worst = 0; wk = "one round: no spread to show"
     for (k in SPREAD) if (SPREAD[k] > worst) { worst = SPREAD[k]; wk = k }
     printf "\nnoise: req/s spread across rounds (max-min)/median is at most %.1f%% (%s);", worst, wk
     printf " ratios closer to 1 than that are within the noise.\n"
