@@ -49,11 +49,11 @@ mod tollgate_limiter {
 
     use super::{BoxError, Case, KEY_HEADER};
 
-    fn quota(case: Case) -> Result<Quota, tollgate::Error> {
-        match case {
-            Case::Open => Quota::per_second(1_000_000),
-            Case::Hot => Quota::per_second(1)?.burst(10),
-        }
+    fn quota(case: Case) -> Result<Quota, BoxError> {
+        Ok(match case {
+            Case::Open => Quota::per_second(1_000_000)?,
+            Case::Hot => Quota::per_second(1)?.burst(10)?,
+        })
     }
 
     /// Puts tollgate in front of `router`: in memory, or in Redis at `redis_url`.
