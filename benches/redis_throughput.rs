@@ -139,11 +139,11 @@ where
 
 async fn run_store(server: &RedisServer) -> Run {
     let limiter = RateLimiter::new(server.store(), quota());
-    limiter.peek("warm-up").await.expect("warm-up");
+    let _ = limiter.peek("warm-up").await.expect("warm-up");
     drive(server, move |task, n| {
         let limiter = limiter.clone();
         async move {
-            limiter.check(&client(task, n), 1).await.expect("check");
+            let _ = limiter.check(&client(task, n), 1).await.expect("check");
         }
     })
     .await
@@ -311,7 +311,7 @@ fn main() {
 
     let store = server.store();
     let key = store.bucket_key("user:42", &quota());
-    runtime
+    let _ = runtime
         .block_on(RateLimiter::new(store, quota()).check("user:42", 1))
         .expect("check");
     let bytes: i64 = server.cmd(&["MEMORY", "USAGE", &key]);

@@ -69,7 +69,8 @@ fn redis(c: &mut Criterion) {
     let rt = runtime();
     let server = RedisServer::start();
     let store = server.store();
-    rt.block_on(store.check("warm-up", &quotas(), 1))
+    let _ = rt
+        .block_on(store.check("warm-up", &quotas(), 1))
         .expect("warm-up");
     let mut group = c.benchmark_group("redis");
     group.bench_function("check, one key", |b| {

@@ -3,8 +3,9 @@
 --
 -- KEYS[i]    one key per quota, all with the client's {hash tag} (one cluster slot)
 -- ARGV[1]    cost: tokens to spend from every bucket (0 = peek, writes nothing)
--- ARGV[2]    "" in production: the clock is Redis TIME. Tests send an explicit
---            microsecond timestamp here to control time; production calls never do.
+-- ARGV[2]    reserved, "" (this script always takes the clock from Redis TIME;
+--            only the variant the `test-util` cargo feature builds for tests,
+--            a different script with its own SHA, reads a clock from here).
 -- ARGV[3i..] per quota: capacity, num, den. The refill is num/den tokens per
 --            microsecond; levels are kept in units of 1/den token, so every refill
 --            is an exact integer. Quota checks keep capacity*den and num <= 2^52,
@@ -34,13 +35,8 @@ local function ceil_div(a, b)
 end
 
 local cost = tonumber(ARGV[1])
-local now
-if ARGV[2] ~= "" then
-  now = tonumber(ARGV[2])
-else
-  local t = redis.call("TIME")
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
+local now = redis.call("TIME") -- tollgate:clock
+now = tonumber(now[1]) * 1000000 + tonumber(now[2])
 
 local n = #KEYS
 local levels, stamps, fulls, nums, dens = {}, {}, {}, {}, {}

@@ -28,10 +28,12 @@ use crate::Quota;
 /// longest wait; for an admission, the one with the fewest tokens left.
 /// [`Decision::states`] lists every quota.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[must_use]
 pub struct Decision {
     allowed: bool,
     binding: usize,
     states: Vec<QuotaState>,
+    fallback: bool,
 }
 
 /// One quota's part in a [`Decision`].
@@ -96,7 +98,20 @@ impl Decision {
             allowed,
             binding,
             states,
+            fallback: false,
         }
+    }
+
+    /// This decision, marked as made by the in-process fallback.
+    pub(crate) fn marked_fallback(mut self) -> Self {
+        self.fallback = true;
+        self
+    }
+
+    /// True when the in-process [`Fallback`](crate::Fallback) made this
+    /// decision because the store failed: it holds for this instance only.
+    pub fn is_fallback(&self) -> bool {
+        self.fallback
     }
 
     fn binding(&self) -> Option<&QuotaState> {

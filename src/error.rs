@@ -124,8 +124,82 @@ pub enum Error {
         /// The configured key limit.
         max_keys: usize,
     },
-    /// The store failed (connection refused, Redis error reply).
+    /// The store's circuit breaker is open after repeated failures: the store
+    /// was not asked, so the answer came at once. The next probe goes out in
+    /// about `retry_in`.
+    CircuitOpen {
+        /// Time until the breaker lets the next probe through.
+        retry_in: Duration,
+    },
+    /// The store failed (connection refused, Redis error reply). [`Error::kind`]
+    /// tells what kind of failure.
     Store(Box<dyn std::error::Error + Send + Sync + 'static>),
+}
+
+/// What kind of failure an [`Error`] is, for metrics labels and policies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// [`Error::CostExceedsCapacity`].
+    CostExceedsCapacity,
+    /// [`Error::WaitTooLong`].
+    WaitTooLong,
+    /// [`Error::Timeout`].
+    Timeout,
+    /// [`Error::StoreFull`].
+    StoreFull,
+    /// [`Error::CircuitOpen`].
+    CircuitOpen,
+    /// The store could not be reached: refused, reset, or dropped connections.
+    Connection,
+    /// Redis refused a write because it is out of memory (`OOM` under
+    /// `maxmemory-policy noeviction`): admissions fail, denials still answer.
+    OutOfMemory,
+    /// Any other error reply from the store.
+    Server,
+}
+
+impl ErrorKind {
+    /// A short lowercase name (`timeout`, `connection`, `out_of_memory`...), as
+    /// used in metrics labels and log lines.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::CostExceedsCapacity => "cost_exceeds_capacity",
+            ErrorKind::WaitTooLong => "wait_too_long",
+            ErrorKind::Timeout => "timeout",
+            ErrorKind::StoreFull => "store_full",
+            ErrorKind::CircuitOpen => "circuit_open",
+            ErrorKind::Connection => "connection",
+            ErrorKind::OutOfMemory => "out_of_memory",
+            ErrorKind::Server => "server",
+        }
+    }
+}
+
+impl fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A store failure with its kind decided where it happened, boxed into
+/// [`Error::Store`].
+#[derive(Debug)]
+pub(crate) struct Classified {
+    pub(crate) kind: ErrorKind,
+    pub(crate) source: Box<dyn std::error::Error + Send + Sync + 'static>,
+}
+
+impl fmt::Display for Classified {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.source.fmt(f)
+    }
+}
+
+impl std::error::Error for Classified {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source.source()
+    }
 }
 
 impl Error {
@@ -137,13 +211,37 @@ impl Error {
     pub fn is_store_error(&self) -> bool {
         matches!(
             self,
-            Error::Timeout(_) | Error::StoreFull { .. } | Error::Store(_)
+            Error::Timeout(_)
+                | Error::StoreFull { .. }
+                | Error::CircuitOpen { .. }
+                | Error::Store(_)
         )
     }
 
+    /// What kind of failure this is.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::CostExceedsCapacity { .. } => ErrorKind::CostExceedsCapacity,
+            Error::WaitTooLong { .. } => ErrorKind::WaitTooLong,
+            Error::Timeout(_) => ErrorKind::Timeout,
+            Error::StoreFull { .. } => ErrorKind::StoreFull,
+            Error::CircuitOpen { .. } => ErrorKind::CircuitOpen,
+            Error::Store(err) => err
+                .downcast_ref::<Classified>()
+                .map_or(ErrorKind::Server, |c| c.kind),
+        }
+    }
+
+    /// A store failure of `kind`.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    pub(crate) fn store(err: impl std::error::Error + Send + Sync + 'static) -> Self {
-        Error::Store(Box::new(err))
+    pub(crate) fn store(
+        kind: ErrorKind,
+        err: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>,
+    ) -> Self {
+        Error::Store(Box::new(Classified {
+            kind,
+            source: err.into(),
+        }))
     }
 }
 
@@ -162,6 +260,11 @@ impl fmt::Display for Error {
             Error::StoreFull { max_keys } => write!(
                 f,
                 "in-memory rate limit store is full ({max_keys} keys, none refilled yet)"
+            ),
+            Error::CircuitOpen { retry_in } => write!(
+                f,
+                "rate limit store circuit breaker is open after repeated failures; \
+                 next probe in {retry_in:?}"
             ),
             Error::Store(err) => write!(f, "rate limit store failed: {err}"),
         }

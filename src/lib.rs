@@ -67,15 +67,18 @@
 
 pub mod decision;
 mod error;
+pub mod fallback;
 pub mod key;
 pub mod layer;
 pub mod limiter;
+mod observe;
 pub mod policy;
 pub mod quota;
 pub mod store;
 
 pub use decision::{Decision, QuotaState};
-pub use error::{ConfigError, ConfigErrorKind, Error};
+pub use error::{ConfigError, ConfigErrorKind, Error, ErrorKind};
+pub use fallback::Fallback;
 pub use layer::{RateLimit, RateLimitLayer};
 pub use limiter::RateLimiter;
 pub use policy::{DEFAULT_POLICY_NAME, Policy};

@@ -25,6 +25,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::fallback::Fallback;
+use crate::observe::{self, Outcome};
 use crate::store::{AnyStore, Store};
 use crate::{Decision, Error, Policy, Quota};
 
@@ -45,6 +47,24 @@ use crate::{Decision, Error, Policy, Quota};
 pub struct RateLimiter {
     store: AnyStore,
     policy: Policy,
+    fallback: Option<Fallback>,
+}
+
+/// How a check ended, for callers that need more than `Result<Decision>`.
+#[derive(Debug)]
+pub(crate) enum Decided {
+    /// The store decided.
+    Store(Decision),
+    /// The store failed with `error`; the fallback decided, under `policy`
+    /// (the quotas scaled to this instance's share).
+    Fallback {
+        decision: Decision,
+        policy: Policy,
+        error: Error,
+    },
+    /// No decision: the store failed (and the fallback too, if any), or the
+    /// cost can never be admitted.
+    Failed(Error),
 }
 
 impl RateLimiter {
@@ -54,7 +74,15 @@ impl RateLimiter {
         RateLimiter {
             store: store.into(),
             policy: policy.into(),
+            fallback: None,
         }
+    }
+
+    /// Decides with `fallback` while the store fails (see [`Fallback`]); such
+    /// decisions answer [`Decision::is_fallback`] `true`.
+    pub fn fallback(mut self, fallback: Fallback) -> Self {
+        self.fallback = Some(fallback);
+        self
     }
 
     /// The policy this limiter checks.
@@ -72,21 +100,61 @@ impl RateLimiter {
         &self.store
     }
 
-    /// Spends `cost` tokens from `key`'s buckets if every quota has them; a denied
-    /// check spends nothing. A cost of 0 only looks.
-    pub async fn check(&self, key: &str, cost: u64) -> Result<Decision, Error> {
-        self.check_policy(key, &self.policy, cost).await
+    /// The fallback, if any.
+    pub fn fallback_store(&self) -> Option<&Fallback> {
+        self.fallback.as_ref()
     }
 
-    /// [`check`](Self::check) under another policy, on the same store: what the
-    /// HTTP layer does when it chooses a policy per request.
-    pub(crate) async fn check_policy(
+    /// Spends `cost` tokens from `key`'s buckets if every quota has them; a denied
+    /// check spends nothing. A cost of 0 only looks. When the store fails and a
+    /// [`fallback`](Self::fallback) is set, the fallback decides.
+    pub async fn check(&self, key: &str, cost: u64) -> Result<Decision, Error> {
+        match self.decide(key, "limiter", &self.policy, cost).await {
+            Decided::Store(decision) | Decided::Fallback { decision, .. } => Ok(decision),
+            Decided::Failed(error) => Err(error),
+        }
+    }
+
+    /// A check under `policy` (the layer chooses one per request), falling back
+    /// when the store fails, and reported to tracing and metrics under
+    /// `key_kind` (never the key itself).
+    pub(crate) async fn decide(
         &self,
         key: &str,
+        key_kind: &str,
         policy: &Policy,
         cost: u64,
-    ) -> Result<Decision, Error> {
-        self.store.check(key, policy, cost).await
+    ) -> Decided {
+        let decided = match self.store.check(key, policy, cost).await {
+            Ok(decision) => {
+                if let Some(fallback) = &self.fallback {
+                    fallback.store_answered();
+                }
+                Decided::Store(decision)
+            }
+            Err(error) if error.is_store_error() => match &self.fallback {
+                Some(fallback) => match fallback.check(key, policy, cost, &error).await {
+                    Ok((decision, policy)) => Decided::Fallback {
+                        decision,
+                        policy,
+                        error,
+                    },
+                    Err(_) => Decided::Failed(error),
+                },
+                None => Decided::Failed(error),
+            },
+            Err(error) => Decided::Failed(error),
+        };
+        let outcome = match &decided {
+            Decided::Store(d) if d.allowed() => Outcome::Allowed,
+            Decided::Store(_) => Outcome::Limited,
+            Decided::Fallback { decision, .. } if decision.allowed() => Outcome::FallbackAllowed,
+            Decided::Fallback { .. } => Outcome::FallbackLimited,
+            Decided::Failed(e) if e.is_store_error() => Outcome::StoreError,
+            Decided::Failed(_) => Outcome::Limited,
+        };
+        observe::decision(policy.name(), key_kind, outcome);
+        decided
     }
 
     /// Like [`check`](Self::check), but waits until `cost` is admitted, as Guava's
@@ -135,7 +203,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn acquire_waits_for_the_refill() {
         let limiter = RateLimiter::new(MemoryStore::new(), Quota::per_second(2).unwrap());
-        limiter.check("k", 2).await.unwrap();
+        let _ = limiter.check("k", 2).await.unwrap();
         let start = Instant::now();
         let d = limiter
             .acquire("k", 1, Duration::from_secs(1))
@@ -148,7 +216,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn acquire_gives_up_without_sleeping_past_max_wait() {
         let limiter = RateLimiter::new(MemoryStore::new(), Quota::per_minute(1).unwrap());
-        limiter.check("k", 1).await.unwrap();
+        let _ = limiter.check("k", 1).await.unwrap();
         let start = Instant::now();
         let err = limiter
             .acquire("k", 1, Duration::from_secs(59))
@@ -163,7 +231,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn acquire_without_a_representable_deadline_waits_as_long_as_needed() {
         let limiter = RateLimiter::new(MemoryStore::new(), Quota::per_minute(1).unwrap());
-        limiter.check("k", 1).await.unwrap();
+        let _ = limiter.check("k", 1).await.unwrap();
         let d = limiter.acquire("k", 1, Duration::MAX).await.unwrap();
         assert!(d.allowed());
     }

@@ -1,6 +1,7 @@
 //! MemoryStore at its edges: a bounded number of keys, forgetting only buckets
 //! that have refilled, `StoreFull` when nothing can be forgotten, and long or
 //! hostile keys.
+#![cfg(feature = "test-util")]
 
 use std::time::Duration;
 
@@ -21,7 +22,7 @@ fn a_small_store_holds_exactly_max_keys() {
         let store = MemoryStore::with_max_keys(max).unwrap();
         let quotas = Policy::from(Quota::per_hour(1).unwrap());
         for i in 0..max {
-            store
+            let _ = store
                 .check_at(&format!("k{i}"), &quotas, 1, 0)
                 .unwrap_or_else(|e| panic!("max {max}: key {i} refused: {e}"));
         }
@@ -79,7 +80,7 @@ fn a_full_store_keeps_limiting_known_keys() {
     let store = MemoryStore::with_max_keys(10).unwrap();
     let quotas = per_second(2);
     for i in 0..10 {
-        store.check_at(&format!("k{i}"), &quotas, 2, 0).unwrap();
+        let _ = store.check_at(&format!("k{i}"), &quotas, 2, 0).unwrap();
     }
     for i in 0..100 {
         assert!(store.check_at(&format!("new{i}"), &quotas, 1, 0).is_err());
@@ -101,7 +102,7 @@ fn only_refilled_keys_are_forgotten() {
     let store = MemoryStore::with_max_keys(4).unwrap();
     let quotas = per_second(2);
     for i in 0..4 {
-        store.check_at(&format!("k{i}"), &quotas, 2, 0).unwrap();
+        let _ = store.check_at(&format!("k{i}"), &quotas, 2, 0).unwrap();
     }
     // Half a second later every bucket holds 1 of 2 tokens: none may go.
     assert!(matches!(
@@ -115,7 +116,7 @@ fn only_refilled_keys_are_forgotten() {
             .unwrap()
             .allowed()
     );
-    store.check_at("new", &quotas, 1, SECOND).unwrap();
+    let _ = store.check_at("new", &quotas, 1, SECOND).unwrap();
     assert_eq!(
         store.len(),
         2,
@@ -132,10 +133,10 @@ async fn sweep_and_reset_release_keys() {
     let fast = RateLimiter::new(store.clone(), Quota::per_second(1000).unwrap());
     let slow = RateLimiter::new(store.clone(), Quota::per_hour(1).unwrap());
     for i in 0..50 {
-        fast.check(&format!("f{i}"), 1).await.unwrap();
+        let _ = fast.check(&format!("f{i}"), 1).await.unwrap();
     }
-    slow.check("s", 1).await.unwrap();
-    slow.check("t", 1).await.unwrap();
+    let _ = slow.check("s", 1).await.unwrap();
+    let _ = slow.check("t", 1).await.unwrap();
     assert_eq!(store.len(), 52);
     tokio::time::sleep(Duration::from_millis(20)).await;
     store.sweep();

@@ -12,7 +12,7 @@
 //! `MemoryStore::check_at`, `RedisStore::check_at` (one real redis-server for the
 //! whole property, a fresh key per case) and the model, and compares every field
 //! of every quota state after every step.
-#![cfg(feature = "redis")]
+#![cfg(all(feature = "redis", feature = "test-util"))]
 
 mod support;
 

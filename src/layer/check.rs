@@ -15,6 +15,7 @@ use super::http_answer;
 use super::outcome::{After, Answer, StoreFailure};
 use super::report::{report, shadow_report};
 use crate::key::present;
+use crate::limiter::Decided;
 use crate::store::safe_key;
 use crate::{Error, Policy};
 
@@ -99,21 +100,40 @@ async fn decide(config: &Config, parts: &Parts) -> Result<After, Answer> {
     // The value is made safe here too: `from_fn` extractors return whatever
     // their closure built.
     let key = format!("{}:{kind}:{}", policy.name(), safe_key(&value));
-    match config.limiter.check_policy(&key, &policy, cost).await {
-        Ok(decision) if decision.allowed() => Ok(After {
+    match config.limiter.decide(&key, kind, &policy, cost).await {
+        Decided::Store(decision) if decision.allowed() => Ok(After {
             headers: report(config.headers, &policy, &decision),
             decision: Some(decision),
             ..After::default()
         }),
-        Ok(decision) => Err(Answer::TooMany {
+        Decided::Store(decision) => Err(Answer::TooMany {
             policy,
             decision,
             kind: kind.to_owned(),
         }),
-        Err(Error::CostExceedsCapacity { .. }) => Err(too_costly(cost, policy, kind)),
+        // The fallback decided under this instance's share of the quotas:
+        // the headers describe that share.
+        Decided::Fallback {
+            decision,
+            policy,
+            error,
+        } if decision.allowed() => Ok(After {
+            headers: report(config.headers, &policy, &decision),
+            decision: Some(decision),
+            failure: Some(StoreFailure::new(error)),
+            ..After::default()
+        }),
+        Decided::Fallback {
+            decision, policy, ..
+        } => Err(Answer::TooMany {
+            policy,
+            decision,
+            kind: kind.to_owned(),
+        }),
+        Decided::Failed(Error::CostExceedsCapacity { .. }) => Err(too_costly(cost, policy, kind)),
         // Every other error means no decision could be made; the layer never
         // turns it into a service error.
-        Err(err) => {
+        Decided::Failed(err) => {
             // A full MemoryStore is a bound, not an outage: letting the new key
             // through would let a flood of fresh keys pass unlimited.
             let full = matches!(err, Error::StoreFull { .. });
@@ -122,7 +142,7 @@ async fn decide(config: &Config, parts: &Parts) -> Result<After, Answer> {
                 return Err(Answer::StoreDown(failure));
             }
             match config.on_store_error {
-                OnStoreError::Allow => Ok(After {
+                OnStoreError::Allow | OnStoreError::Fallback(_) => Ok(After {
                     failure: Some(failure),
                     ..After::default()
                 }),

@@ -125,9 +125,9 @@ impl Default for MissingKey {
 }
 
 /// What the layer does when the store cannot decide (Redis down or slow beyond
-/// its timeout, or any other error a store returns, except
-/// [`Error::CostExceedsCapacity`](crate::Error::CostExceedsCapacity), which is
-/// answered as a request that can never be admitted).
+/// its timeout, its circuit breaker open, or any other error a store returns,
+/// except [`Error::CostExceedsCapacity`](crate::Error::CostExceedsCapacity),
+/// which is answered as a request that can never be admitted).
 ///
 /// [`Error::StoreFull`](crate::Error::StoreFull) (a full
 /// [`MemoryStore`](crate::MemoryStore) refusing a new key) is always answered as
@@ -135,10 +135,11 @@ impl Default for MissingKey {
 /// would let a flood of fresh keys through unlimited. Keys the store already
 /// holds keep being limited.
 ///
-/// Either way the failure is put into the request and response extensions as a
-/// [`StoreFailure`](crate::layer::StoreFailure), so logging or metrics layers can
-/// see it: an outage never goes unnoticed just because requests still pass.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// Whatever the policy, the failure is put into the request and response
+/// extensions as a [`StoreFailure`](crate::layer::StoreFailure) and reported to
+/// `tracing` and `metrics` (with those features), so an outage never goes
+/// unnoticed just because requests still pass.
+#[derive(Clone, Debug, Default)]
 #[non_exhaustive]
 pub enum OnStoreError {
     /// Forward the request unlimited (fail open). The default: a rate limiter
@@ -150,6 +151,13 @@ pub enum OnStoreError {
     /// `UNAVAILABLE` with a pushback of 1000 ms (see the
     /// [module docs](crate::layer#grpc-tonic)).
     Deny,
+    /// Decide with an in-process [`Fallback`](crate::Fallback) store, so limits
+    /// keep holding (per instance) through the outage; requests it decides
+    /// carry a [`Decision`](crate::Decision) with
+    /// [`is_fallback`](crate::Decision::is_fallback) and the usual headers. If
+    /// the fallback cannot decide either, the request is forwarded as with
+    /// `Allow`. See [`Fallback`](crate::Fallback) for the trade-offs.
+    Fallback(crate::Fallback),
 }
 
 /// Which rate limit headers the layer adds to responses. Set with

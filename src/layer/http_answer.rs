@@ -118,8 +118,8 @@ mod tests {
         let slow = Quota::per_hour(100).unwrap();
         let store = MemoryStore::new();
         let p = Policy::new("p", [fast, slow]).unwrap();
-        store.check_at("k", &p, 2, 0).unwrap();
-        let d = store.check_at("k", &p, 1, 100_000).unwrap();
+        let _ = store.decide_at("k", &p, 2, 0).unwrap();
+        let d = store.decide_at("k", &p, 1, 100_000).unwrap();
         let res = render(
             Answer::TooMany {
                 policy: p,

@@ -145,9 +145,14 @@ impl RateLimitLayer {
 
     /// What to do when the store cannot decide: [`OnStoreError::Allow`] (the
     /// default) forwards the request, [`OnStoreError::Deny`] answers 503 (gRPC:
-    /// `UNAVAILABLE`).
+    /// `UNAVAILABLE`), [`OnStoreError::Fallback`] decides in process.
     pub fn on_store_error(self, policy: OnStoreError) -> Self {
-        self.with(|c| c.on_store_error = policy)
+        self.with(|c| {
+            if let OnStoreError::Fallback(fallback) = &policy {
+                c.limiter = c.limiter.clone().fallback(fallback.clone());
+            }
+            c.on_store_error = policy;
+        })
     }
 
     /// Which rate limit headers to send ([`HeaderStyle::Ietf`] by default).

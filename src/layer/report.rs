@@ -223,13 +223,13 @@ mod tests {
             .unwrap();
         let store = MemoryStore::new();
         let p = policy(&[q]);
-        let mut d = store.check_at("k", &p, 1, 0).unwrap();
+        let mut d = store.decide_at("k", &p, 1, 0).unwrap();
         assert_eq!(ratelimit_value(&p, &d), "\"p\";r=4;t=10");
-        d = store.check_at("k", &p, 1, 0).unwrap();
+        d = store.decide_at("k", &p, 1, 0).unwrap();
         assert_eq!(d.reset_after(), Duration::from_secs(20));
         assert_eq!(ratelimit_value(&p, &d), "\"p\";r=3;t=10");
         // Halfway to the next token.
-        d = store.check_at("k", &p, 0, 5_000_000).unwrap();
+        d = store.decide_at("k", &p, 0, 5_000_000).unwrap();
         assert_eq!(ratelimit_value(&p, &d), "\"p\";r=3;t=5");
         // A full bucket has nothing more to come: no t.
         let fresh = store.check("other", &p, 0).await.unwrap();
@@ -242,8 +242,8 @@ mod tests {
         let slow = Quota::per_hour(100).unwrap();
         let store = MemoryStore::new();
         let p = policy(&[fast, slow]);
-        store.check_at("k", &p, 2, 0).unwrap();
-        let d = store.check_at("k", &p, 1, 100_000).unwrap();
+        let _ = store.decide_at("k", &p, 2, 0).unwrap();
+        let d = store.decide_at("k", &p, 1, 100_000).unwrap();
         assert!(!d.allowed());
         // Only the exhausted quota has a t; the hourly one still has tokens.
         assert_eq!(ratelimit_value(&p, &d), "\"p.0\";r=0;t=1, \"p.1\";r=98");
@@ -255,7 +255,7 @@ mod tests {
         let q = Quota::per_minute(6).unwrap();
         let store = MemoryStore::new();
         let p = policy(&[q]);
-        let d = store.check_at("k", &p, 1, 0).unwrap();
+        let d = store.decide_at("k", &p, 1, 0).unwrap();
         let h = report(HeaderStyle::Legacy, &p, &d);
         assert_eq!(h[X_RATELIMIT_LIMIT], "6");
         assert_eq!(h[X_RATELIMIT_REMAINING], "5");
@@ -268,7 +268,7 @@ mod tests {
         let q = Quota::per_second(3).unwrap();
         let store = MemoryStore::new();
         let p = policy(&[q]);
-        let d = store.check_at("k", &p, 1, 0).unwrap();
+        let d = store.decide_at("k", &p, 1, 0).unwrap();
         let mut target = report(HeaderStyle::Ietf, &p, &d);
         let outer = Policy::new("outer", [q]).unwrap();
         apply_report(&mut target, report(HeaderStyle::Ietf, &outer, &d));

@@ -176,10 +176,22 @@ impl MemoryStore {
         }
     }
 
-    /// `check` at an explicit microsecond clock, for tests that control time.
+    /// `check` at an explicit microsecond clock (counted from the store's
+    /// creation), for tests that control time (cargo feature `test-util`).
     /// Production code uses [`Store::check`], whose clock is tokio's `Instant`.
-    #[doc(hidden)]
+    #[cfg(feature = "test-util")]
     pub fn check_at(
+        &self,
+        key: &str,
+        policy: &Policy,
+        cost: u64,
+        now_us: u64,
+    ) -> Result<Decision, Error> {
+        self.decide_at(key, policy, cost, now_us)
+    }
+
+    /// A check at the microsecond `now_us` of this store's clock.
+    pub(crate) fn decide_at(
         &self,
         key: &str,
         policy: &Policy,
@@ -235,7 +247,7 @@ impl Sealed for MemoryStore {}
 
 impl Store for MemoryStore {
     async fn check(&self, key: &str, policy: &Policy, cost: u64) -> Result<Decision, Error> {
-        self.check_at(key, policy, cost, self.now())
+        self.decide_at(key, policy, cost, self.now())
     }
 
     async fn reset(&self, key: &str, policy: &Policy) -> Result<(), Error> {
@@ -281,15 +293,15 @@ mod tests {
         let store = MemoryStore::with_max_keys(2).unwrap();
         let q = Policy::from(Quota::per_second(1).unwrap());
         // A small store is one shard: exactly two keys fit.
-        store.check_at("k0", &q, 1, 0).unwrap();
-        store.check_at("k1", &q, 1, 0).unwrap();
-        let refused = store.check_at("k2", &q, 1, 0);
+        let _ = store.decide_at("k0", &q, 1, 0).unwrap();
+        let _ = store.decide_at("k1", &q, 1, 0).unwrap();
+        let refused = store.decide_at("k2", &q, 1, 0);
         assert!(matches!(refused, Err(Error::StoreFull { max_keys: 2 })));
         assert_eq!(store.len(), 2);
         // A second after each spend every bucket is full again: new keys fit.
         for i in 1..10 {
-            store
-                .check_at(&format!("new{i}"), &q, 1, i * 1_000_000)
+            let _ = store
+                .decide_at(&format!("new{i}"), &q, 1, i * 1_000_000)
                 .unwrap();
         }
         assert!(store.len() <= 2);
@@ -300,22 +312,22 @@ mod tests {
         let store = MemoryStore::with_max_keys(3).unwrap();
         let q = Policy::from(Quota::per_second(1).unwrap());
         for i in 0..3 {
-            store
-                .check_at(&format!("k{i}"), &q, 1, i * 100_000)
+            let _ = store
+                .decide_at(&format!("k{i}"), &q, 1, i * 100_000)
                 .unwrap();
         }
         // k0 is full again at 1 s: until then no sweep can free anything.
         for i in 0..1_000 {
-            let refused = store.check_at(&format!("flood{i}"), &q, 1, 300_000 + i);
+            let refused = store.decide_at(&format!("flood{i}"), &q, 1, 300_000 + i);
             assert!(matches!(refused, Err(Error::StoreFull { .. })));
         }
         let sweeps = |store: &MemoryStore| -> u64 {
             store.inner.shards.iter().map(|s| lock(s).sweeps).sum()
         };
         assert_eq!(sweeps(&store), 1, "one sweep for the whole flood");
-        assert!(store.check_at("late", &q, 1, 999_999).is_err());
+        assert!(store.decide_at("late", &q, 1, 999_999).is_err());
         // At 1 s k0 is forgettable: the next new key sweeps and fits.
-        store.check_at("late", &q, 1, 1_000_000).unwrap();
+        let _ = store.decide_at("late", &q, 1, 1_000_000).unwrap();
         assert_eq!(sweeps(&store), 2);
         assert_eq!(store.len(), 3);
     }
@@ -324,7 +336,7 @@ mod tests {
     fn peek_of_unknown_key_stores_nothing() {
         let store = MemoryStore::new();
         let q = Policy::from(Quota::per_second(3).unwrap());
-        let d = store.check_at("x", &q, 0, 0).unwrap();
+        let d = store.decide_at("x", &q, 0, 0).unwrap();
         assert_eq!(d.remaining(), 3);
         assert!(store.is_empty());
     }
@@ -333,7 +345,7 @@ mod tests {
     fn long_keys_are_stored_hashed() {
         let store = MemoryStore::new();
         let q = Policy::from(Quota::per_second(3).unwrap());
-        store.check_at(&"k".repeat(1 << 16), &q, 1, 0).unwrap();
+        let _ = store.decide_at(&"k".repeat(1 << 16), &q, 1, 0).unwrap();
         let shard_keys: Vec<String> = store
             .inner
             .shards

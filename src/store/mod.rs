@@ -51,6 +51,7 @@
 //! anyone.
 
 mod any;
+mod breaker;
 pub(crate) mod bucket;
 mod contract;
 mod key;
@@ -60,8 +61,13 @@ mod redis;
 mod sealed;
 
 pub use any::AnyStore;
+pub use breaker::{
+    CircuitBreaker, DEFAULT_BREAKER_FAILURES, DEFAULT_FIRST_PROBE, DEFAULT_MAX_COOLDOWN,
+};
 pub use contract::Store;
 pub use key::{MAX_RAW_KEY_LEN, hashed_key, safe_key, safe_key_bytes};
 pub use memory::{DEFAULT_MAX_KEYS, MemoryStore};
 #[cfg(feature = "redis")]
-pub use redis::{DEFAULT_PREFIX, DEFAULT_TIMEOUT, RedisStore, RedisStoreBuilder};
+pub use redis::{
+    DEFAULT_CONNECT_TIMEOUT, DEFAULT_PREFIX, DEFAULT_TIMEOUT, RedisStore, RedisStoreBuilder,
+};

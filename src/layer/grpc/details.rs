@@ -121,8 +121,8 @@ mod tests {
         let slow = Quota::per_hour(100).unwrap();
         let policy = Policy::new("api", [fast, slow]).unwrap();
         let store = MemoryStore::new();
-        store.check_at("k", &policy, 4, 0).unwrap();
-        let decision = store.check_at("k", &policy, 1, 100).unwrap();
+        let _ = store.decide_at("k", &policy, 4, 0).unwrap();
+        let decision = store.decide_at("k", &policy, 1, 100).unwrap();
         let res = too_many(Grpc::Native, &policy, decision, "ip", HeaderStyle::Ietf);
         let status = tonic::Status::from_header_map(res.headers()).unwrap();
         assert_eq!(status.code(), tonic::Code::ResourceExhausted);

@@ -223,9 +223,9 @@ mod tests {
     pub(super) fn limited() -> (Policy, Decision) {
         let policy = Policy::new("api", [Quota::per_second(4).unwrap()]).unwrap();
         let store = MemoryStore::new();
-        store.check_at("k", &policy, 4, 0).unwrap();
+        let _ = store.decide_at("k", &policy, 4, 0).unwrap();
         // 100 us later the next token is 249.9 ms away.
-        let d = store.check_at("k", &policy, 1, 100).unwrap();
+        let d = store.decide_at("k", &policy, 1, 100).unwrap();
         assert!(!d.allowed());
         (policy, d)
     }

@@ -1,0 +1,245 @@
+//! [`Fallback`]: an in-process store that decides while the shared store
+//! fails, so limits keep holding through an outage.
+//!
+//! ```
+//! use tollgate::{Fallback, MemoryStore, Quota, RateLimiter, RedisStore};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! // Four instances share the Redis limit; while Redis is down each one
+//! // enforces a quarter of it in memory.
+//! let limiter = RateLimiter::new(RedisStore::from_url("redis://127.0.0.1:6379")?, Quota::per_second(100)?)
+//!     .fallback(Fallback::memory().share(4)?);
+//! # let _ = limiter;
+//! # Ok(())
+//! # }
+//! ```
+
+use crate::observe;
+use crate::quota::MAX_PERIOD;
+use crate::store::{MemoryStore, Store};
+use crate::{ConfigError, Decision, Error, Policy, Quota};
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// Scaled policies kept per fallback; past this, they are rebuilt per call.
+const MAX_SCALED: usize = 64;
+
+/// Decides with an in-process [`MemoryStore`] while the store fails (an error,
+/// a timeout, an open circuit breaker), with the same quotas, or with each
+/// quota divided by [`share`](Self::share) instances.
+///
+/// Give it to [`RateLimiter::fallback`](crate::RateLimiter::fallback), or to
+/// the layer with
+/// [`OnStoreError::Fallback`](crate::layer::OnStoreError::Fallback). Decisions
+/// it makes say so ([`Decision::is_fallback`]); the layer also puts the store's
+/// error in the extensions as a [`StoreFailure`](crate::layer::StoreFailure).
+///
+/// Against the other store-error policies:
+///
+/// - **`Allow`** (fail open) keeps serving but limits nothing while the store
+///   is down: a flood passes.
+/// - **`Deny`** (fail closed) limits everything: the service is down for the
+///   outage.
+/// - **`Fallback`** keeps limiting each client, per instance. With `share(n)`
+///   set to the number of instances, a client spread evenly over them gets
+///   about its usual limit; one that reaches a single instance gets a share of
+///   it; one that reaches more instances than `n` gets more. Buckets start full
+///   when the fallback takes over, and the fallback's spending is not carried
+///   back to the store when it returns. Its memory is bounded like any
+///   `MemoryStore`.
+///
+/// Clones share the in-process buckets.
+#[derive(Clone)]
+#[must_use]
+pub struct Fallback {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    store: MemoryStore,
+    share: u32,
+    active: AtomicBool,
+    scaled: Mutex<Vec<(Policy, Policy)>>,
+}
+
+impl fmt::Debug for Fallback {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Fallback")
+            .field("store", &self.inner.store)
+            .field("share", &self.inner.share)
+            .field("active", &self.inner.active.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+impl Fallback {
+    /// A fallback in a new [`MemoryStore`] of the default size, with the full
+    /// quotas.
+    pub fn memory() -> Self {
+        Self::with_store(MemoryStore::new())
+    }
+
+    /// A fallback in `store`.
+    pub fn with_store(store: MemoryStore) -> Self {
+        Fallback {
+            inner: Arc::new(Inner {
+                store,
+                share: 1,
+                active: AtomicBool::new(false),
+                scaled: Mutex::new(Vec::new()),
+            }),
+        }
+    }
+
+    /// Each quota divided by `instances`: the rate becomes `1 / instances` of
+    /// the quota's (the period is multiplied, so refills stay exact, or, past
+    /// [`MAX_PERIOD`], the tokens divided, rounded up), and the burst
+    /// `capacity / instances`, rounded up, at least 1.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] when `instances` is 0.
+    pub fn share(self, instances: u32) -> Result<Self, ConfigError> {
+        if instances == 0 {
+            return Err(ConfigError::layer(
+                "Fallback::share(0): the number of instances must be at least 1",
+            ));
+        }
+        Ok(Fallback {
+            inner: Arc::new(Inner {
+                store: self.inner.store.clone(),
+                share: instances,
+                active: AtomicBool::new(false),
+                scaled: Mutex::new(Vec::new()),
+            }),
+        })
+    }
+
+    /// The in-process store.
+    pub fn store(&self) -> &MemoryStore {
+        &self.inner.store
+    }
+
+    /// The number of instances each quota is shared by.
+    pub fn instances(&self) -> u32 {
+        self.inner.share
+    }
+
+    /// True while the store fails and this fallback decides.
+    pub fn is_active(&self) -> bool {
+        self.inner.active.load(Ordering::Relaxed)
+    }
+
+    /// Decides in memory for a store that failed with `error`; the policy the
+    /// decision was made under comes back with it.
+    pub(crate) async fn check(
+        &self,
+        key: &str,
+        policy: &Policy,
+        cost: u64,
+        error: &Error,
+    ) -> Result<(Decision, Policy), Error> {
+        if !self.inner.active.swap(true, Ordering::AcqRel) {
+            observe::fallback(true, Some(error));
+        }
+        let scaled = self.scaled(policy);
+        let decision = self.inner.store.check(key, &scaled, cost).await?;
+        Ok((decision.marked_fallback(), scaled))
+    }
+
+    /// The store answered: if this fallback was deciding, it stops.
+    pub(crate) fn store_answered(&self) {
+        if self.inner.active.load(Ordering::Relaxed)
+            && self.inner.active.swap(false, Ordering::AcqRel)
+        {
+            observe::fallback(false, None);
+        }
+    }
+
+    fn scaled(&self, policy: &Policy) -> Policy {
+        if self.inner.share == 1 {
+            return policy.clone();
+        }
+        let mut cache = self
+            .inner
+            .scaled
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some((_, scaled)) = cache.iter().find(|(p, _)| p == policy) {
+            return scaled.clone();
+        }
+        let scaled = scale_policy(policy, self.inner.share);
+        if cache.len() < MAX_SCALED {
+            cache.push((policy.clone(), scaled.clone()));
+        }
+        scaled
+    }
+}
+
+fn scale_policy(policy: &Policy, instances: u32) -> Policy {
+    let quotas: Vec<Quota> = policy
+        .quotas()
+        .iter()
+        .map(|q| scale(*q, instances))
+        .collect();
+    // Scaled quotas of distinct quotas may coincide; keep the policy's own then.
+    Policy::new(policy.name(), quotas).unwrap_or_else(|_| policy.clone())
+}
+
+/// `quota` at `1 / instances` of its rate and burst (see [`Fallback::share`]).
+fn scale(quota: Quota, instances: u32) -> Quota {
+    let n = u64::from(instances);
+    let capacity = quota.capacity().div_ceil(n).max(1);
+    let longer = quota
+        .period()
+        .checked_mul(instances)
+        .filter(|p| *p <= MAX_PERIOD)
+        .and_then(|period| Quota::new(quota.tokens(), period).ok());
+    let fewer = || Quota::new(quota.tokens().div_ceil(n).max(1), quota.period()).ok();
+    longer
+        .or_else(fewer)
+        .and_then(|q| q.burst(capacity).ok())
+        .unwrap_or(quota)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn shares_divide_rate_and_burst() {
+        let q = Quota::per_second(100).unwrap().burst(50).unwrap();
+        let s = scale(q, 4);
+        assert_eq!(s.capacity(), 13);
+        assert_eq!(s.tokens(), 100);
+        assert_eq!(s.period(), Duration::from_secs(4));
+        // 25 a second: 13 tokens refill in 0.52 s.
+        assert_eq!(s.refill_time(), Duration::from_millis(520));
+        // A yearly quota cannot take a longer period: fewer tokens instead.
+        let yearly = Quota::new(10, MAX_PERIOD).unwrap();
+        let s = scale(yearly, 3);
+        assert_eq!((s.tokens(), s.period(), s.capacity()), (4, MAX_PERIOD, 4));
+        assert_eq!(scale(q, 1), q);
+        assert!(Fallback::memory().share(0).is_err());
+    }
+
+    #[tokio::test]
+    async fn decisions_say_they_came_from_the_fallback_and_use_the_share() {
+        let fallback = Fallback::memory().share(2).unwrap();
+        let policy = Policy::from(Quota::per_minute(4).unwrap());
+        let error = Error::Timeout(Duration::from_millis(1));
+        for left in [1, 0] {
+            let (d, scaled) = fallback.check("k", &policy, 1, &error).await.unwrap();
+            assert!(d.is_fallback() && d.allowed());
+            assert_eq!(d.remaining(), left);
+            assert_eq!(scaled.quotas()[0].capacity(), 2);
+        }
+        assert!(fallback.is_active());
+        let (d, _) = fallback.check("k", &policy, 1, &error).await.unwrap();
+        assert!(!d.allowed());
+        fallback.store_answered();
+        assert!(!fallback.is_active());
+    }
+}

@@ -1,0 +1,240 @@
+//! What the crate reports about itself: `tracing` events (cargo feature
+//! `tracing`) and `metrics` facade counters, gauges and histograms (cargo
+//! feature `metrics`). Without those features every function here does nothing
+//! and costs nothing. The names and labels are documented in
+//! `src/docs/observability.md`.
+//!
+//! No event or label ever carries a client key: only policy names, key kinds
+//! (`ip`, `header:x-api-key`), outcomes and error kinds.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::error::{Error, ErrorKind};
+
+/// How often at most a store error of one kind is logged; the others in
+/// between are counted and the count is logged with the next one.
+pub(crate) const ERROR_LOG_INTERVAL: Duration = Duration::from_secs(5);
+
+/// The outcome of one decision, as counted in `tollgate_decisions_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// The store admitted the request.
+    Allowed,
+    /// The store denied it.
+    Limited,
+    /// The store failed; the in-process fallback admitted it.
+    FallbackAllowed,
+    /// The store failed; the in-process fallback denied it.
+    FallbackLimited,
+    /// No decision: the store failed and no fallback decided.
+    StoreError,
+}
+
+impl Outcome {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Allowed => "allowed",
+            Outcome::Limited => "limited",
+            Outcome::FallbackAllowed => "fallback_allowed",
+            Outcome::FallbackLimited => "fallback_limited",
+            Outcome::StoreError => "store_error",
+        }
+    }
+}
+
+/// The state of a store's circuit breaker, as the `tollgate_breaker_state`
+/// gauge reports it (0, 1, 2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum BreakerState {
+    Closed = 0,
+    HalfOpen = 1,
+    Open = 2,
+}
+
+/// One decision: a debug event and a counter.
+pub(crate) fn decision(policy: &str, key_kind: &str, outcome: Outcome) {
+    #[cfg(feature = "tracing")]
+    tracing::debug!(
+        target: "tollgate",
+        policy,
+        key_kind,
+        outcome = outcome.as_str(),
+        "rate limit decision"
+    );
+    #[cfg(feature = "metrics")]
+    metrics::counter!(
+        "tollgate_decisions_total",
+        "policy" => policy.to_owned(),
+        "outcome" => outcome.as_str()
+    )
+    .increment(1);
+    #[cfg(not(any(feature = "tracing", feature = "metrics")))]
+    let _ = (policy, key_kind, outcome);
+}
+
+/// One call to a store (a check or a reset), however it ended.
+pub(crate) fn store_call(store: &'static str, elapsed: Duration, error: Option<ErrorKind>) {
+    #[cfg(feature = "metrics")]
+    metrics::histogram!(
+        "tollgate_store_call_duration_seconds",
+        "store" => store,
+        "result" => error.map_or("ok", ErrorKind::as_str)
+    )
+    .record(elapsed.as_secs_f64());
+    #[cfg(not(feature = "metrics"))]
+    let _ = (store, elapsed, error);
+}
+
+/// A store error: counted always, logged at most once per kind per
+/// [`ERROR_LOG_INTERVAL`] (see [`LogThrottle`]).
+pub(crate) fn store_error(store: &'static str, error: &Error, throttle: &LogThrottle) {
+    let kind = error.kind();
+    #[cfg(feature = "metrics")]
+    metrics::counter!(
+        "tollgate_store_errors_total",
+        "store" => store,
+        "kind" => kind.as_str()
+    )
+    .increment(1);
+    if let Some(suppressed) = throttle.admit(kind) {
+        #[cfg(feature = "tracing")]
+        tracing::warn!(
+            target: "tollgate",
+            store,
+            kind = kind.as_str(),
+            suppressed,
+            "rate limit store error: {error}"
+        );
+        #[cfg(not(feature = "tracing"))]
+        let _ = suppressed;
+    }
+    #[cfg(not(any(feature = "tracing", feature = "metrics")))]
+    let _ = (store, kind);
+}
+
+/// The circuit breaker changed state.
+pub(crate) fn breaker(store: &'static str, state: BreakerState, detail: BreakerDetail) {
+    #[cfg(feature = "metrics")]
+    metrics::gauge!("tollgate_breaker_state", "store" => store).set(state as u8 as f64);
+    #[cfg(feature = "tracing")]
+    match (state, detail) {
+        (BreakerState::Open, BreakerDetail::Opened { failures, probe_in }) => tracing::warn!(
+            target: "tollgate",
+            store,
+            failures,
+            probe_in_ms = probe_in.as_millis() as u64,
+            "rate limit store circuit breaker opened: answering at once without the store"
+        ),
+        (BreakerState::Open, BreakerDetail::ProbeFailed { probe_in }) => tracing::debug!(
+            target: "tollgate",
+            store,
+            probe_in_ms = probe_in.as_millis() as u64,
+            "rate limit store probe failed; circuit breaker stays open"
+        ),
+        (BreakerState::HalfOpen, _) => tracing::debug!(
+            target: "tollgate",
+            store,
+            "rate limit store circuit breaker half-open: one probe goes through"
+        ),
+        (BreakerState::Closed, _) => tracing::info!(
+            target: "tollgate",
+            store,
+            "rate limit store circuit breaker closed: the store answers again"
+        ),
+        (BreakerState::Open, BreakerDetail::None) => {}
+    }
+    #[cfg(not(any(feature = "tracing", feature = "metrics")))]
+    let _ = (store, state, detail);
+}
+
+/// What a breaker transition reports besides its new state.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum BreakerDetail {
+    None,
+    Opened { failures: u32, probe_in: Duration },
+    ProbeFailed { probe_in: Duration },
+}
+
+/// The in-process fallback started deciding (`active`) or stopped.
+pub(crate) fn fallback(active: bool, error: Option<&Error>) {
+    #[cfg(feature = "metrics")]
+    metrics::gauge!("tollgate_fallback_active").set(if active { 1.0 } else { 0.0 });
+    #[cfg(feature = "tracing")]
+    if active {
+        match error {
+            Some(error) => tracing::warn!(
+                target: "tollgate",
+                kind = error.kind().as_str(),
+                "rate limit store unavailable, deciding with the in-process fallback: {error}"
+            ),
+            None => tracing::warn!(
+                target: "tollgate",
+                "rate limit store unavailable, deciding with the in-process fallback"
+            ),
+        }
+    } else {
+        tracing::info!(
+            target: "tollgate",
+            "rate limit store answers again; the in-process fallback stopped deciding"
+        );
+    }
+    #[cfg(not(any(feature = "tracing", feature = "metrics")))]
+    let _ = (active, error);
+}
+
+/// Lets one log line per error kind through per [`ERROR_LOG_INTERVAL`].
+#[derive(Debug, Default)]
+pub(crate) struct LogThrottle {
+    kinds: Mutex<Vec<(ErrorKind, Instant, u64)>>,
+}
+
+impl LogThrottle {
+    /// `Some(n)` when an error of `kind` may be logged now, `n` being how many
+    /// were suppressed since the last one logged; `None` to suppress it.
+    pub(crate) fn admit(&self, kind: ErrorKind) -> Option<u64> {
+        let now = Instant::now();
+        let mut kinds = self
+            .kinds
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        match kinds.iter_mut().find(|(k, _, _)| *k == kind) {
+            None => {
+                kinds.push((kind, now, 0));
+                Some(0)
+            }
+            Some((_, last, suppressed)) if now.duration_since(*last) >= ERROR_LOG_INTERVAL => {
+                let n = *suppressed;
+                *last = now;
+                *suppressed = 0;
+                Some(n)
+            }
+            Some((_, _, suppressed)) => {
+                *suppressed += 1;
+                None
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn one_line_per_kind_per_interval_with_the_count_of_the_rest() {
+        let t = LogThrottle::default();
+        assert_eq!(t.admit(ErrorKind::Timeout), Some(0));
+        for _ in 0..41 {
+            assert_eq!(t.admit(ErrorKind::Timeout), None);
+        }
+        // Another kind has its own budget.
+        assert_eq!(t.admit(ErrorKind::Connection), Some(0));
+        tokio::time::advance(ERROR_LOG_INTERVAL).await;
+        assert_eq!(t.admit(ErrorKind::Timeout), Some(41));
+        assert_eq!(t.admit(ErrorKind::Timeout), None);
+        assert_eq!(t.admit(ErrorKind::Connection), Some(0));
+    }
+}

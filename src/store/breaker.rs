@@ -1,0 +1,429 @@
+//! [`CircuitBreaker`]: when a store keeps failing, stop asking it, answer at
+//! once, and let one probe through now and then.
+//!
+//! A store that hangs (a frozen primary, a blackholed route) would otherwise
+//! make every request wait the store timeout; behind the breaker it costs one
+//! timeout per probe instead.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::ConfigError;
+use crate::observe::{self, BreakerDetail, BreakerState};
+
+/// Consecutive failures that open the breaker, by default.
+pub const DEFAULT_BREAKER_FAILURES: u32 = 3;
+/// The first cool-down after the breaker opens, by default.
+pub const DEFAULT_FIRST_PROBE: Duration = Duration::from_millis(250);
+/// The longest cool-down between probes, by default.
+pub const DEFAULT_MAX_COOLDOWN: Duration = Duration::from_secs(1);
+
+/// The circuit breaker of a store: after [`failures`](Self::failures)
+/// consecutive failures or timeouts it opens, and checks fail at once with
+/// [`Error::CircuitOpen`](crate::Error::CircuitOpen) (so the layer's
+/// store-error policy or fallback applies without any wait). After a cool-down
+/// exactly one check goes through as a probe; if it succeeds the breaker closes,
+/// otherwise the cool-down doubles, up to [`max_cooldown`](Self::max_cooldown).
+/// Each cool-down is shortened by a random jitter of up to half, so instances
+/// do not probe in step.
+///
+/// Defaults: open after 3 consecutive failures, first probe after 250 ms,
+/// cool-downs of at most 1 s. The cap is short on purpose: once the store is
+/// back, decisions resume within a cool-down, so within a second, while a probe
+/// costs one request at most one store timeout per second.
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate::RedisStore;
+/// use tollgate::store::CircuitBreaker;
+///
+/// # fn main() -> Result<(), tollgate::ConfigError> {
+/// let store = RedisStore::builder()
+///     .url("redis://127.0.0.1:6379")
+///     .circuit_breaker(
+///         CircuitBreaker::new()
+///             .failures(5)
+///             .first_probe(Duration::from_millis(500))
+///             .max_cooldown(Duration::from_secs(5)),
+///     )
+///     .build()?;
+/// # let _ = store;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use]
+pub struct CircuitBreaker {
+    enabled: bool,
+    failures: u32,
+    first_probe: Duration,
+    max_cooldown: Duration,
+}
+
+impl Default for CircuitBreaker {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl CircuitBreaker {
+    /// The default breaker (see the type docs).
+    pub fn new() -> Self {
+        CircuitBreaker {
+            enabled: true,
+            failures: DEFAULT_BREAKER_FAILURES,
+            first_probe: DEFAULT_FIRST_PROBE,
+            max_cooldown: DEFAULT_MAX_COOLDOWN,
+        }
+    }
+
+    /// No breaker: every check asks the store and waits up to its timeout.
+    pub fn disabled() -> Self {
+        CircuitBreaker {
+            enabled: false,
+            ..Self::new()
+        }
+    }
+
+    /// Consecutive failures or timeouts that open the breaker (at least 1).
+    pub fn failures(mut self, failures: u32) -> Self {
+        self.failures = failures;
+        self
+    }
+
+    /// The cool-down before the first probe (at least 1 ms).
+    pub fn first_probe(mut self, cooldown: Duration) -> Self {
+        self.first_probe = cooldown;
+        self
+    }
+
+    /// The longest cool-down between probes (at least the first one, at most
+    /// 10 minutes).
+    pub fn max_cooldown(mut self, cooldown: Duration) -> Self {
+        self.max_cooldown = cooldown;
+        self
+    }
+
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        if self.failures == 0 {
+            return Err(ConfigError::store(
+                "circuit breaker: failures must be at least 1 (or use CircuitBreaker::disabled())",
+            ));
+        }
+        if self.first_probe < Duration::from_millis(1)
+            || self.max_cooldown < self.first_probe
+            || self.max_cooldown > Duration::from_secs(600)
+        {
+            return Err(ConfigError::store(format!(
+                "circuit breaker: first probe {:?} must be at least 1ms and at most the \
+                 maximum cool-down {:?}, itself at most 10 minutes",
+                self.first_probe, self.max_cooldown
+            )));
+        }
+        Ok(())
+    }
+}
+
+const CLOSED: u8 = BreakerState::Closed as u8;
+const HALF_OPEN: u8 = BreakerState::HalfOpen as u8;
+const OPEN: u8 = BreakerState::Open as u8;
+
+/// What the breaker says to one call.
+#[derive(Debug)]
+pub(crate) enum Admit {
+    /// Closed: go ahead.
+    Go,
+    /// This call is the probe. Report its result with the guard.
+    Probe(ProbeGuard),
+    /// Open: fail at once; the next probe is due in this long.
+    Reject(Duration),
+}
+
+/// A running circuit breaker, shared by the clones of one store.
+#[derive(Debug)]
+pub(crate) struct Breaker {
+    config: CircuitBreaker,
+    store: &'static str,
+    state: AtomicU8,
+    failures: AtomicU32,
+    open: Mutex<Cooldown>,
+    rng: AtomicU64,
+}
+
+#[derive(Debug)]
+struct Cooldown {
+    until: Instant,
+    length: Duration,
+}
+
+impl Breaker {
+    pub(crate) fn new(config: CircuitBreaker, store: &'static str) -> Self {
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0x9e37_79b9_7f4a_7c15, |d| d.as_nanos() as u64)
+            ^ (&config as *const CircuitBreaker as u64);
+        Breaker {
+            config,
+            store,
+            state: AtomicU8::new(CLOSED),
+            failures: AtomicU32::new(0),
+            open: Mutex::new(Cooldown {
+                until: Instant::now(),
+                length: config.first_probe,
+            }),
+            rng: AtomicU64::new(seed | 1),
+        }
+    }
+
+    /// Whether a call may go to the store now.
+    pub(crate) fn admit(self: &std::sync::Arc<Self>) -> Admit {
+        if !self.config.enabled {
+            return Admit::Go;
+        }
+        match self.state.load(Ordering::Acquire) {
+            CLOSED => Admit::Go,
+            HALF_OPEN => Admit::Reject(self.config.first_probe.min(self.remaining())),
+            _ => {
+                let now = Instant::now();
+                let until = self.cooldown().until;
+                if now < until {
+                    return Admit::Reject(until - now);
+                }
+                // Exactly one caller wins the probe.
+                if self
+                    .state
+                    .compare_exchange(OPEN, HALF_OPEN, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+                {
+                    observe::breaker(self.store, BreakerState::HalfOpen, BreakerDetail::None);
+                    Admit::Probe(ProbeGuard {
+                        breaker: Some(std::sync::Arc::clone(self)),
+                    })
+                } else {
+                    Admit::Reject(self.config.first_probe)
+                }
+            }
+        }
+    }
+
+    /// A call (not a probe) succeeded.
+    pub(crate) fn success(&self) {
+        if self.failures.load(Ordering::Relaxed) != 0 {
+            self.failures.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// A call (not a probe) failed.
+    pub(crate) fn failure(&self) {
+        if !self.config.enabled {
+            return;
+        }
+        let failures = self.failures.fetch_add(1, Ordering::AcqRel) + 1;
+        if failures >= self.config.failures
+            && self
+                .state
+                .compare_exchange(CLOSED, OPEN, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        {
+            let probe_in = self.start_cooldown(self.config.first_probe);
+            observe::breaker(
+                self.store,
+                BreakerState::Open,
+                BreakerDetail::Opened { failures, probe_in },
+            );
+        }
+    }
+
+    /// Whether the breaker is closed now.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.state.load(Ordering::Acquire) == CLOSED
+    }
+
+    fn probe_done(&self, ok: bool) {
+        if ok {
+            self.failures.store(0, Ordering::Relaxed);
+            self.cooldown().length = self.config.first_probe;
+            self.state.store(CLOSED, Ordering::Release);
+            observe::breaker(self.store, BreakerState::Closed, BreakerDetail::None);
+        } else {
+            let longer = self
+                .cooldown()
+                .length
+                .saturating_mul(2)
+                .min(self.config.max_cooldown);
+            let probe_in = self.start_cooldown(longer);
+            self.state.store(OPEN, Ordering::Release);
+            observe::breaker(
+                self.store,
+                BreakerState::Open,
+                BreakerDetail::ProbeFailed { probe_in },
+            );
+        }
+    }
+
+    /// Starts a cool-down of `length`, less a random jitter of up to half.
+    fn start_cooldown(&self, length: Duration) -> Duration {
+        let jittered = length.mul_f64(1.0 - 0.5 * self.random());
+        let mut c = self.cooldown();
+        c.length = length;
+        c.until = Instant::now() + jittered;
+        jittered
+    }
+
+    fn remaining(&self) -> Duration {
+        self.cooldown()
+            .until
+            .saturating_duration_since(Instant::now())
+    }
+
+    fn cooldown(&self) -> std::sync::MutexGuard<'_, Cooldown> {
+        self.open
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// A number in [0, 1) from a xorshift generator: jitter needs no more.
+    fn random(&self) -> f64 {
+        let mut x = self.rng.load(Ordering::Relaxed);
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.rng.store(x, Ordering::Relaxed);
+        (x >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// The right to probe. Dropped without a result (the caller gave up, the
+/// request was cancelled), it counts as a failed probe, so the breaker never
+/// stays half-open waiting for an answer that will not come.
+#[derive(Debug)]
+pub(crate) struct ProbeGuard {
+    breaker: Option<std::sync::Arc<Breaker>>,
+}
+
+impl ProbeGuard {
+    pub(crate) fn done(mut self, ok: bool) {
+        if let Some(b) = self.breaker.take() {
+            b.probe_done(ok);
+        }
+    }
+}
+
+impl Drop for ProbeGuard {
+    fn drop(&mut self) {
+        if let Some(b) = self.breaker.take() {
+            b.probe_done(false);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn breaker() -> Arc<Breaker> {
+        Arc::new(Breaker::new(CircuitBreaker::new(), "test"))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn opens_after_consecutive_failures_and_probes_once() {
+        let b = breaker();
+        for _ in 0..2 {
+            assert!(matches!(b.admit(), Admit::Go));
+            b.failure();
+        }
+        // A success in between resets the count.
+        b.success();
+        for _ in 0..2 {
+            b.failure();
+        }
+        assert!(b.is_closed());
+        b.failure();
+        assert!(!b.is_closed());
+        let Admit::Reject(wait) = b.admit() else {
+            panic!("open breaker let a call through")
+        };
+        assert!(
+            wait <= DEFAULT_FIRST_PROBE && wait >= DEFAULT_FIRST_PROBE / 2,
+            "{wait:?}"
+        );
+        tokio::time::advance(DEFAULT_FIRST_PROBE).await;
+        let Admit::Probe(probe) = b.admit() else {
+            panic!("no probe after the cool-down")
+        };
+        // Never more than one probe in flight.
+        for _ in 0..100 {
+            assert!(matches!(b.admit(), Admit::Reject(_)));
+        }
+        probe.done(true);
+        assert!(b.is_closed());
+        assert!(matches!(b.admit(), Admit::Go));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn failed_probes_double_the_cooldown_up_to_the_cap() {
+        let b = breaker();
+        for _ in 0..3 {
+            b.failure();
+        }
+        let mut expected = DEFAULT_FIRST_PROBE;
+        for _ in 0..6 {
+            tokio::time::advance(expected).await;
+            let Admit::Probe(probe) = b.admit() else {
+                panic!("no probe after {expected:?}")
+            };
+            probe.done(false);
+            expected = (expected * 2).min(DEFAULT_MAX_COOLDOWN);
+            let Admit::Reject(wait) = b.admit() else {
+                panic!("closed after a failed probe")
+            };
+            assert!(
+                wait <= expected && wait >= expected / 2,
+                "{wait:?} vs {expected:?}"
+            );
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_dropped_probe_counts_as_failed() {
+        let b = breaker();
+        for _ in 0..3 {
+            b.failure();
+        }
+        tokio::time::advance(DEFAULT_FIRST_PROBE).await;
+        let Admit::Probe(probe) = b.admit() else {
+            panic!("no probe")
+        };
+        drop(probe);
+        assert!(!b.is_closed());
+        tokio::time::advance(DEFAULT_MAX_COOLDOWN).await;
+        assert!(matches!(b.admit(), Admit::Probe(_)));
+    }
+
+    #[test]
+    fn a_disabled_breaker_never_opens_and_configs_are_checked() {
+        let b = Arc::new(Breaker::new(CircuitBreaker::disabled(), "test"));
+        for _ in 0..100 {
+            b.failure();
+        }
+        assert!(matches!(b.admit(), Admit::Go));
+        assert!(CircuitBreaker::new().failures(0).validate().is_err());
+        assert!(
+            CircuitBreaker::new()
+                .first_probe(Duration::ZERO)
+                .validate()
+                .is_err()
+        );
+        assert!(
+            CircuitBreaker::new()
+                .first_probe(Duration::from_secs(2))
+                .validate()
+                .is_err()
+        );
+        assert!(CircuitBreaker::new().validate().is_ok());
+    }
+}

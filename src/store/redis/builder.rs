@@ -1,0 +1,292 @@
+//! [`RedisStoreBuilder`]: how a [`RedisStore`] is configured, checked when it
+//! is built.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use deadpool_redis::Pool;
+use redis::{ConnectionAddr, IntoConnectionInfo};
+
+use super::connection::{Link, Source};
+use super::store::{Parts, RedisStore};
+use crate::ConfigError;
+use crate::store::breaker::{Breaker, CircuitBreaker};
+
+/// Default key prefix of [`RedisStore`].
+pub const DEFAULT_PREFIX: &str = "tollgate:";
+
+/// Default per-call timeout of [`RedisStore`].
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
+
+/// Default connect timeout of [`RedisStore`].
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Where a [`RedisStoreBuilder`] gets its connections.
+enum Target {
+    Url(String),
+    Pool(Pool),
+}
+
+/// Configures a [`RedisStore`]; made by [`RedisStore::builder`].
+///
+/// Setters take the builder by value and never fail; [`build`](Self::build)
+/// checks everything at once and reports the first mistake.
+#[must_use]
+pub struct RedisStoreBuilder {
+    target: Option<Target>,
+    prefix: String,
+    timeout: Duration,
+    connect_timeout: Duration,
+    breaker: CircuitBreaker,
+}
+
+impl fmt::Debug for RedisStoreBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let target = match &self.target {
+            None => "none".to_owned(),
+            Some(Target::Url(url)) => redact(url),
+            Some(Target::Pool(_)) => "application pool".to_owned(),
+        };
+        f.debug_struct("RedisStoreBuilder")
+            .field("target", &target)
+            .field("prefix", &self.prefix)
+            .field("timeout", &self.timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("breaker", &self.breaker)
+            .finish()
+    }
+}
+
+impl RedisStore {
+    /// A store for the Redis at `url` (`redis://[user:password@]host:port/db`)
+    /// with the default settings. Nothing is connected until the first check
+    /// (or [`ping`](Self::ping)).
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] when the URL cannot be parsed; the message shows the
+    /// URL without its password.
+    pub fn from_url(url: &str) -> Result<Self, ConfigError> {
+        Self::builder().url(url).build()
+    }
+
+    /// A store over the application's own deadpool-redis pool, with the default
+    /// settings. It takes one connection from the pool and keeps it.
+    pub fn from_pool(pool: Pool) -> Self {
+        match Self::builder().pool(pool).build() {
+            Ok(store) => store,
+            // The defaults with a pool cannot fail to build.
+            Err(e) => unreachable!("{e}"),
+        }
+    }
+
+    /// A builder to change the defaults: prefix ([`DEFAULT_PREFIX`]), call
+    /// timeout ([`DEFAULT_TIMEOUT`]), connect timeout
+    /// ([`DEFAULT_CONNECT_TIMEOUT`]) and circuit breaker
+    /// ([`CircuitBreaker::new`]).
+    pub fn builder() -> RedisStoreBuilder {
+        RedisStoreBuilder {
+            target: None,
+            prefix: DEFAULT_PREFIX.to_owned(),
+            timeout: DEFAULT_TIMEOUT,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            breaker: CircuitBreaker::new(),
+        }
+    }
+}
+
+impl RedisStoreBuilder {
+    /// Connects to the Redis at `url` (`redis://[user:password@]host:port/db`).
+    pub fn url(mut self, url: impl Into<String>) -> Self {
+        self.target = Some(Target::Url(url.into()));
+        self
+    }
+
+    /// Takes one connection from the application's own deadpool-redis pool and
+    /// keeps it (see [`RedisStore`]).
+    pub fn pool(mut self, pool: Pool) -> Self {
+        self.target = Some(Target::Pool(pool));
+        self
+    }
+
+    /// The key prefix ([`DEFAULT_PREFIX`] otherwise). It must be at most 64
+    /// bytes of `[A-Za-z0-9._:/-]`, so it can neither hide a `{hash tag}` nor
+    /// bloat every key.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// The per-call timeout ([`DEFAULT_TIMEOUT`] otherwise): a check that takes
+    /// longer fails with [`Error::Timeout`](crate::Error::Timeout). Must be
+    /// between 1 ms and 60 s.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// How long one connect may take ([`DEFAULT_CONNECT_TIMEOUT`] otherwise),
+    /// TLS handshake and authentication included. Connects run apart from the
+    /// calls, so this may be longer than the call timeout: a slow connect still
+    /// completes and serves later calls. Must be between 1 ms and 60 s.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// The circuit breaker ([`CircuitBreaker::new`] otherwise).
+    pub fn circuit_breaker(mut self, breaker: CircuitBreaker) -> Self {
+        self.breaker = breaker;
+        self
+    }
+
+    /// The store, or the first configuration mistake.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] when no URL or pool was given, the URL cannot be
+    /// parsed (the message shows it without its password), or the prefix, a
+    /// timeout or the breaker is out of range.
+    pub fn build(self) -> Result<RedisStore, ConfigError> {
+        let ok = self.prefix.len() <= 64
+            && self
+                .prefix
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._:/-".contains(&b));
+        if !ok {
+            return Err(ConfigError::store(format!(
+                "key prefix {:?} must be at most 64 bytes of [A-Za-z0-9._:/-]",
+                self.prefix
+            )));
+        }
+        for (what, t) in [
+            ("store timeout", self.timeout),
+            ("connect timeout", self.connect_timeout),
+        ] {
+            if t < Duration::from_millis(1) || t > Duration::from_secs(60) {
+                return Err(ConfigError::store(format!(
+                    "{what} {t:?} must be between 1ms and 60s"
+                )));
+            }
+        }
+        self.breaker.validate()?;
+        let (source, host) = match self.target {
+            None => {
+                return Err(ConfigError::store(
+                    "RedisStore needs a URL or a pool: call .url(..) or .pool(..)",
+                ));
+            }
+            Some(Target::Pool(pool)) => (Source::Pool(pool), "the application's pool".into()),
+            Some(Target::Url(url)) => {
+                let invalid = |why: String| {
+                    ConfigError::store(format!("Redis URL {}: {}", redact(&url), redact(&why)))
+                };
+                let info = url
+                    .as_str()
+                    .into_connection_info()
+                    .map_err(|e| invalid(e.to_string()))?;
+                let host = host_of(info.addr());
+                let client = redis::Client::open(info).map_err(|e| invalid(e.to_string()))?;
+                (Source::Client(client), host)
+            }
+        };
+        Ok(RedisStore::assemble(Parts {
+            link: Link::new(source, host, self.timeout, self.connect_timeout),
+            breaker: Breaker::new(self.breaker, "redis"),
+            prefix: self.prefix,
+            timeout: self.timeout,
+            connect_timeout: self.connect_timeout,
+        }))
+    }
+}
+
+/// `host:port` (or the socket path) of an address, for messages.
+fn host_of(addr: &ConnectionAddr) -> Arc<str> {
+    match addr {
+        ConnectionAddr::Tcp(host, port) | ConnectionAddr::TcpTls { host, port, .. } => {
+            format!("{host}:{port}").into()
+        }
+        ConnectionAddr::Unix(path) => path.display().to_string().into(),
+        other => other.to_string().into(),
+    }
+}
+
+/// `url` with any password replaced by `***`, for messages: a URL is
+/// configuration, and its userinfo may hold a secret.
+pub(crate) fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    // The last '@' ends the userinfo, even when an unencoded password holds
+    // '@' or '/' (Redis URLs have no '@' after the host).
+    match rest.rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let user = match userinfo.split_once(':') {
+                Some((user, _)) => format!("{user}:***"),
+                None => String::from("***"),
+            };
+            format!("{scheme}://{user}@{host}")
+        }
+        None => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_never_appear_in_messages() {
+        assert_eq!(
+            redact("redis://:s3cret@cache.internal:6379/0"),
+            "redis://:***@cache.internal:6379/0"
+        );
+        assert_eq!(
+            redact("rediss://app:s3cret@cache.internal:6380"),
+            "rediss://app:***@cache.internal:6380"
+        );
+        assert_eq!(redact("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
+        assert_eq!(redact("not a url"), "not a url");
+        // A password holding '@' or '/' is still hidden.
+        let url = "redis://app:p@ss/w0rd@cache:6379/1";
+        assert!(!redact(url).contains("w0rd"), "{}", redact(url));
+        for bad in [
+            "redis://:s3cret@",
+            "redis://:s3cret@host:notaport",
+            "redis://u:s3cret@[::1",
+            "redis://u:s3cret@host:6379/notadb",
+        ] {
+            if let Err(e) = RedisStore::from_url(bad) {
+                assert!(!e.to_string().contains("s3cret"), "{e}");
+            }
+            let debug = format!("{:?}", RedisStore::builder().url(bad));
+            assert!(!debug.contains("s3cret"), "{debug}");
+        }
+        let store = RedisStore::from_url("redis://u:s3cret@cache.internal:6379").unwrap();
+        assert_eq!(store.host(), "cache.internal:6379");
+        assert!(!format!("{store:?}").contains("s3cret"));
+    }
+
+    #[test]
+    fn builder_mistakes_surface_at_build() {
+        let url = || RedisStore::builder().url("redis://127.0.0.1:6379");
+        assert!(url().build().is_ok());
+        assert!(RedisStore::builder().build().is_err());
+        assert!(url().prefix("has{brace}").build().is_err());
+        assert!(url().prefix("x".repeat(65)).build().is_err());
+        assert!(url().timeout(Duration::ZERO).build().is_err());
+        assert!(url().timeout(Duration::from_secs(61)).build().is_err());
+        assert!(url().connect_timeout(Duration::ZERO).build().is_err());
+        assert!(
+            url()
+                .circuit_breaker(CircuitBreaker::new().failures(0))
+                .build()
+                .is_err()
+        );
+        let store = url().prefix("app:rl:").build().unwrap();
+        assert_eq!(store.prefix(), "app:rl:");
+        assert_eq!(store.timeout(), DEFAULT_TIMEOUT);
+        assert_eq!(store.host(), "127.0.0.1:6379");
+    }
+}

@@ -1,0 +1,327 @@
+//! The connection a Redis store holds, and its lifecycle.
+//!
+//! - **One connection, held.** Every call runs on a clone of one multiplexed
+//!   connection, so concurrent calls pipeline on its socket; there is no pool
+//!   checkout (and no `PING`) per call.
+//! - **Connecting runs outside the calls.** A connect is a task of its own with
+//!   its own timeout ([`connect_timeout`](super::RedisStoreBuilder::connect_timeout)):
+//!   a call waits for it at most its own timeout, and a connect slower than that
+//!   still completes and serves later calls. One connect runs at a time, so the
+//!   calls in flight after a restart share it. After a failed connect the next
+//!   one waits a backoff (50 ms doubling to 500 ms); calls in between fail at
+//!   once with the last connect error instead of piling up.
+//! - **A slow call does not drop a healthy connection.** After a timeout the
+//!   connection is checked with a `PING` in the background, and dropped only if
+//!   that fails or a second call in a row times out. A connection that breaks
+//!   (I/O error, `READONLY` or `MASTERDOWN` after a failover) is dropped at once.
+//! - **redis-rs's own response timeout** is set to four times the store's
+//!   timeout (at least one second): it never decides before the store's
+//!   timeout does, and only frees the replies that never come.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use deadpool_redis::Pool;
+use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::{AsyncConnectionConfig, Client, Cmd, Pipeline, RedisError, RedisFuture, Value};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use super::failure::{AtHost, kind_of};
+use crate::error::{Error, ErrorKind};
+
+/// The first wait after a failed connect.
+const MIN_BACKOFF: Duration = Duration::from_millis(50);
+/// The longest wait between connects.
+const MAX_BACKOFF: Duration = Duration::from_millis(500);
+/// Consecutive timeouts on one connection that drop it without waiting for
+/// the background `PING`.
+const TIMEOUTS_BEFORE_RECONNECT: u32 = 2;
+
+/// Where connections come from.
+pub(crate) enum Source {
+    /// A client for one server, from a URL.
+    Client(Client),
+    /// The application's deadpool-redis pool; one connection is taken and kept.
+    Pool(Pool),
+}
+
+impl Source {
+    async fn connect(&self, config: &AsyncConnectionConfig) -> Result<Conn, RedisError> {
+        match self {
+            Source::Client(client) => client
+                .get_multiplexed_async_connection_with_config(config)
+                .await
+                .map(Conn::Multiplexed),
+            Source::Pool(pool) => {
+                let pooled = pool.get().await.map_err(|e| match e {
+                    deadpool_redis::PoolError::Backend(e) => e,
+                    other => RedisError::from(std::io::Error::other(other.to_string())),
+                })?;
+                Ok(Conn::Multiplexed(deadpool_redis::Connection::take(pooled)))
+            }
+        }
+    }
+}
+
+/// A connection of any topology, used through redis-rs's `ConnectionLike`.
+#[derive(Clone)]
+pub(crate) enum Conn {
+    Multiplexed(MultiplexedConnection),
+}
+
+impl Conn {
+    fn set_response_timeout(&mut self, timeout: Duration) {
+        match self {
+            Conn::Multiplexed(c) => c.set_response_timeout(timeout),
+        }
+    }
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Multiplexed(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Multiplexed(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Multiplexed(c) => c.get_db(),
+        }
+    }
+}
+
+/// The connection in use, and how many calls in a row timed out on it.
+#[derive(Clone)]
+pub(crate) struct Held {
+    pub(crate) id: u64,
+    pub(crate) conn: Conn,
+    timeouts: Arc<AtomicU32>,
+}
+
+/// The held connection and what is being done about it; shared by the clones
+/// of one store.
+pub(crate) struct Link {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    source: Source,
+    host: Arc<str>,
+    connect_timeout: Duration,
+    response_timeout: Duration,
+    config: AsyncConnectionConfig,
+    state: Mutex<State>,
+    changed: Notify,
+    pinging: AtomicBool,
+    next_id: AtomicU64,
+}
+
+#[derive(Default)]
+struct State {
+    held: Option<Held>,
+    connecting: bool,
+    /// Bumped whenever a connect ends, so waiters see that it did.
+    attempts: u64,
+    /// No connect before this instant (backoff after a failure).
+    retry_at: Option<Instant>,
+    backoff: Duration,
+    last_error: Option<(ErrorKind, Arc<str>)>,
+}
+
+impl Link {
+    pub(crate) fn new(
+        source: Source,
+        host: Arc<str>,
+        call_timeout: Duration,
+        connect_timeout: Duration,
+    ) -> Self {
+        let response_timeout = (call_timeout * 4).max(Duration::from_secs(1));
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(connect_timeout))
+            .set_response_timeout(Some(response_timeout));
+        Link {
+            inner: Arc::new(Inner {
+                source,
+                host,
+                connect_timeout,
+                response_timeout,
+                config,
+                state: Mutex::new(State {
+                    backoff: MIN_BACKOFF,
+                    ..State::default()
+                }),
+                changed: Notify::new(),
+                pinging: AtomicBool::new(false),
+                next_id: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// The server, for messages (never with a password).
+    pub(crate) fn host(&self) -> &Arc<str> {
+        &self.inner.host
+    }
+
+    /// The held connection, connecting first if there is none. Fails at once
+    /// with the last connect error while connects are backing off.
+    pub(crate) async fn get(&self) -> Result<Held, Error> {
+        let mut seen = None;
+        loop {
+            let notified = self.inner.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let mut state = self.inner.lock();
+                if let Some(held) = &state.held {
+                    return Ok(held.clone());
+                }
+                if let Some(attempts) = seen
+                    && state.attempts != attempts
+                    && !state.connecting
+                {
+                    // The connect this call waited for failed.
+                    return Err(self.last_error(&state));
+                }
+                if !state.connecting {
+                    if state.retry_at.is_some_and(|at| Instant::now() < at) {
+                        return Err(self.last_error(&state));
+                    }
+                    state.connecting = true;
+                    tokio::spawn(connect(Arc::clone(&self.inner)));
+                }
+                seen = Some(state.attempts);
+            }
+            notified.await;
+        }
+    }
+
+    fn last_error(&self, state: &State) -> Error {
+        match &state.last_error {
+            Some((kind, message)) => Error::store(*kind, message.to_string()),
+            None => Error::store(
+                ErrorKind::Connection,
+                format!("Redis at {}: not connected", self.inner.host),
+            ),
+        }
+    }
+
+    /// The call on `held` succeeded: it is healthy.
+    pub(crate) fn success(&self, held: &Held) {
+        if held.timeouts.load(Ordering::Relaxed) != 0 {
+            held.timeouts.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// A call on connection `id` broke it: drop it if it is still the one held.
+    pub(crate) fn forget(&self, id: u64) {
+        let mut state = self.inner.lock();
+        if state.held.as_ref().is_some_and(|h| h.id == id) {
+            state.held = None;
+        }
+    }
+
+    /// A call on `held` ran out of time. Maybe the call was just slow, maybe
+    /// the connection is dead (half-open): a second timeout in a row drops it,
+    /// and a background `PING` decides before that.
+    pub(crate) fn timed_out(&self, held: &Held) {
+        let timeouts = held.timeouts.fetch_add(1, Ordering::AcqRel) + 1;
+        if timeouts >= TIMEOUTS_BEFORE_RECONNECT {
+            self.forget(held.id);
+            return;
+        }
+        if self.inner.pinging.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let inner = Arc::clone(&self.inner);
+        let held = held.clone();
+        tokio::spawn(async move {
+            let mut conn = held.conn.clone();
+            let ping = redis::cmd("PING");
+            let alive =
+                tokio::time::timeout(inner.connect_timeout, ping.query_async::<Value>(&mut conn))
+                    .await
+                    .is_ok_and(|reply| reply.is_ok());
+            if alive {
+                held.timeouts.store(0, Ordering::Relaxed);
+            } else {
+                let mut state = inner.lock();
+                if state.held.as_ref().is_some_and(|h| h.id == held.id) {
+                    state.held = None;
+                }
+            }
+            inner.pinging.store(false, Ordering::Release);
+        });
+    }
+}
+
+impl Inner {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// One connect, run as a task of its own so that it completes even when the
+/// call that started it has given up.
+async fn connect(inner: Arc<Inner>) {
+    let outcome =
+        tokio::time::timeout(inner.connect_timeout, inner.source.connect(&inner.config)).await;
+    let mut state = inner.lock();
+    state.connecting = false;
+    state.attempts += 1;
+    match outcome {
+        Ok(Ok(mut conn)) => {
+            // Pool connections come with redis-rs's default response timeout.
+            conn.set_response_timeout(inner.response_timeout);
+            state.held = Some(Held {
+                id: inner.next_id.fetch_add(1, Ordering::Relaxed),
+                conn,
+                timeouts: Arc::new(AtomicU32::new(0)),
+            });
+            state.retry_at = None;
+            state.backoff = MIN_BACKOFF;
+            state.last_error = None;
+        }
+        Ok(Err(e)) => {
+            let message = AtHost {
+                host: Arc::clone(&inner.host),
+                error: e,
+            };
+            state.last_error = Some((kind_of(&message.error), message.to_string().into()));
+            backoff(&mut state);
+        }
+        Err(_) => {
+            state.last_error = Some((
+                ErrorKind::Connection,
+                format!(
+                    "Redis at {}: no connection within the connect timeout of {:?}",
+                    inner.host, inner.connect_timeout
+                )
+                .into(),
+            ));
+            backoff(&mut state);
+        }
+    }
+    drop(state);
+    inner.changed.notify_waiters();
+}
+
+fn backoff(state: &mut State) {
+    state.retry_at = Some(Instant::now() + state.backoff);
+    state.backoff = (state.backoff * 2).min(MAX_BACKOFF);
+}
