@@ -1,5 +1,6 @@
 //! The test harness itself, against real servers: ports handed out without
-//! races. Only redis-cli and plain synchronous redis-rs connections.
+//! races, Redis Cluster. Only redis-cli and plain synchronous redis-rs
+//! connections: the crate enables no cluster support in redis-rs.
 #![cfg(feature = "redis")]
 
 mod support;
@@ -10,6 +11,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use support::RedisServer;
+use support::cluster::RedisCluster;
 use support::node::{self, Probe};
 use support::ports;
 
@@ -141,4 +143,106 @@ fn ports_cluster_enabled_server_gets_a_reserved_bus_port() {
         .expect("ip:port@cport");
     assert_ne!(bus, server.port());
     assert!(ports::is_reserved(bus));
+}
+
+#[test]
+fn cluster_starts_with_all_slots_and_three_primaries_each_with_a_synced_replica() {
+    let t = Instant::now();
+    let cluster = RedisCluster::start();
+    eprintln!("cluster ready in {:?}", t.elapsed());
+
+    assert_eq!(cluster.seed_urls().len(), 6);
+    assert!(
+        cluster
+            .seed_urls()
+            .iter()
+            .all(|u| u.starts_with("redis://127.0.0.1:"))
+    );
+    let slots = cluster.slots();
+    assert_eq!(slots.len(), 3, "{slots:?}");
+    assert_eq!(slots[0].start, 0);
+    assert_eq!(slots[2].end, 16383);
+    assert!(slots.windows(2).all(|w| w[0].end + 1 == w[1].start));
+    let primaries = cluster.primaries();
+    let replicas = cluster.replicas();
+    assert_eq!(primaries.len(), 3);
+    assert_eq!(replicas.len(), 3);
+    let primary_ports: BTreeSet<u16> = primaries.iter().map(|n| n.port()).collect();
+    let served: BTreeSet<u16> = slots.iter().map(|r| r.primary).collect();
+    assert_eq!(primary_ports, served);
+    // One replica per primary, each linked to it.
+    let mut masters_of_replicas = BTreeSet::new();
+    for r in &replicas {
+        let repl = r.info("replication");
+        assert_eq!(repl["role"], "slave");
+        assert_eq!(repl["master_link_status"], "up");
+        masters_of_replicas.insert(repl["master_port"].parse::<u16>().unwrap());
+    }
+    assert_eq!(masters_of_replicas, primary_ports);
+    for r in &slots {
+        assert_eq!(r.replicas.len(), 1, "{r:?}");
+    }
+
+    // primary_for_key names the node that takes the key without a redirect;
+    // the others answer MOVED.
+    cluster.reset_stats_all();
+    let keys: Vec<String> = (0..30)
+        .map(|i| format!("tollgate:{{client{i}}}:k"))
+        .collect();
+    for key in &keys {
+        let owner = cluster.primary_for_key(key);
+        let _: () = owner.cmd(&["SET", key, "1"]);
+        for other in primaries.iter().filter(|n| **n != owner) {
+            let err = other.try_cmd::<()>(&["SET", key, "1"]).unwrap_err();
+            assert!(
+                err.to_string().to_ascii_uppercase().contains("MOVED"),
+                "{err}"
+            );
+        }
+    }
+    let per_primary = cluster.keys_per_primary();
+    assert_eq!(per_primary.values().sum::<u64>(), keys.len() as u64);
+    assert!(per_primary.values().all(|n| *n > 0), "{per_primary:?}");
+    assert_eq!(cluster.calls_primaries("set"), keys.len() as u64);
+    // The replicas applied the same writes.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while cluster.calls_all("set") != 2 * keys.len() as u64 {
+        assert!(Instant::now() < deadline, "replicas never caught up");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn cluster_failover_after_killing_a_primary() {
+    let cluster = RedisCluster::start();
+    let key = "tollgate:{failover}:k";
+    let _: () = cluster.primary_for_key(key).cmd(&["SET", key, "1"]);
+    let old = cluster.primary_for_key(key);
+    // Its replica, which must take over.
+    let heir = cluster
+        .replicas()
+        .into_iter()
+        .find(|r| r.info("replication")["master_port"] == old.port().to_string())
+        .expect("a replica of the primary");
+    let _: i64 = old.cmd(&["WAIT", "1", "5000"]);
+
+    let killed = cluster.kill_primary_for_key(key);
+    assert_eq!(killed, old);
+    assert!(!old.is_alive());
+    let t = Instant::now();
+    let new = cluster.wait_for_failover(&old);
+    eprintln!("cluster failover in {:?}", t.elapsed());
+    assert_eq!(new, heir);
+    assert_eq!(cluster.primary_for_key(key), new);
+    assert_eq!(cluster.primaries().len(), 3);
+    assert!(!cluster.primaries().contains(&old));
+    let v: String = new.cmd(&["GET", key]);
+    assert_eq!(v, "1", "the replica had the write");
+    let _: () = new.cmd(&["SET", key, "2"]);
+
+    // The old primary comes back as a replica of the new one.
+    old.restart();
+    let map = cluster.wait_until_consistent();
+    let range = map.iter().find(|r| r.primary == new.port()).unwrap();
+    assert_eq!(range.replicas, vec![old.port()]);
 }

@@ -6,7 +6,8 @@
 //!
 //! Ports are reserved process-wide and drawn outside the ephemeral range
 //! (`ports`); a server counts as up only when its own process answers, and one
-//! whose port was taken meanwhile starts again on another (`node`).
+//! whose port was taken meanwhile starts again on another (`node`). Beyond a
+//! single server: a Redis Cluster (`cluster`).
 #![allow(dead_code, unreachable_pub)]
 
 use std::collections::BTreeMap;
@@ -338,6 +339,7 @@ impl Drop for Proxy {
     }
 }
 
+pub mod cluster;
 pub mod grpc;
 pub mod http;
 pub mod node;
