@@ -1,6 +1,7 @@
 //! The test harness itself, against real servers: ports handed out without
-//! races, Redis Cluster. Only redis-cli and plain synchronous redis-rs
-//! connections: the crate enables no cluster support in redis-rs.
+//! races, Redis Cluster and Sentinel. Only redis-cli and plain synchronous
+//! redis-rs connections: the crate enables no cluster or sentinel support in
+//! redis-rs.
 #![cfg(feature = "redis")]
 
 mod support;
@@ -14,6 +15,7 @@ use support::RedisServer;
 use support::cluster::RedisCluster;
 use support::node::{self, Probe};
 use support::ports;
+use support::sentinel::SentinelSet;
 
 fn pid_of(port: u16) -> u32 {
     Probe::Plain.pid(port).expect("INFO server")
@@ -245,4 +247,51 @@ fn cluster_failover_after_killing_a_primary() {
     let map = cluster.wait_until_consistent();
     let range = map.iter().find(|r| r.primary == new.port()).unwrap();
     assert_eq!(range.replicas, vec![old.port()]);
+}
+
+#[test]
+fn sentinel_set_reports_its_primary_replica_and_sentinels() {
+    let t = Instant::now();
+    let set = SentinelSet::start();
+    eprintln!("sentinel set ready in {:?}", t.elapsed());
+
+    assert_eq!(set.sentinel_urls().len(), 3);
+    let primary = set.primary();
+    let replica = set.replica();
+    assert_eq!(set.current_primary_port(), primary.port());
+    assert_eq!(primary, set.data_nodes()[0]);
+    assert_eq!(
+        replica.info("replication")["master_port"],
+        primary.port().to_string()
+    );
+    for s in set.sentinels() {
+        let addr: Vec<String> = s.cmd(&["SENTINEL", "GET-MASTER-ADDR-BY-NAME", set.master_name()]);
+        assert_eq!(
+            addr,
+            vec!["127.0.0.1".to_string(), primary.port().to_string()]
+        );
+    }
+    let _: () = primary.cmd(&["SET", "k", "v"]);
+    let acked: i64 = primary.cmd(&["WAIT", "1", "5000"]);
+    assert_eq!(acked, 1);
+    let v: String = replica.cmd(&["GET", "k"]);
+    assert_eq!(v, "v");
+}
+
+#[test]
+fn sentinel_failover_after_killing_the_primary() {
+    let set = SentinelSet::start();
+    let old = set.current_primary_port();
+    let heir = set.replica().port();
+    let killed = set.kill_primary();
+    assert_eq!(killed, old);
+    let t = Instant::now();
+    let new = set.wait_for_failover();
+    eprintln!("sentinel failover in {:?}", t.elapsed());
+    assert_eq!(new, heir);
+    assert_eq!(set.current_primary_port(), new);
+    assert_eq!(set.primary().port(), new);
+    let role: Vec<redis::Value> = set.primary().cmd(&["ROLE"]);
+    assert_eq!(role[0], redis::Value::BulkString(b"master".to_vec()));
+    let _: () = set.primary().cmd(&["SET", "k", "after"]);
 }
