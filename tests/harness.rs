@@ -1,7 +1,7 @@
 //! The test harness itself, against real servers: ports handed out without
-//! races, Redis Cluster and Sentinel. Only redis-cli and plain synchronous
-//! redis-rs connections: the crate enables no cluster or sentinel support in
-//! redis-rs.
+//! races, Redis Cluster, Sentinel and TLS. Only redis-cli and plain synchronous
+//! redis-rs connections: the crate enables no cluster, sentinel or TLS support
+//! in redis-rs.
 #![cfg(feature = "redis")]
 
 mod support;
@@ -11,11 +11,13 @@ use std::net::TcpListener;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use deadpool_redis::redis;
 use support::RedisServer;
 use support::cluster::RedisCluster;
 use support::node::{self, Probe};
 use support::ports;
 use support::sentinel::SentinelSet;
+use support::tls::TlsRedis;
 
 fn pid_of(port: u16) -> u32 {
     Probe::Plain.pid(port).expect("INFO server")
@@ -294,4 +296,62 @@ fn sentinel_failover_after_killing_the_primary() {
     let role: Vec<redis::Value> = set.primary().cmd(&["ROLE"]);
     assert_eq!(role[0], redis::Value::BulkString(b"master".to_vec()));
     let _: () = set.primary().cmd(&["SET", "k", "after"]);
+}
+
+#[test]
+fn tls_server_answers_with_the_right_ca_and_refuses_the_wrong_one() {
+    let t = Instant::now();
+    let mut server = TlsRedis::start();
+    eprintln!("TLS redis-server ready in {:?}", t.elapsed());
+
+    assert_eq!(
+        server.url(),
+        format!("rediss://127.0.0.1:{}", server.port())
+    );
+    assert!(server.ca_pem().starts_with(b"-----BEGIN CERTIFICATE-----"));
+    assert_eq!(std::fs::read(server.ca_path()).unwrap(), server.ca_pem());
+    assert_ne!(server.ca_pem(), server.wrong_ca_pem());
+    assert_eq!(server.cmd(&["PING"]), "PONG");
+
+    // Verified against the wrong CA: the handshake fails, nothing reaches Redis.
+    server.reset_stats();
+    let out = server.cli_with_ca(&server.wrong_ca_path(), &["PING"]);
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!out.status.success(), "{said}");
+    assert!(!said.contains("PONG"), "{said}");
+    assert!(said.contains("certificate verify failed"), "{said}");
+    assert_eq!(server.calls("ping"), 0);
+
+    // The certificate names localhost too.
+    let out = std::process::Command::new("redis-cli")
+        .arg("--tls")
+        .arg("--cacert")
+        .arg(server.ca_path())
+        .args(["-h", "localhost", "-p", &server.port().to_string(), "PING"])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "PONG");
+
+    // No plain-text RESP on the TLS port.
+    let plain = redis::Client::open(format!("redis://127.0.0.1:{}", server.port()))
+        .unwrap()
+        .get_connection_with_timeout(Duration::from_secs(2))
+        .and_then(|mut c| {
+            c.set_read_timeout(Some(Duration::from_secs(2)))?;
+            redis::cmd("PING").query::<String>(&mut c)
+        });
+    assert!(plain.is_err(), "{plain:?}");
+
+    assert_eq!(server.cmd(&["SET", "k", "v"]), "OK");
+    assert!(server.try_cmd(&["NOSUCHCOMMAND"]).is_err());
+    assert_eq!(server.calls("set"), 1);
+
+    let port = server.port();
+    server.restart();
+    assert_eq!(server.port(), port);
+    assert_eq!(server.cmd(&["GET", "k"]), "");
 }

@@ -7,7 +7,8 @@
 //! Ports are reserved process-wide and drawn outside the ephemeral range
 //! (`ports`); a server counts as up only when its own process answers, and one
 //! whose port was taken meanwhile starts again on another (`node`). Beyond a
-//! single server: a Redis Cluster (`cluster`) and Sentinel (`sentinel`).
+//! single server: a Redis Cluster (`cluster`), Sentinel (`sentinel`) and a
+//! TLS-only server (`tls`).
 #![allow(dead_code, unreachable_pub)]
 
 use std::collections::BTreeMap;
@@ -345,3 +346,4 @@ pub mod http;
 pub mod node;
 pub mod ports;
 pub mod sentinel;
+pub mod tls;
