@@ -93,6 +93,42 @@ fn ports_restart_waits_while_another_process_holds_the_port() {
     assert_eq!(pong, "PONG");
 }
 
+/// A restart whose port stays taken gives up with a message that says so.
+#[test]
+fn ports_restart_fails_clearly_when_the_port_stays_taken() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut child, ports, argv) =
+        node::start_process("squatted server", dir.path(), false, &Probe::Plain, &|p| {
+            support::base_args(p.port, dir.path(), "warning")
+        });
+    node::kill_child(&mut child);
+    let _squatter = TcpListener::bind(("127.0.0.1", ports.port)).expect("the killed server's port");
+    let t = Instant::now();
+    let panic = std::panic::catch_unwind(|| {
+        node::restart_process_within(
+            "squatted server",
+            dir.path(),
+            ports,
+            &Probe::Plain,
+            &argv,
+            Duration::from_millis(500),
+        )
+    })
+    .expect_err("restart on a taken port");
+    assert!(t.elapsed() >= Duration::from_millis(500));
+    let message = panic.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(
+        message.contains(&format!(
+            "squatted server cannot restart on its port {}",
+            ports.port
+        )),
+        "{message}"
+    );
+    assert!(message.contains("another process has held it"), "{message}");
+    assert!(message.contains("Address already in use"), "{message}");
+    ports.release();
+}
+
 /// When another process's redis-server takes the port between its reservation
 /// and our bind, our server exits ("Address already in use"), the other one
 /// answers on the port but is not taken for ours (its pid differs), and ours
@@ -252,7 +288,7 @@ fn cluster_failover_after_killing_a_primary() {
 }
 
 #[test]
-fn sentinel_set_reports_its_primary_replica_and_sentinels() {
+fn sentinel_set_names_its_primary_replica_and_sentinels() {
     let t = Instant::now();
     let set = SentinelSet::start();
     eprintln!("sentinel set ready in {:?}", t.elapsed());

@@ -77,7 +77,8 @@ impl Probe {
     pub fn pid(&self, port: u16) -> Result<u32, String> {
         let info = match self {
             Probe::Plain => {
-                let mut conn = connect(port, Duration::from_millis(500))?;
+                // Short: whatever holds the port may accept and never answer.
+                let mut conn = connect(port, Duration::from_millis(500), Duration::from_secs(1))?;
                 redis::cmd("INFO")
                     .arg("server")
                     .query::<String>(&mut conn)
@@ -124,7 +125,11 @@ pub fn tls_cli_args(port: u16, ca: &Path) -> Vec<OsString> {
 /// A plain synchronous connection to `127.0.0.1:port` with timeouts. It sends
 /// no `CLIENT SETINFO` when it connects, so inspecting a server adds nothing to
 /// `INFO commandstats` but the inspecting command itself.
-pub fn connect(port: u16, timeout: Duration) -> Result<redis::Connection, String> {
+pub fn connect(
+    port: u16,
+    timeout: Duration,
+    io_timeout: Duration,
+) -> Result<redis::Connection, String> {
     let info = format!("redis://127.0.0.1:{port}")
         .into_connection_info()
         .map_err(|e| e.to_string())?;
@@ -133,9 +138,9 @@ pub fn connect(port: u16, timeout: Duration) -> Result<redis::Connection, String
         .map_err(|e| e.to_string())?
         .get_connection_with_timeout(timeout)
         .map_err(|e| e.to_string())?;
-    conn.set_read_timeout(Some(IO_TIMEOUT.max(timeout)))
+    conn.set_read_timeout(Some(io_timeout))
         .map_err(|e| e.to_string())?;
-    conn.set_write_timeout(Some(IO_TIMEOUT.max(timeout)))
+    conn.set_write_timeout(Some(io_timeout))
         .map_err(|e| e.to_string())?;
     Ok(conn)
 }
@@ -319,7 +324,19 @@ pub fn restart_process(
     probe: &Probe,
     argv: &[OsString],
 ) -> Child {
-    let deadline = Instant::now() + RESTART_PORT_WAIT;
+    restart_process_within(name, dir, ports, probe, argv, RESTART_PORT_WAIT)
+}
+
+/// [`restart_process`] waiting at most `wait` for a held port.
+pub fn restart_process_within(
+    name: &str,
+    dir: &Path,
+    ports: Ports,
+    probe: &Probe,
+    argv: &[OsString],
+    wait: Duration,
+) -> Child {
+    let deadline = Instant::now() + wait;
     loop {
         match spawn_once(name, argv, ports.port, dir, probe) {
             Ok(child) => return child,
@@ -334,8 +351,8 @@ pub fn restart_process(
                 };
                 panic!(
                     "{name} cannot restart on its port {} (bus port {:?}): {holder} has held it \
-                     for {RESTART_PORT_WAIT:?}. Restarts keep the port, so a test cannot \
-                     restart while something else uses it.\n{log}",
+                     for {wait:?}. Restarts keep the port, so a test cannot restart while \
+                     something else uses it.\n{log}",
                     ports.port, ports.bus
                 );
             }
@@ -463,13 +480,13 @@ impl Node {
 
     /// A plain synchronous connection (5 s to connect, 10 s per reply).
     pub fn conn(&self) -> redis::Connection {
-        connect(self.port(), CONNECT_TIMEOUT)
+        connect(self.port(), CONNECT_TIMEOUT, IO_TIMEOUT)
             .unwrap_or_else(|e| panic!("connection to {self:?}: {e}"))
     }
 
     /// A plain synchronous connection, or why there is none.
     pub fn try_conn(&self) -> redis::RedisResult<redis::Connection> {
-        connect(self.port(), CONNECT_TIMEOUT)
+        connect(self.port(), CONNECT_TIMEOUT, IO_TIMEOUT)
             .map_err(|e| redis::RedisError::from((redis::ErrorKind::Io, "connect", e)))
     }
 
