@@ -3,30 +3,33 @@
 //! Every test that needs Redis starts its own server (`RedisServer::start()`),
 //! so tests never share state and can stop, restart or freeze their server. The
 //! binary comes from PATH; the process is killed when the handle drops.
+//!
+//! Ports are reserved process-wide and drawn outside the ephemeral range
+//! (`ports`); a server counts as up only when its own process answers, and one
+//! whose port was taken meanwhile starts again on another (`node`). Beyond a
+//! single server: a Redis Cluster (`cluster`), Sentinel (`sentinel`) and a
+//! TLS-only server (`tls`).
 #![allow(dead_code, unreachable_pub)]
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::ffi::OsString;
+use std::net::{TcpListener, TcpStream};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Child;
+use std::time::Duration;
 
 use deadpool_redis::redis;
 use redis::IntoConnectionInfo;
 use tollgate::RedisStore;
 
-/// How to get redis-server, printed when it is missing.
-const INSTALL_HINT: &str = "redis-server was not found on PATH. The integration tests start \
-     their own Redis servers; install one first, for example `apt-get install -y redis-server` \
-     (Debian/Ubuntu) or `brew install redis` (macOS).";
+use node::{Ports, Probe};
 
 /// A redis-server process owned by one test.
 pub struct RedisServer {
     child: Option<Child>,
-    port: u16,
+    ports: Ports,
+    argv: Vec<OsString>,
     dir: tempfile::TempDir,
-    extra: Vec<String>,
 }
 
 impl RedisServer {
@@ -36,76 +39,47 @@ impl RedisServer {
     }
 
     /// Starts a server with extra `redis-server` arguments
-    /// (e.g. `["--cluster-enabled", "yes"]`).
+    /// (e.g. `["--cluster-enabled", "yes"]`: a cluster-enabled server also gets
+    /// a reserved cluster bus port, `--cluster-port`, unless `extra` sets one).
+    ///
+    /// The port is reserved for this server until it drops, and if another
+    /// process takes it before redis-server binds it, the server is started
+    /// again on another port (see `ports.rs`).
     pub fn start_with(extra: &[&str]) -> Self {
         let dir = tempfile::tempdir().expect("temporary directory for redis-server");
-        let mut server = RedisServer {
-            child: None,
-            port: free_port(),
+        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        let cluster = extra
+            .windows(2)
+            .any(|w| w[0] == "--cluster-enabled" && w[1] == "yes")
+            && !extra.iter().any(|a| a == "--cluster-port");
+        let (child, ports, argv) =
+            node::start_process("redis-server", dir.path(), cluster, &Probe::Plain, &|p| {
+                let mut argv = base_args(p.port, dir.path(), "warning");
+                if let Some(bus) = p.bus {
+                    argv.extend(["--cluster-port".into(), bus.to_string().into()]);
+                }
+                argv.extend(extra.iter().map(OsString::from));
+                argv
+            });
+        RedisServer {
+            child: Some(child),
+            ports,
+            argv,
             dir,
-            extra: extra.iter().map(|s| s.to_string()).collect(),
-        };
-        server.spawn();
-        server
-    }
-
-    fn spawn(&mut self) {
-        let port = self.port.to_string();
-        let mut cmd = Command::new("redis-server");
-        cmd.args([
-            "--port",
-            &port,
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ])
-        .args(["--protected-mode", "no", "--loglevel", "warning"])
-        .arg("--dir")
-        .arg(self.dir.path())
-        .args(&self.extra)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-        let mut child = match cmd.spawn() {
-            Ok(child) => child,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!("{INSTALL_HINT}"),
-            Err(e) => panic!("could not start redis-server: {e}"),
-        };
-        if let Err(why) = wait_ready(self.port, Duration::from_secs(10)) {
-            let _ = child.kill();
-            let stderr = child
-                .stderr
-                .take()
-                .map(|s| {
-                    BufReader::new(s)
-                        .lines()
-                        .map_while(Result::ok)
-                        .collect::<Vec<_>>()
-                        .join("\n")
-                })
-                .unwrap_or_default();
-            panic!(
-                "redis-server on port {} did not come up: {why}\n{stderr}",
-                self.port
-            );
         }
-        self.child = Some(child);
     }
 
     /// The loopback port.
     pub fn port(&self) -> u16 {
-        self.port
+        self.ports.port
     }
 
     /// `redis://127.0.0.1:PORT`.
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        format!("redis://127.0.0.1:{}", self.port())
     }
 
-    /// The server's working directory.
+    /// The server's working directory (its log is `redis-server.log` there).
     pub fn dir(&self) -> &Path {
         self.dir.path()
     }
@@ -170,22 +144,7 @@ impl RedisServer {
     /// `script|load`, ...), leaving out the `INFO` and `CONFIG|RESETSTAT` calls the
     /// harness itself makes to read and reset them.
     pub fn all_calls(&self) -> BTreeMap<String, u64> {
-        let info: String = self.cmd(&["INFO", "commandstats"]);
-        info.lines()
-            .filter_map(|l| l.strip_prefix("cmdstat_"))
-            .filter_map(|l| {
-                let (name, fields) = l.split_once(':')?;
-                let calls = fields
-                    .split(',')
-                    .filter_map(|kv| kv.split_once('='))
-                    .find(|(k, _)| *k == "calls")?
-                    .1
-                    .parse()
-                    .ok()?;
-                Some((name.to_string(), calls))
-            })
-            .filter(|(name, _)| name != "info" && name != "config|resetstat")
-            .collect()
+        node::parse_all_calls(&self.cmd::<String>(&["INFO", "commandstats"]))
     }
 
     /// `calls` of one command in `INFO commandstats` (0 when never called).
@@ -195,28 +154,33 @@ impl RedisServer {
 
     /// A field (`calls`, `usec`, `usec_per_call`) of `INFO commandstats` for one command.
     pub fn command_stat(&self, command: &str, field: &str) -> Option<f64> {
-        let info: String = self.cmd(&["INFO", "commandstats"]);
-        let prefix = format!("cmdstat_{}:", command.to_ascii_lowercase());
-        let line = info.lines().find(|l| l.starts_with(&prefix))?;
-        line[prefix.len()..]
-            .split(',')
-            .filter_map(|kv| kv.split_once('='))
-            .find(|(k, _)| *k == field)
-            .and_then(|(_, v)| v.parse().ok())
+        node::parse_command_stat(
+            &self.cmd::<String>(&["INFO", "commandstats"]),
+            command,
+            field,
+        )
     }
 
-    /// Kills the server (SIGKILL): connections break at once.
+    /// Kills the server (SIGKILL): connections break at once. The port stays
+    /// reserved for `restart()`.
     pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
+            node::kill_child(&mut child);
         }
     }
 
-    /// Starts the server again on the same port, empty (no persistence).
+    /// Starts the server again on the same port, empty (no persistence). If
+    /// something else holds the port it waits for it a while, then panics
+    /// saying so.
     pub fn restart(&mut self) {
         self.stop();
-        self.spawn();
+        self.child = Some(node::restart_process(
+            "redis-server",
+            self.dir.path(),
+            self.ports,
+            &Probe::Plain,
+            &self.argv,
+        ));
     }
 
     /// Freezes the server (SIGSTOP): connections stay open but nothing answers.
@@ -231,58 +195,52 @@ impl RedisServer {
 
     fn signal(&self, sig: &str) {
         let pid = self.child.as_ref().expect("server is running").id();
-        let ok = Command::new("kill")
-            .arg(sig)
-            .arg(pid.to_string())
-            .status()
-            .expect("kill");
-        assert!(ok.success(), "kill {sig} {pid} failed");
+        assert!(node::signal(pid, sig), "kill {sig} {pid} failed");
     }
 }
 
 impl Drop for RedisServer {
     fn drop(&mut self) {
-        if let Some(child) = self.child.as_ref() {
-            // A frozen server must be thawed to die promptly on some kernels.
-            let _ = Command::new("kill")
-                .arg("-CONT")
-                .arg(child.id().to_string())
-                .status();
-        }
+        // Thaws a frozen server first: it must be thawed to die promptly on
+        // some kernels.
         self.stop();
+        self.ports.release();
     }
 }
 
-/// A port that was free a moment ago on 127.0.0.1.
+/// The arguments every harness server gets: its port on 127.0.0.1 only,
+/// persistence off, its own directory, immediate replication syncs.
+pub(crate) fn base_args(port: u16, dir: &Path, loglevel: &str) -> Vec<OsString> {
+    let mut argv: Vec<OsString> = [
+        "--port",
+        &port.to_string(),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--protected-mode",
+        "no",
+        "--loglevel",
+        loglevel,
+        // Replicas sync at once instead of after the 5 s diskless-sync delay
+        // (a replica cannot take over before its first sync).
+        "--repl-diskless-sync-delay",
+        "0",
+    ]
+    .into_iter()
+    .map(OsString::from)
+    .collect();
+    argv.push("--dir".into());
+    argv.push(dir.into());
+    argv
+}
+
+/// A loopback port reserved for the caller for the rest of the process: no
+/// server of the harness will be given it.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
-}
-
-fn wait_ready(port: u16, limit: Duration) -> Result<(), String> {
-    let addr = SocketAddr::from(([127, 0, 0, 1], port));
-    let deadline = Instant::now() + limit;
-    let mut last = String::from("never answered");
-    while Instant::now() < deadline {
-        match TcpStream::connect_timeout(&addr, Duration::from_millis(200)) {
-            Ok(_) => {
-                let client = redis::Client::open(format!("redis://127.0.0.1:{port}"))
-                    .map_err(|e| e.to_string())?;
-                match client
-                    .get_connection()
-                    .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c))
-                {
-                    Ok(_) => return Ok(()),
-                    Err(e) => last = e.to_string(),
-                }
-            }
-            Err(e) => last = e.to_string(),
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Err(last)
+    ports::reserve()
 }
 
 /// A TCP proxy on a free loopback port in front of a server, for network
@@ -389,5 +347,10 @@ impl Drop for Proxy {
     }
 }
 
+pub mod cluster;
 pub mod grpc;
 pub mod http;
+pub mod node;
+pub mod ports;
+pub mod sentinel;
+pub mod tls;
