@@ -10,12 +10,19 @@ use std::error::Error;
 use axum::{Extension, Router, routing::get};
 use tollgate::key::Header;
 use tollgate::layer::{MissingKey, OnStoreError, RateLimitLayer};
-use tollgate::{AnyStore, Decision, MemoryStore, Policy, Quota, RedisStore};
+use tollgate::{AnyStore, Decision, Fallback, MemoryStore, Policy, Quota, RedisStore};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn Error>> {
     let (store, label): (AnyStore, _) = match std::env::var("REDIS_URL") {
-        Ok(url) if !url.is_empty() => (RedisStore::from_url(&url)?.into(), "Redis"),
+        Ok(url) if !url.is_empty() => {
+            let store = RedisStore::from_url(&url)?;
+            // Start anyway when Redis is down, but say so: the fallback decides.
+            if let Err(e) = store.ping().await {
+                eprintln!("warning: {e}; the in-process fallback decides until Redis answers");
+            }
+            (store.into(), "Redis")
+        }
         _ => (MemoryStore::new().into(), "memory"),
     };
     serve(store, label).await
@@ -32,8 +39,10 @@ async fn serve(store: AnyStore, label: &str) -> Result<(), Box<dyn Error>> {
         .key(Header::new("x-api-key"))
         // No API key: 400 with a short explanation (the default, spelled out).
         .on_missing_key(MissingKey::reject())
-        // Redis down: keep serving, unlimited (the default, spelled out).
-        .on_store_error(OnStoreError::Allow);
+        // Redis down: keep limiting in this process, with the same quotas
+        // divided by the number of instances (here one). The default would
+        // be OnStoreError::Allow: keep serving, unlimited.
+        .on_store_error(OnStoreError::Fallback(Fallback::memory().share(1)?));
 
     let app = Router::new()
         .route("/", get(hello))

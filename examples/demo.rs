@@ -5,7 +5,9 @@
 //! waits out `Retry-After`, shows the next request admitted, and exits.
 //!
 //! Buckets live in memory, or in Redis when `REDIS_URL` is set:
-//! `REDIS_URL=redis://127.0.0.1:6379 cargo run --example demo`.
+//! `REDIS_URL=redis://127.0.0.1:6379 cargo run --example demo`. With Redis
+//! unreachable the demo says so and carries on: the layer's in-process
+//! fallback decides, with the same limit, and every answer says who decided.
 
 use std::error::Error;
 use std::time::{Duration, Instant};
@@ -19,8 +21,8 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use tokio::net::TcpListener;
 use tollgate::key::Header;
-use tollgate::layer::RateLimitLayer;
-use tollgate::{AnyStore, Decision, MemoryStore, Policy, Quota, RedisStore, Store};
+use tollgate::layer::{OnStoreError, RateLimitLayer};
+use tollgate::{AnyStore, Decision, Fallback, MemoryStore, Policy, Quota, RedisStore};
 
 /// 2 requests a second, bursts of 5.
 const BURST: usize = 8;
@@ -31,14 +33,14 @@ async fn main() -> Result<(), Box<dyn Error>> {
     let store: AnyStore = match std::env::var("REDIS_URL") {
         Ok(url) if !url.is_empty() => {
             let store = RedisStore::from_url(&url)?;
-            // Fail loudly here: the layer itself would let requests through
-            // unlimited when Redis is down (its default, OnStoreError::Allow).
-            let probe = Policy::from(Quota::per_second(1)?);
-            if let Err(e) = store.check("demo:ping", &probe, 0).await {
-                eprintln!("cannot reach Redis: {e}");
-                std::process::exit(1);
+            // The start-up check names the server (never its password).
+            match store.ping().await {
+                Ok(rtt) => println!("store: RedisStore at {} (ping {rtt:?})", store.host()),
+                Err(e) => println!(
+                    "store: RedisStore, unreachable ({e});\n       \
+                     the in-process fallback decides until it answers"
+                ),
             }
-            println!("store: RedisStore (REDIS_URL)");
             store.into()
         }
         _ => {
@@ -51,7 +53,11 @@ async fn main() -> Result<(), Box<dyn Error>> {
 
 async fn run(store: AnyStore) -> Result<(), Box<dyn Error>> {
     let policy = Policy::new("demo", [Quota::per_second(2)?.burst(5)?])?;
-    let limit = RateLimitLayer::new(store, policy).key(Header::new("x-api-key"));
+    // While Redis fails, an in-process store decides with the same quota
+    // (rather than letting everything through, the default).
+    let limit = RateLimitLayer::new(store, policy)
+        .key(Header::new("x-api-key"))
+        .on_store_error(OnStoreError::Fallback(Fallback::memory()));
     let app = Router::new().route("/", get(hello)).layer(limit);
 
     let listener = TcpListener::bind("127.0.0.1:0").await?;
@@ -112,7 +118,11 @@ async fn run(store: AnyStore) -> Result<(), Box<dyn Error>> {
 /// open), so take it as an `Option`: a store outage must not become a 500.
 async fn hello(decision: Option<Extension<Decision>>) -> String {
     match decision {
-        Some(Extension(decision)) => format!("hello! tokens left: {}\n", decision.remaining()),
+        Some(Extension(d)) if d.is_fallback() => format!(
+            "hello! tokens left: {} (decided by the in-process fallback)\n",
+            d.remaining()
+        ),
+        Some(Extension(d)) => format!("hello! tokens left: {}\n", d.remaining()),
         None => "hello! (not limited: the rate limit store is unavailable)\n".to_owned(),
     }
 }

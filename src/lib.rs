@@ -57,8 +57,13 @@
 //!   one token an hour and seven a second both refill exactly on schedule.
 //! - A denied check spends nothing; several quotas are decided all or nothing.
 //! - A cost above the capacity is [`Error::CostExceedsCapacity`], not a wait.
+//! - A store problem never makes a request wait longer than the store timeout,
+//!   never becomes a service error, and always shows in `tracing` and `metrics`
+//!   (see below).
 //! - Every number the script handles stays below 2^53, exact in Lua; quotas that
 //!   could break this are refused when built.
+#![doc = include_str!("docs/resilience.md")]
+#![doc = include_str!("docs/observability.md")]
 #![cfg_attr(
     not(test),
     warn(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)

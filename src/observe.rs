@@ -152,6 +152,7 @@ pub(crate) fn breaker(store: &'static str, state: BreakerState, detail: BreakerD
 
 /// What a breaker transition reports besides its new state.
 #[derive(Clone, Copy, Debug)]
+#[cfg_attr(not(feature = "tracing"), allow(dead_code))]
 pub(crate) enum BreakerDetail {
     None,
     Opened { failures: u32, probe_in: Duration },

@@ -247,12 +247,16 @@ pub fn free_port() -> u16 {
 /// failures Redis itself cannot show: `blackhole()` makes every connection open
 /// so far silently drop what it carries, both ways, while its sockets stay open
 /// (a half-open connection after a NAT, firewall or failover change); connections
-/// made afterwards work normally.
+/// made afterwards work normally. `delay_new_connections(d)` makes every new
+/// connection wait `d` before anything goes through (a slow TLS handshake, a
+/// loaded server), and `accepted()` counts the connections clients opened.
 pub struct Proxy {
     port: u16,
     upstream: std::sync::Arc<std::sync::atomic::AtomicU16>,
     generation: std::sync::Arc<std::sync::atomic::AtomicU64>,
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    delay_ms: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    accepted: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Proxy {
@@ -262,49 +266,61 @@ impl Proxy {
         use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
         let listener = TcpListener::bind("127.0.0.1:0").expect("proxy listener");
         let upstream = Arc::new(AtomicU16::new(upstream));
-        let upstream_accept = Arc::clone(&upstream);
         let port = listener.local_addr().expect("proxy address").port();
         let generation = Arc::new(AtomicU64::new(0));
         let stop = Arc::new(AtomicBool::new(false));
-        let (gen_accept, stop_accept) = (Arc::clone(&generation), Arc::clone(&stop));
+        let delay_ms = Arc::new(AtomicU64::new(0));
+        let accepted = Arc::new(AtomicU64::new(0));
+        let (upstream_accept, gen_accept, stop_accept) = (
+            Arc::clone(&upstream),
+            Arc::clone(&generation),
+            Arc::clone(&stop),
+        );
+        let (delay_accept, accepted_count) = (Arc::clone(&delay_ms), Arc::clone(&accepted));
         std::thread::spawn(move || {
             for client in listener.incoming() {
                 if stop_accept.load(Ordering::SeqCst) {
                     break;
                 }
                 let Ok(client) = client else { continue };
+                accepted_count.fetch_add(1, Ordering::SeqCst);
                 let target = upstream_accept.load(Ordering::SeqCst);
-                let Ok(server) = TcpStream::connect(("127.0.0.1", target)) else {
-                    continue;
-                };
-                let born = gen_accept.load(Ordering::SeqCst);
-                for (from, to) in [
-                    (client.try_clone(), server.try_clone()),
-                    (server.try_clone(), client.try_clone()),
-                ] {
-                    let (Ok(mut from), Ok(mut to)) = (from, to) else {
-                        continue;
+                let delay = Duration::from_millis(delay_accept.load(Ordering::SeqCst));
+                let generation = Arc::clone(&gen_accept);
+                std::thread::spawn(move || {
+                    std::thread::sleep(delay);
+                    let Ok(server) = TcpStream::connect(("127.0.0.1", target)) else {
+                        return;
                     };
-                    let generation = Arc::clone(&gen_accept);
-                    std::thread::spawn(move || {
-                        use std::io::{Read, Write};
-                        let mut buf = [0u8; 16 * 1024];
-                        loop {
-                            let n = match from.read(&mut buf) {
-                                Ok(0) | Err(_) => break,
-                                Ok(n) => n,
-                            };
-                            // Blackholed: the bytes vanish, the sockets stay up.
-                            if generation.load(Ordering::SeqCst) != born {
-                                continue;
+                    let born = generation.load(Ordering::SeqCst);
+                    for (from, to) in [
+                        (client.try_clone(), server.try_clone()),
+                        (server.try_clone(), client.try_clone()),
+                    ] {
+                        let (Ok(mut from), Ok(mut to)) = (from, to) else {
+                            continue;
+                        };
+                        let generation = Arc::clone(&generation);
+                        std::thread::spawn(move || {
+                            use std::io::{Read, Write};
+                            let mut buf = [0u8; 16 * 1024];
+                            loop {
+                                let n = match from.read(&mut buf) {
+                                    Ok(0) | Err(_) => break,
+                                    Ok(n) => n,
+                                };
+                                // Blackholed: the bytes vanish, the sockets stay up.
+                                if generation.load(Ordering::SeqCst) != born {
+                                    continue;
+                                }
+                                if to.write_all(&buf[..n]).is_err() {
+                                    break;
+                                }
                             }
-                            if to.write_all(&buf[..n]).is_err() {
-                                break;
-                            }
-                        }
-                        let _ = to.shutdown(std::net::Shutdown::Both);
-                    });
-                }
+                            let _ = to.shutdown(std::net::Shutdown::Both);
+                        });
+                    }
+                });
             }
         });
         Proxy {
@@ -312,6 +328,8 @@ impl Proxy {
             upstream,
             generation,
             stop,
+            delay_ms,
+            accepted,
         }
     }
 
@@ -336,6 +354,20 @@ impl Proxy {
     pub fn blackhole(&self) {
         self.generation
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Connections accepted from now on carry nothing for `delay` (the client's
+    /// TCP connect succeeds at once; the server's first reply comes late).
+    pub fn delay_new_connections(&self, delay: Duration) {
+        self.delay_ms.store(
+            delay.as_millis() as u64,
+            std::sync::atomic::Ordering::SeqCst,
+        );
+    }
+
+    /// How many connections clients have opened through the proxy.
+    pub fn accepted(&self) -> u64 {
+        self.accepted.load(std::sync::atomic::Ordering::SeqCst)
     }
 }
 

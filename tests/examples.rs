@@ -1,0 +1,161 @@
+//! Every example keeps answering its normal statuses with Redis dead: no 5xx,
+//! no "Missing request extension", because the examples' handlers take the
+//! decision as an `Option` and the Redis ones decide with the fallback.
+//!
+//! `cargo test` builds the examples; these tests run the built binaries with
+//! `REDIS_URL` pointing at a port where nothing listens.
+#![cfg(all(feature = "redis", feature = "axum", feature = "tonic"))]
+
+mod support;
+
+use std::io::Read;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use support::http::Client;
+
+/// The built example `name`, next to this test's own binary.
+fn example(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    // target/<profile>/deps/<test> -> target/<profile>/examples/<name>
+    let dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("target directory")
+        .join("examples");
+    let path = dir.join(name);
+    assert!(
+        path.exists(),
+        "{} is not built: run the suite with `cargo test --all-features`, which builds the examples",
+        path.display()
+    );
+    path
+}
+
+/// A URL where no Redis answers (its password must never be printed).
+fn dead_redis() -> String {
+    format!("redis://:do-not-print@127.0.0.1:{}", support::free_port())
+}
+
+/// Runs an example that exits by itself, and returns its output.
+fn run(name: &str, env: &[(&str, &str)]) -> String {
+    let mut child = Command::new(example(name))
+        .envs(env.iter().copied())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the example");
+    let status = wait(&mut child, Duration::from_secs(60));
+    let mut out = String::new();
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
+    assert!(status.success(), "{name} failed:\n{out}");
+    assert!(
+        !out.contains("do-not-print"),
+        "{name} printed a password:\n{out}"
+    );
+    for line in out.lines() {
+        assert!(
+            !line.contains(" 500 ") && !line.contains("Missing request extension"),
+            "{name}: {line}\n{out}"
+        );
+    }
+    out
+}
+
+fn wait(child: &mut Child, limit: Duration) -> std::process::ExitStatus {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("example still running after {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn the_demo_runs_its_session_on_the_fallback_with_redis_dead() {
+    let out = run("demo", &[("REDIS_URL", &dead_redis())]);
+    assert!(out.contains("unreachable"), "{out}");
+    assert!(out.contains("429 Too Many Requests"), "{out}");
+    assert!(out.contains("decided by the in-process fallback"), "{out}");
+    assert!(out.contains("done: server stopped"), "{out}");
+}
+
+#[test]
+fn the_examples_that_exit_by_themselves_answer_without_5xx() {
+    let url = dead_redis();
+    for name in ["per_route", "custom_key", "grpc"] {
+        let out = run(name, &[("REDIS_URL", &url)]);
+        assert!(
+            out.contains("200 OK") || out.contains("Serving"),
+            "{name}:\n{out}"
+        );
+    }
+}
+
+#[cfg(feature = "metrics")]
+#[test]
+fn the_metrics_example_shows_the_fallback_deciding_with_redis_dead() {
+    let out = run("metrics", &[("REDIS_URL", &dead_redis())]);
+    assert!(out.contains("tollgate_decisions_total"), "{out}");
+    assert!(out.contains("outcome=\"fallback_allowed\""), "{out}");
+    assert!(out.contains("kind=\"connection\""), "{out}");
+    assert!(out.contains("429 Too Many Requests"), "{out}");
+}
+
+#[tokio::test]
+async fn axum_basic_serves_and_limits_with_redis_dead() {
+    let port = support::free_port();
+    let mut child = Command::new(example("axum_basic"))
+        .env("REDIS_URL", dead_redis())
+        .env("PORT", port.to_string())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start axum_basic");
+    let client = Client::new();
+    let url = format!("http://127.0.0.1:{port}/");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "axum_basic never listened");
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("axum_basic exited: {status}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let key = [("x-api-key", &b"k-1"[..])];
+    let mut statuses = Vec::new();
+    while !statuses.contains(&429) && statuses.len() < 100 {
+        statuses.push(client.get_with(&url, &key).await.status.as_u16());
+    }
+    let no_key = client.get(&url).await.status.as_u16();
+    let health = client.get(&format!("http://127.0.0.1:{port}/health")).await;
+    let _ = child.kill();
+    let _ = child.wait();
+    // Bursts of 10 (5 a second refill meanwhile), decided by the fallback:
+    // at least 10 admitted, then limited, nothing else.
+    assert!(
+        statuses.iter().all(|s| *s == 200 || *s == 429),
+        "{statuses:?}"
+    );
+    assert_eq!(statuses.last(), Some(&429), "never limited: {statuses:?}");
+    assert!(statuses.len() > 10, "{statuses:?}");
+    assert_eq!(no_key, 400);
+    assert_eq!(health.status.as_u16(), 200);
+}

@@ -1,0 +1,351 @@
+//! What a store problem costs the caller, against real redis-server processes
+//! and real faults (SIGSTOP, SIGKILL, a proxy that delays or drops traffic):
+//! the circuit breaker, the connection lifecycle, the in-process fallback and
+//! out-of-memory answers.
+//!
+//! Faults are injected with short store timeouts (100 ms); recovery is asserted
+//! with generous bounds a busy 2-core machine keeps, and the figures are
+//! printed. `benches/outage.sh` measures the same things under load.
+#![cfg(feature = "redis")]
+
+mod support;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use support::{Proxy, RedisServer};
+use tollgate::store::CircuitBreaker;
+use tollgate::{Error, ErrorKind, Fallback, Policy, Quota, RateLimiter, RedisStore, Store};
+
+const TIMEOUT: Duration = Duration::from_millis(100);
+
+fn store_at(url: String) -> RedisStore {
+    RedisStore::builder()
+        .url(url)
+        .timeout(TIMEOUT)
+        .build()
+        .expect("store")
+}
+
+fn policy() -> Policy {
+    Policy::new("resilience", [Quota::per_second(1_000_000).unwrap()]).unwrap()
+}
+
+/// One finished call: when it started and ended (since the test began) and
+/// what kind of failure it was, if any.
+#[derive(Clone, Copy, Debug)]
+struct Call {
+    start: Duration,
+    end: Duration,
+    failure: Option<ErrorKind>,
+}
+
+/// Checks from `tasks` tasks, back to back, for `run`.
+async fn hammer(store: &RedisStore, tasks: usize, run: Duration, t0: Instant) -> Vec<Call> {
+    let calls = Arc::new(Mutex::new(Vec::new()));
+    let policy = policy();
+    let handles: Vec<_> = (0..tasks)
+        .map(|i| {
+            let (store, calls, policy) = (store.clone(), Arc::clone(&calls), policy.clone());
+            tokio::spawn(async move {
+                let deadline = Instant::now() + run;
+                while Instant::now() < deadline {
+                    let start = t0.elapsed();
+                    let result = store.check(&format!("k{i}"), &policy, 1).await;
+                    let call = Call {
+                        start,
+                        end: t0.elapsed(),
+                        failure: result.err().map(|e| e.kind()),
+                    };
+                    calls.lock().unwrap().push(call);
+                    if call.failure == Some(ErrorKind::CircuitOpen) {
+                        // Open breaker: answers are instant; pace the loop.
+                        tokio::time::sleep(Duration::from_millis(2)).await;
+                    }
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.await.unwrap();
+    }
+    let mut calls = calls.lock().unwrap().clone();
+    calls.sort_by_key(|c| c.start);
+    calls
+}
+
+/// A frozen Redis (SIGSTOP: sockets open, nobody answers) costs the calls in
+/// flight one timeout, then the breaker opens: checks fail at once with
+/// `CircuitOpen`, and only one probe at a time waits the timeout. When Redis
+/// thaws, the next probe closes the breaker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_redis_costs_one_timeout_per_probe_not_per_check() {
+    let server = RedisServer::start();
+    let store = store_at(server.url());
+    let _ = store.check("warm", &policy(), 1).await.unwrap();
+    server.freeze();
+    let t0 = Instant::now();
+    let calls = hammer(&store, 16, Duration::from_millis(2_500), t0).await;
+
+    let opened = calls
+        .iter()
+        .find(|c| c.failure == Some(ErrorKind::CircuitOpen))
+        .expect("the breaker never opened")
+        .start;
+    let slow: Vec<&Call> = calls
+        .iter()
+        .filter(|c| c.failure == Some(ErrorKind::Timeout))
+        .collect();
+    let instant: Vec<Duration> = calls
+        .iter()
+        .filter(|c| c.failure == Some(ErrorKind::CircuitOpen))
+        .map(|c| c.end - c.start)
+        .collect();
+    let mut sorted = instant.clone();
+    sorted.sort();
+    let p90 = sorted[sorted.len() * 9 / 10];
+    let probes: Vec<&&Call> = slow.iter().filter(|c| c.start >= opened).collect();
+    println!(
+        "{} calls; breaker open after {opened:?}; {} timeouts ({} probes); open answers p90 {p90:?}, max {:?}",
+        calls.len(),
+        slow.len(),
+        probes.len(),
+        sorted.last()
+    );
+    assert!(
+        calls.iter().all(|c| c.failure.is_some()),
+        "a frozen Redis answered"
+    );
+    // Only calls already under way when the breaker opened (at most two per
+    // task: the one in flight at the freeze and the next), and the probes, waited.
+    assert!(slow.len() <= 2 * 16 + probes.len(), "{slow:?}");
+    // 2.5 s of cool-downs of at least 125 ms, doubling: a handful of probes.
+    assert!(
+        (1..=8).contains(&probes.len()),
+        "{} probes in 2.5 s",
+        probes.len()
+    );
+    // Never more than one probe in flight.
+    for pair in probes.windows(2) {
+        assert!(pair[1].start >= pair[0].end, "overlapping probes: {pair:?}");
+    }
+    // An open breaker answers without waiting for anything.
+    assert!(instant.len() > 100, "only {} open answers", instant.len());
+    assert!(
+        sorted.iter().all(|d| *d < TIMEOUT),
+        "an open-breaker answer waited the timeout"
+    );
+    assert!(p90 < Duration::from_millis(10), "open answers p90 {p90:?}");
+
+    server.thaw();
+    let thawed = Instant::now();
+    let resumed = loop {
+        if store.check("after", &policy(), 1).await.is_ok() {
+            break thawed.elapsed();
+        }
+        assert!(
+            thawed.elapsed() < Duration::from_secs(5),
+            "no answer after thawing"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    println!("decisions resumed {resumed:?} after the thaw");
+    // The longest cool-down is 1 s; give a busy machine another second.
+    assert!(
+        resumed < Duration::from_secs(2),
+        "resumed after {resumed:?}"
+    );
+}
+
+/// With a fallback, a killed Redis changes who decides, not whether the limit
+/// holds: the in-process store enforces the same quota, and Redis decides again
+/// once it is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fallback_limits_while_redis_is_down_and_redis_decides_again_when_back() {
+    let mut server = RedisServer::start();
+    let limiter = RateLimiter::new(store_at(server.url()), Quota::per_minute(5).unwrap())
+        .fallback(Fallback::memory());
+    for left in [4, 3] {
+        let d = limiter.check("client", 1).await.unwrap();
+        assert_eq!(
+            (d.allowed(), d.remaining(), d.is_fallback()),
+            (true, left, false)
+        );
+    }
+    server.stop();
+    // The fallback's bucket starts full: 5 admitted, then limited, every
+    // decision marked as the fallback's.
+    for left in (0..5).rev() {
+        let d = limiter.check("client", 1).await.unwrap();
+        assert!(d.is_fallback(), "{d:?}");
+        assert_eq!((d.allowed(), d.remaining()), (true, left));
+    }
+    for _ in 0..50 {
+        let d = limiter.check("client", 1).await.unwrap();
+        assert!(d.is_fallback() && !d.allowed(), "{d:?}");
+    }
+    assert!(limiter.fallback_store().unwrap().is_active());
+
+    server.restart();
+    let back = Instant::now();
+    let resumed = loop {
+        let d = limiter.check("other", 1).await.unwrap();
+        if !d.is_fallback() {
+            break back.elapsed();
+        }
+        assert!(
+            back.elapsed() < Duration::from_secs(5),
+            "Redis never decided again"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    println!("Redis decided again {resumed:?} after it came back");
+    assert!(
+        resumed < Duration::from_secs(2),
+        "resumed after {resumed:?}"
+    );
+    assert!(!limiter.fallback_store().unwrap().is_active());
+    // The restarted Redis is empty: a fresh bucket, decided by Redis.
+    let d = limiter.check("client", 1).await.unwrap();
+    assert_eq!(
+        (d.allowed(), d.remaining(), d.is_fallback()),
+        (true, 4, false)
+    );
+}
+
+/// A connect slower than the call timeout (a TLS handshake across zones, a
+/// loaded server) is not cancelled with the call: it completes and serves the
+/// next calls, on the one connection it made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connect_slower_than_the_call_timeout_still_completes() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    proxy.delay_new_connections(Duration::from_millis(400));
+    let store = RedisStore::builder()
+        .url(proxy.url())
+        .timeout(TIMEOUT)
+        .connect_timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let first = store.check("slow", &policy(), 1).await.unwrap_err();
+    assert!(matches!(first, Error::Timeout(_)), "{first:?}");
+    let start = Instant::now();
+    let answered = loop {
+        match store.check("slow", &policy(), 1).await {
+            Ok(d) => break d,
+            Err(e) => {
+                assert!(
+                    start.elapsed() < Duration::from_secs(10),
+                    "never connected: {e}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    assert!(answered.allowed());
+    assert_eq!(proxy.accepted(), 1, "the slow connect was restarted");
+}
+
+/// One call that is merely slow (Redis busy for 300 ms with another client's
+/// script) times out, but the connection is healthy: the background PING keeps
+/// it, and no new connection is made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_slow_call_does_not_drop_a_healthy_connection() {
+    let server = RedisServer::start();
+    let store = store_at(server.url());
+    let _ = store.check("warm", &policy(), 1).await.unwrap();
+    let connections = || -> u64 {
+        let info: String = server.cmd(&["INFO", "stats"]);
+        info.lines()
+            .find_map(|l| l.strip_prefix("total_connections_received:"))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap()
+    };
+    let before = connections();
+    // Another client keeps Redis busy for 300 ms.
+    let url = server.url();
+    let busy = std::thread::spawn(move || {
+        let mut conn = deadpool_redis::redis::Client::open(url)
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        let script = "local s = redis.call('TIME') \
+            while true do local n = redis.call('TIME') \
+            if (n[1] - s[1]) * 1000000 + (n[2] - s[2]) > 300000 then return 1 end end";
+        let _: i64 = deadpool_redis::redis::cmd("EVAL")
+            .arg(script)
+            .arg(0)
+            .query(&mut conn)
+            .unwrap();
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let slow = store.check("slow", &policy(), 1).await.unwrap_err();
+    assert!(matches!(slow, Error::Timeout(_)), "{slow:?}");
+    busy.join().unwrap();
+    // Give the background PING time to answer, then use the store again.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for _ in 0..5 {
+        assert!(store.check("after", &policy(), 1).await.unwrap().allowed());
+    }
+    // The busy client's connection and this INFO's own are the only new ones.
+    assert_eq!(connections() - before, 2, "the store reconnected");
+}
+
+/// Redis out of memory under `noeviction`: writes are refused with `OOM`.
+/// Admissions fail as `ErrorKind::OutOfMemory` (visible, not silent), and a
+/// fallback keeps limiting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_memory_is_an_error_of_its_own_and_the_fallback_limits() {
+    let server = RedisServer::start_with(&["--maxmemory-policy", "noeviction"]);
+    // A limit below what Redis already uses: every write is refused, whatever
+    // the connections' buffers add or free meanwhile.
+    let _: () = server.cmd(&["CONFIG", "SET", "maxmemory", "1"]);
+    assert!(server.try_cmd::<()>(&["SET", "probe", "v"]).is_err());
+    let store = store_at(server.url());
+    let err = store.check("oom", &policy(), 1).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::OutOfMemory, "{err}");
+    assert!(err.is_store_error());
+    assert!(err.to_string().contains("OOM"), "{err}");
+
+    let limiter = RateLimiter::new(
+        RedisStore::builder()
+            .url(server.url())
+            .timeout(TIMEOUT)
+            .circuit_breaker(CircuitBreaker::disabled())
+            .build()
+            .unwrap(),
+        Quota::per_minute(2).unwrap(),
+    )
+    .fallback(Fallback::memory());
+    let decisions: Vec<(bool, bool)> = futures_decisions(&limiter, 3).await;
+    assert_eq!(decisions, [(true, true), (true, true), (true, false)]);
+}
+
+/// `n` checks of one key: (decided by the fallback, allowed).
+async fn futures_decisions(limiter: &RateLimiter, n: usize) -> Vec<(bool, bool)> {
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let d = limiter.check("oom", 1).await.unwrap();
+        out.push((d.is_fallback(), d.allowed()));
+    }
+    out
+}
+
+/// `ping` is the start-up check: it answers with the round trip, or fails
+/// naming the server and never its password.
+#[tokio::test]
+async fn ping_names_the_server_and_never_the_password() {
+    let server = RedisServer::start();
+    let ok = RedisStore::from_url(&server.url()).unwrap();
+    assert!(ok.ping().await.unwrap() < Duration::from_secs(5));
+    let dead_port = support::free_port();
+    let dead = RedisStore::from_url(&format!("redis://:hunter2@127.0.0.1:{dead_port}")).unwrap();
+    let err = dead.ping().await.unwrap_err();
+    let message = err.to_string();
+    assert!(
+        message.contains(&format!("127.0.0.1:{dead_port}")),
+        "{message}"
+    );
+    assert!(!message.contains("hunter2"), "{message}");
+    assert_eq!(err.kind(), ErrorKind::Connection, "{message}");
+}
