@@ -26,6 +26,9 @@
 #   CONNS [64], THREADS [2]  wrk connections and threads
 #   KEYS [100]  client keys in the open case (x-client: c1..cN, random)
 #   PIN [1]     1: server + redis-server on core 0, wrk and this script on core 1
+#   NICE [0]    a nice value for everything the script starts after the build
+#               (negative needs root): NICE=-10 lets the measured processes
+#               run ahead of other work on a shared machine, at that work's expense
 #   PORT, REDIS_PORT  fixed ports, failing if busy (default: free ones are picked)
 #   OUT [a temp dir]  raw wrk outputs, server timelines, Redis polls, logs
 #   TRACE [0]   1: build peer-server with tollgate's tracing events (breaker
@@ -78,14 +81,20 @@
 # fallback decision; the fallback's quota for that span is 10 + floor(span s)
 # admitted (the bucket starts full, 1 token a second).
 #
-# Conditions, per window (this benchmark is meant to run on a shared machine,
-# so it says what it ran under): the share of core 0 that peer-server and
-# redis-server got (CPU time from /proc over wall time), core 0's steal time
-# (/proc/stat), the longest silence in the server's answers (from /timeline),
-# and the longest stall of core 0 seen by a stall meter (a bash loop pinned to
-# core 0 with the server, waking every 5 ms, logging wake-ups more than 30 ms
-# late; it costs about 1% of core 0). A silence that a stall as long explains
-# is the machine's; a silence without a stall is the server's own.
+# Conditions, per window (the benchmark may run on a shared machine, so it
+# says what it ran under):
+#   - server p99: the 99th percentile of the time the server took, from a
+#     middleware outside the limiter receiving the request to the response
+#     (peer-server's /timeline buckets: 1 2 5 10 20 50 100 250 ms), and the
+#     answers that took 250 ms or more (waits on the 300 ms store timeout): what
+#     tollgate adds, apart from the kernel and the client;
+#   - CPU: peer-server + redis-server's share of core 0 and wrk's of core 1
+#     (/proc/PID/stat, wrk's through bash's `time`), the share other work took
+#     on each core (/proc/stat, minus idle and ours), core 0's steal time;
+#   - the longest silence in the server's answers (no answer at all; either side
+#     may cause it), and the longest stall of core 0 seen by a stall meter (a
+#     bash loop pinned to core 0, waking every 5 ms, logging wake-ups more than
+#     30 ms late; about 1% of core 0).
 #
 # Pinning (PIN=1, needs taskset and 2+ cores): peer-server and redis-server on
 # core 0, wrk, curl, redis-cli polls and this script on core 1, as in
@@ -181,9 +190,14 @@ bin="$target_dir/release/peer-server"
 [ -x "$bin" ] || die "built binary not found at $bin"
 
 # From here on, everything this script starts runs on core 1 unless started
-# through pin_server (core 0).
+# through pin_server (core 0), at the nice value NICE.
 if [ ${#pin_server[@]} -gt 0 ]; then
   taskset -p -c 1 $$ >/dev/null || die "taskset -p failed"
+fi
+nice_value=${NICE:-0}
+[[ $nice_value =~ ^-?[0-9]+$ ]] || die "NICE must be an integer"
+if [ "$nice_value" != 0 ]; then
+  renice -n "$nice_value" -p $$ >/dev/null || die "renice -n $nice_value failed (negative values need root)"
 fi
 
 # --- scratch dir, Redis, clean-up --------------------------------------------
@@ -415,9 +429,10 @@ proc_ticks() { # pid -> REPLY = its utime + stime in clock ticks (0 if none or g
   read -r -a f <<<"$stat"
   REPLY=$((f[11] + f[12]))
 }
-# sample NAME >> file: "NAME ms server_ticks redis_ticks cpu0_steal_ticks"
+# sample NAME >> file: "NAME ms server_ticks redis_ticks cpu0_steal cpu0_idle cpu0_total
+# cpu1_idle cpu1_total" (ticks; idle includes iowait, total is user to steal)
 sample() {
-  local t srv rds steal=0 name rest f
+  local t srv rds name rest f steal0=0 idle0=0 total0=0 idle1=0 total1=0
   now_ms
   t=$REPLY
   proc_ticks "$server_pid"
@@ -425,13 +440,19 @@ sample() {
   proc_ticks "$redis_pid"
   rds=$REPLY
   while read -r name rest; do
-    if [ "$name" = cpu0 ]; then
-      read -r -a f <<<"$rest"
-      steal=${f[7]:-0}
-      break
-    fi
+    case $name in
+      cpu0)
+        read -r -a f <<<"$rest"
+        steal0=${f[7]:-0} idle0=$((f[3] + f[4])) total0=$((f[0] + f[1] + f[2] + f[3] + f[4] + f[5] + f[6] + f[7]))
+        ;;
+      cpu1)
+        read -r -a f <<<"$rest"
+        idle1=$((f[3] + f[4])) total1=$((f[0] + f[1] + f[2] + f[3] + f[4] + f[5] + f[6] + f[7]))
+        break
+        ;;
+    esac
   done </proc/stat
-  echo "$1 $t $srv $rds $steal"
+  echo "$1 $t $srv $rds $steal0 $idle0 $total0 $idle1 $total1"
 }
 
 # --- one scenario --------------------------------------------------------------
@@ -475,11 +496,12 @@ run_one() { # case fault policy
   [ "$code" = 200 ] || { cat "$out/$tag.server.log" >&2; die "peer-server ($tag) answered $code to a probe, not 200"; }
 
   local url="http://127.0.0.1:$port/"
-  wrk_for() { # seconds output
-    WRK_KEYS=$keys timeout $(($1 + 30)) wrk -t"$threads" -c"$conns" --timeout 2s -s "$crate/wrk.lua" \
-      -d"$1s" "$url" >"$2" 2>&1
+  wrk_for() { # seconds output: wrk's output in OUTPUT, its "wall user sys" seconds in OUTPUT.time
+    local TIMEFORMAT='%R %U %S'
+    { time WRK_KEYS=$keys timeout $(($1 + 30)) wrk -t"$threads" -c"$conns" --timeout 2s -s "$crate/wrk.lua" \
+      -d"$1s" "$url" >"$2" 2>&1; } 2>"$2.time"
   }
-  wrk_for "$warmup" /dev/null || die "wrk warm-up failed ($tag)"
+  wrk_for "$warmup" "$out/$tag.warmup.wrk.txt" || die "wrk warm-up failed ($tag)"
   local samples="$out/$tag.samples.txt"
   sample b0 >"$samples"
   wrk_for "$before" "$out/$tag.before.wrk.txt" || die "wrk failed ($tag, before)"
@@ -551,8 +573,10 @@ run_one() { # case fault policy
   # silence in the server's answers (ms; with wrk keeping CONNS requests in
   # flight, a silence means nothing was answered at all).
   local cond
-  cond=$(awk -v tck="$clk_tck" '
-    FILENAME == ARGV[1] { t[$1] = $2; srv[$1] = $3; rds[$1] = $4; st[$1] = $5; next }
+  cond=$(awk -v tck="$clk_tck" -v wb="$out/$tag.before.wrk.txt.time" -v wd="$out/$tag.during.wrk.txt.time" \
+    -v wa="$out/$tag.after.wrk.txt.time" '
+    BEGIN { wrkf["b"] = wb; wrkf["d"] = wd; wrkf["a"] = wa }
+    FILENAME == ARGV[1] { t[$1] = $2; srv[$1] = $3; rds[$1] = $4; st[$1] = $5; i0[$1] = $6; n0[$1] = $7; i1[$1] = $8; n1[$1] = $9; next }
     FILENAME == ARGV[2] {
       for (w = 1; w <= 3; w++) {
         k = substr("bda", w, 1)
@@ -560,13 +584,21 @@ run_one() { # case fault policy
       }
       next
     }
-    /^#/ { for (i = 2; i <= NF; i++) { split($i, kv, "="); if (kv[1] == "slot_ms") slot = kv[2] } next }
+    /^#/ {
+      for (i = 2; i <= NF; i++) {
+        split($i, kv, "=")
+        if (kv[1] == "slot_ms") slot = kv[2]
+        if (kv[1] == "time_bounds_ms") { nb = split(kv[2], bound, ","); bound[nb + 1] = 999 }
+      }
+      next
+    }
     {
       for (w = 1; w <= 3; w++) {
         k = substr("bda", w, 1)
         if ($1 >= t[k "0"] && $1 + slot <= t[k "1"]) {
           if (prev[k] != "" && $1 - prev[k] - slot > gap[k]) gap[k] = $1 - prev[k] - slot
           prev[k] = $1
+          for (j = 1; j <= 9; j++) { hb[k, j] += $(10 + j); hn[k] += $(10 + j) }
         }
       }
     }
@@ -575,7 +607,18 @@ run_one() { # case fault policy
         k = substr("bda", w, 1); a = k "0"; b = k "1"; ms = t[b] - t[a]
         share = (ms > 0) ? ((srv[b] - srv[a]) + (rds[b] - rds[a])) * 1000 / tck / ms * 100 : 0
         if (rds[b] < rds[a]) share = (srv[b] - srv[a] + rds[b]) * 1000 / tck / ms * 100
-        printf "%d %d %d %d ", share, (st[b] - st[a]) * 1000 / tck, gap[k] + 0, late[k] + 0
+        # server-side p99: the upper bound of the bucket holding it (999: above 250 ms)
+        p99 = 0; cum = 0
+        for (j = 1; j <= 9 && hn[k] > 0; j++) { cum += hb[k, j]; if (cum >= 0.99 * hn[k]) { p99 = bound[j]; break } }
+        getline wt < (wrkf[k]); split(wt, wx, " ")
+        wshare = (wx[1] > 0) ? (wx[2] + wx[3]) / wx[1] * 100 : 0
+        # the rest of each core: idle, and other work (100 - ours - idle)
+        idle0 = (n0[b] > n0[a]) ? (i0[b] - i0[a]) / (n0[b] - n0[a]) * 100 : 0
+        idle1 = (n1[b] > n1[a]) ? (i1[b] - i1[a]) / (n1[b] - n1[a]) * 100 : 0
+        other0 = 100 - share - idle0; if (other0 < 0) other0 = 0
+        other1 = 100 - wshare - idle1; if (other1 < 0) other1 = 0
+        printf "%d %d %d %d %d %d %d %d %d ", share, (st[b] - st[a]) * 1000 / tck, gap[k] + 0, late[k] + 0, p99,
+          hb[k, 9] + 0, wshare, other0, other1
       }
       printf "\n"
     }' "$samples" "$out/stall.txt" "$out/$tag.timeline.txt")
@@ -612,7 +655,7 @@ echo
 echo "tollgate outage benchmark, $started_at: peer-server tollgate-redis-outage (RedisStore, store timeout 300 ms," \
   "default circuit breaker), wrk -t$threads -c$conns, $nkeys keys (open) / 1 key (hot), $cores cores, $placement"
 echo "windows: before ${before}s | fault ${outage}s, during = its last $((outage - skip))s | after ${after}s;" \
-  "load average (1/5/15 min) $load_start at the start, $load_end at the end"
+  "nice $nice_value; load average (1/5/15 min) $load_start at the start, $load_end at the end (this benchmark alone: about 2)"
 awk -v conns="$conns" '
   function ms(us) { return us / 1000 }
   {
@@ -623,12 +666,13 @@ awk -v conns="$conns" '
     arps[k] = $16; ap99[k] = $17; asock[k] = $18; anon[k] = $19
     flen[k] = $20; res[k] = $21; onset[k] = $22; nrafter[k] = $23
     f2[k] = $24; f429[k] = $25; x2[k] = $26; xo[k] = $27; span[k] = $28; bound[k] = $29; rres[k] = $30
-    bshare[k] = $31; bsteal[k] = $32; bgap[k] = $33; blate[k] = $34
-    dshare[k] = $35; dsteal[k] = $36; dgap[k] = $37; dlate[k] = $38
-    ashare[k] = $39; asteal[k] = $40; agap[k] = $41; alate[k] = $42
+    bshare[k] = $31; bsteal[k] = $32; bgap[k] = $33; blate[k] = $34; bsp99[k] = $35; bslow[k] = $36; bwrk[k] = $37; bo0[k] = $38; bo1[k] = $39
+    dshare[k] = $40; dsteal[k] = $41; dgap[k] = $42; dlate[k] = $43; dsp99[k] = $44; dslow[k] = $45; dwrk[k] = $46; do0[k] = $47; do1[k] = $48
+    ashare[k] = $49; asteal[k] = $50; agap[k] = $51; alate[k] = $52; asp99[k] = $53; aslow[k] = $54; awrk[k] = $55; ao0[k] = $56; ao1[k] = $57
     n = NR
   }
   function verdict(ok) { return ok ? "PASS" : "FAIL" }
+  function lat(b) { return (b == 999) ? ">250" : b }
   END {
     printf "\n%-4s %-6s %-8s | %-14s | %-20s | %-20s | %-8s | %-20s | %s\n", "case", "fault", "policy",
       "before", "during", "after", "sock", "non-2xx", "resume ms"
@@ -644,15 +688,22 @@ awk -v conns="$conns" '
       " redis = EVALSHA rate back to half the pre-fault rate; -1 = not within the after window)\n"
 
     printf "\nconditions per window, before/during/after: what the figures above were measured under\n"
-    printf "%-4s %-6s %-8s | %-16s | %-16s | %-18s | %-16s\n", "case", "fault", "policy", "core-0 share %", "core-0 steal ms",
-      "longest silence ms", "core-0 stall ms"
+    printf "%-4s %-6s %-8s | %-13s | %-8s | %-11s | %-11s | %-11s | %-11s | %-11s | %-11s | %s\n", "case", "fault", "policy",
+      "server p99ms", ">=250ms", "c0 ours %", "c0 other %", "c1 wrk %", "c1 other %", "steal0 ms", "silence ms", "stall0 ms"
     for (k = 1; k <= n; k++)
-      printf "%-4s %-6s %-8s | %-16s | %-16s | %-18s | %-16s\n", C[k], F[k], P[k], bshare[k] "/" dshare[k] "/" ashare[k],
-        bsteal[k] "/" dsteal[k] "/" asteal[k], bgap[k] "/" dgap[k] "/" agap[k], blate[k] "/" dlate[k] "/" alate[k]
-    printf "(core-0 share: CPU time of peer-server + redis-server over wall time, 100 = core 0 to themselves;" \
-      " steal: time the hypervisor reports it took core 0 away; silence: the longest stretch in which peer-server" \
-      " answered nothing; stall: the longest a 5 ms sleeper on core 0 woke late, 0 = never more than 30 ms:" \
-      " a silence with a stall as long is the machine, a silence without one is the server)\n"
+      printf "%-4s %-6s %-8s | %-13s | %-8s | %-11s | %-11s | %-11s | %-11s | %-11s | %-11s | %s\n", C[k], F[k], P[k],
+        lat(bsp99[k]) "/" lat(dsp99[k]) "/" lat(asp99[k]), bslow[k] "/" dslow[k] "/" aslow[k],
+        bshare[k] "/" dshare[k] "/" ashare[k], bo0[k] "/" do0[k] "/" ao0[k], bwrk[k] "/" dwrk[k] "/" awrk[k],
+        bo1[k] "/" do1[k] "/" ao1[k], bsteal[k] "/" dsteal[k] "/" asteal[k], bgap[k] "/" dgap[k] "/" agap[k],
+        blate[k] "/" dlate[k] "/" alate[k]
+    printf "(all b/d/a. server p99: the server-side time of the 99th percentile answer, from the middleware receiving" \
+      " the request to the response, as the upper bound of its bucket (1 2 5 10 20 50 100 250 ms; >250);" \
+      " >=250ms: answers that took the server 250 ms or more (a store timeout is 300 ms);" \
+      " c0 ours: CPU time of peer-server + redis-server over wall time (100 = all of core 0); c0 other: core 0" \
+      " busy with anything else (other work on the machine, the stall meter); c1 wrk, c1 other: the same for core 1" \
+      " and wrk (the rest of each core was idle); steal0: what the hypervisor reports it took from core 0;" \
+      " silence: the longest stretch in which peer-server answered nothing (its cause may be on either side);" \
+      " stall: the longest a 5 ms sleeper on core 0 woke late (0 = never more than 30 ms))\n"
 
     printf "\ntargets (issue 8), open case, same run:   during/before >= 0.80 | p99 during <= 20 ms | socket errors during+after = 0 | resume <= 1000 ms\n"
     for (k = 1; k <= n; k++) {
@@ -688,10 +739,11 @@ awk -v conns="$conns" '
     }
   }' "$results"
 reproduce="FAULTS=\"$faults\" POLICIES=\"$policies\" HOT_FAULTS=\"$hot_faults\" HOT_POLICIES=\"$hot_policies\""
-reproduce+=" BEFORE=$before OUTAGE=$outage SKIP=$skip AFTER=$after CONNS=$conns THREADS=$threads KEYS=$nkeys PIN=$pin"
+reproduce+=" BEFORE=$before OUTAGE=$outage SKIP=$skip AFTER=$after CONNS=$conns THREADS=$threads KEYS=$nkeys PIN=$pin NICE=$nice_value"
 echo
 echo "reproduce: $reproduce bash benches/outage.sh"
 echo "raw: $results (case fault policy, then per window before/onset/during/after: req/s p99_us socket_errors non2xx;" \
   "fault_ms resume_ms onset_ms non_redis_after fallback_2xx fallback_429 failed_2xx failed_other fallback_span_ms bound redis_resume_ms," \
-  "then per window before/during/after: core0_share_% steal_ms silence_ms stall_ms);" \
+  "then per window before/during/after: core0_ours_% steal0_ms silence_ms stall0_ms server_p99_bucket_ms server_ge250ms" \
+  "core1_wrk_% core0_other_% core1_other_%);" \
   "wrk outputs, /timeline dumps and Redis polls beside it"

@@ -8,8 +8,8 @@
 //!   RedisStore (300 ms store timeout, default circuit breaker, checked with
 //!   `ping` at start-up) and the store-error policy named by `ON_STORE_ERROR`
 //!   (`allow`, the default, `deny` or `fallback`: `Fallback::memory()`). It also
-//!   records who decided each response, per 10 ms (see `mod timeline`), served
-//!   unlimited at `GET /timeline`.
+//!   records who decided each response and how long the server took, per
+//!   10 ms (see `mod timeline`), served unlimited at `GET /timeline`.
 //! - CASE: `open` (default; every request is admitted) or `hot` (burst 10,
 //!   refilled 1 per second: a flooded key is nearly always denied).
 //! - Environment: `PORT` (default 3000), `REDIS_URL` (default
@@ -239,25 +239,32 @@ mod trlr_limiter {
     }
 }
 
-/// Counts of answers per 10 ms slot, by who decided them and by status, for
-/// `benches/outage.sh`: it tells when decisions stopped and resumed coming
-/// from Redis, and what the fallback admitted, for every request the server
-/// answered (also those wrk leaves uncounted between its runs).
+/// Counts of answers per 10 ms slot, by who decided them and by status, and
+/// how long the server took (from this middleware receiving the request to the
+/// response), for `benches/outage.sh`: it tells when decisions stopped and
+/// resumed coming from Redis, what the fallback admitted, and which requests
+/// waited on the store, for every request the server answered (also those wrk
+/// leaves uncounted between its runs).
 mod timeline {
     use std::fmt::Write as _;
     use std::sync::OnceLock;
     use std::sync::atomic::{AtomicU64, Ordering};
-    use std::time::{Instant, SystemTime, UNIX_EPOCH};
+    use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+    use axum::extract::Request;
     use axum::http::StatusCode;
+    use axum::middleware::Next;
     use axum::response::Response;
 
     /// Slot length in milliseconds.
     const SLOT_MS: u64 = 10;
     /// Ten minutes of slots; later answers count in the last one.
     const SLOTS: usize = 60_000;
-    /// Counters per slot: 3 sources x 3 status classes.
-    const PER_SLOT: usize = 9;
+    /// Upper bounds (ms) of the server-time buckets; the last bucket is
+    /// everything above the last bound (250 ms: close to the store timeout).
+    const BOUNDS_MS: [u64; 8] = [1, 2, 5, 10, 20, 50, 100, 250];
+    /// Counters per slot: 3 sources x 3 status classes, then 9 time buckets.
+    const PER_SLOT: usize = 9 + BOUNDS_MS.len() + 1;
 
     /// Who decided an answer.
     #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -293,8 +300,8 @@ mod timeline {
         let _ = timeline();
     }
 
-    /// Counts one answer now.
-    pub(crate) fn record(source: Source, status: StatusCode) {
+    /// Counts one answer now, which took the server `took`.
+    pub(crate) fn record(source: Source, status: StatusCode, took: Duration) {
         let t = timeline();
         let slot = ((t.start.elapsed().as_millis() as u64 / SLOT_MS) as usize).min(SLOTS - 1);
         let class = if status.is_success() {
@@ -304,16 +311,29 @@ mod timeline {
         } else {
             2
         };
-        t.counts[slot * PER_SLOT + source as usize * 3 + class].fetch_add(1, Ordering::Relaxed);
+        let base = slot * PER_SLOT;
+        t.counts[base + source as usize * 3 + class].fetch_add(1, Ordering::Relaxed);
+        let ms = took.as_millis() as u64;
+        let bucket = BOUNDS_MS
+            .iter()
+            .position(|&b| ms < b)
+            .unwrap_or(BOUNDS_MS.len());
+        t.counts[base + 9 + bucket].fetch_add(1, Ordering::Relaxed);
     }
 
     /// `GET /timeline`: a header line, then one line per non-empty slot:
     /// `unix_ms store_2xx store_429 store_other fallback_2xx fallback_429
-    /// fallback_other failed_2xx failed_429 failed_other` (unix_ms: the slot's
-    /// start, by the system clock, as `date +%s%3N`).
+    /// fallback_other failed_2xx failed_429 failed_other`, then the answers
+    /// that took the server less than 1, 2, 5, 10, 20, 50, 100, 250 ms and
+    /// longer (unix_ms: the slot's start, by the system clock, as
+    /// `date +%s%3N`).
     pub(crate) async fn dump() -> String {
         let t = timeline();
-        let mut out = format!("# slot_ms={SLOT_MS} start_unix_ms={}\n", t.start_unix_ms);
+        let mut out = format!(
+            "# slot_ms={SLOT_MS} start_unix_ms={} time_bounds_ms={}\n",
+            t.start_unix_ms,
+            BOUNDS_MS.map(|b| b.to_string()).join(",")
+        );
         for (i, slot) in t.counts.chunks(PER_SLOT).enumerate() {
             let c: Vec<u64> = slot.iter().map(|a| a.load(Ordering::Relaxed)).collect();
             if c.iter().all(|&n| n == 0) {
@@ -328,9 +348,16 @@ mod timeline {
         out
     }
 
-    /// The middleware: counts each response by who decided it.
-    pub(crate) async fn count(res: Response) -> Response {
-        record(super::tollgate_limiter::decided_by(&res), res.status());
+    /// The middleware: counts each response by who decided it and how long
+    /// the server took.
+    pub(crate) async fn count(req: Request, next: Next) -> Response {
+        let started = Instant::now();
+        let res = next.run(req).await;
+        record(
+            super::tollgate_limiter::decided_by(&res),
+            res.status(),
+            started.elapsed(),
+        );
         res
     }
 }
@@ -377,7 +404,7 @@ async fn run() -> Result<(), BoxError> {
             // itself is neither limited nor counted.
             timeline::start();
             router
-                .layer(axum::middleware::map_response(timeline::count))
+                .layer(axum::middleware::from_fn(timeline::count))
                 .route("/timeline", get(timeline::dump))
         }
         _ => return Err(usage()),
