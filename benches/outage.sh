@@ -31,6 +31,9 @@
 #               run ahead of other work on a shared machine, at that work's expense
 #   PORT, REDIS_PORT  fixed ports, failing if busy (default: free ones are picked)
 #   OUT [a temp dir]  raw wrk outputs, server timelines, Redis polls, logs
+#   BREAKER_FIRST_PROBE_MS, BREAKER_MAX_COOLDOWN_MS, CONNECT_TIMEOUT_MS
+#               (unset: tollgate's defaults) change the store's circuit breaker
+#               and connect timeout, for experiments; the report names them
 #   TRACE [0]   1: build peer-server with tollgate's tracing events (breaker
 #               transitions, store errors, fallback start/end) in the server
 #               logs under OUT, for diagnosis; figures then include that cost
@@ -467,8 +470,8 @@ wrk_figures() {
   }' <<<"$line"
 }
 
-run_one() { # case fault policy
-  local case=$1 fault=$2 policy=$3 tag="$1-$2-$3" keys=$nkeys
+run_one() { # index case fault policy
+  local case=$2 fault=$3 policy=$4 tag="$1-$2-$3-$4" keys=$nkeys
   [ "$case" = hot ] && keys=1
   for _ in $(seq 50); do port_busy "$port" || break; sleep 0.1; done
   if port_busy "$port"; then
@@ -644,9 +647,11 @@ echo "outage: ${#scenarios[@]} scenarios, about $((${#scenarios[@]} * per_run / 
   "wrk -t$threads -c$conns, $placement; raw data in $out" >&2
 load_start=$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo '?')
 started_at=$(date -u '+%Y-%m-%d %H:%M UTC')
+index=0
 for s in "${scenarios[@]}"; do
   read -r c f p <<<"$s"
-  run_one "$c" "$f" "$p"
+  index=$((index + 1))
+  run_one "$(printf %02d "$index")" "$c" "$f" "$p"
 done
 load_end=$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo '?')
 
@@ -654,6 +659,11 @@ load_end=$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo '?')
 echo
 echo "tollgate outage benchmark, $started_at: peer-server tollgate-redis-outage (RedisStore, store timeout 300 ms," \
   "default circuit breaker), wrk -t$threads -c$conns, $nkeys keys (open) / 1 key (hot), $cores cores, $placement"
+overrides=""
+for v in BREAKER_FIRST_PROBE_MS BREAKER_MAX_COOLDOWN_MS CONNECT_TIMEOUT_MS; do
+  if [ -n "${!v:-}" ]; then overrides+=" $v=${!v}"; fi
+done
+[ -z "$overrides" ] || echo "NOT the defaults:$overrides"
 echo "windows: before ${before}s | fault ${outage}s, during = its last $((outage - skip))s | after ${after}s;" \
   "nice $nice_value; load average (1/5/15 min) $load_start at the start, $load_end at the end (this benchmark alone: about 2)"
 awk -v conns="$conns" '
@@ -738,7 +748,7 @@ awk -v conns="$conns" '
       }
     }
   }' "$results"
-reproduce="FAULTS=\"$faults\" POLICIES=\"$policies\" HOT_FAULTS=\"$hot_faults\" HOT_POLICIES=\"$hot_policies\""
+reproduce="${overrides# }${overrides:+ }FAULTS=\"$faults\" POLICIES=\"$policies\" HOT_FAULTS=\"$hot_faults\" HOT_POLICIES=\"$hot_policies\""
 reproduce+=" BEFORE=$before OUTAGE=$outage SKIP=$skip AFTER=$after CONNS=$conns THREADS=$threads KEYS=$nkeys PIN=$pin NICE=$nice_value"
 echo
 echo "reproduce: $reproduce bash benches/outage.sh"

@@ -98,6 +98,9 @@ mod tollgate_limiter {
     /// For `benches/outage.sh`: tollgate over a RedisStore with a 300 ms store
     /// timeout and the default circuit breaker, checked with `ping` first, and
     /// the store-error policy `on_error` (`allow`, `deny`, `fallback`).
+    ///
+    /// For experiments, these environment variables change the defaults:
+    /// `BREAKER_FIRST_PROBE_MS`, `BREAKER_MAX_COOLDOWN_MS`, `CONNECT_TIMEOUT_MS`.
     pub(crate) async fn outage_layer(
         router: Router,
         case: Case,
@@ -112,11 +115,30 @@ mod tollgate_limiter {
                 return Err(format!("ON_STORE_ERROR={other:?}: allow, deny or fallback").into());
             }
         };
-        let store = RedisStore::builder()
+        let ms = |name: &str| -> Result<Option<Duration>, BoxError> {
+            match std::env::var(name) {
+                Ok(v) => Ok(Some(Duration::from_millis(
+                    v.parse().map_err(|e| format!("{name}={v:?}: {e}"))?,
+                ))),
+                Err(_) => Ok(None),
+            }
+        };
+        let mut breaker = CircuitBreaker::new();
+        if let Some(d) = ms("BREAKER_FIRST_PROBE_MS")? {
+            breaker = breaker.first_probe(d);
+        }
+        if let Some(d) = ms("BREAKER_MAX_COOLDOWN_MS")? {
+            breaker = breaker.max_cooldown(d);
+        }
+        let mut builder = RedisStore::builder()
             .url(redis_url)
             .timeout(OUTAGE_TIMEOUT)
-            .circuit_breaker(CircuitBreaker::new())
-            .build()?;
+            .circuit_breaker(breaker);
+        if let Some(d) = ms("CONNECT_TIMEOUT_MS")? {
+            builder = builder.connect_timeout(d);
+        }
+        let store = builder.build()?;
+        eprintln!("peer-server: {store:?}, {breaker:?}");
         let rtt = store.ping().await?;
         eprintln!(
             "peer-server: Redis at {} answered PING in {rtt:?}",
