@@ -4,7 +4,7 @@
 # and kills its own redis-server. Issue 8, item 8; the targets it checks are the
 # issue's.
 #
-#   bash benches/outage.sh                                   # about 3 minutes
+#   bash benches/outage.sh                                   # about 4 minutes
 #   POLICIES="allow fallback" HOT_POLICIES=fallback bash benches/outage.sh
 #   FAULTS=kill POLICIES=fallback HOT_POLICIES= bash benches/outage.sh   # one scenario
 #
@@ -28,7 +28,11 @@
 #   PIN [1]     1: server + redis-server on core 0, wrk and this script on core 1
 #   NICE [0]    a nice value for everything the script starts after the build
 #               (negative needs root): NICE=-10 lets the measured processes
-#               run ahead of other work on a shared machine, at that work's expense
+#               run ahead of other work on a shared machine, at that work's
+#               expense. With autogroup scheduling (Linux's default for
+#               desktop-style kernels) a process's nice only counts inside its
+#               session's group, so the session's autogroup gets NICE too, and
+#               its old value back on exit
 #   PORT, REDIS_PORT  fixed ports, failing if busy (default: free ones are picked)
 #   OUT [a temp dir]  raw wrk outputs, server timelines, Redis polls, logs
 #   BREAKER_FIRST_PROBE_MS, BREAKER_MAX_COOLDOWN_MS, CONNECT_TIMEOUT_MS
@@ -70,7 +74,7 @@
 #     last slot after Redis returned that still holds an answer not decided by
 #     Redis, minus the time Redis returned (0 when none). "Returned" is the
 #     SIGCONT for a freeze, the restarted server's first PONG (polled every
-#     ~10 ms) for a kill. This counts every answer, also those between wrk runs.
+#     ~5 ms) for a kill. This counts every answer, also those between wrk runs.
 #   redis: from the return, INFO commandstats polled every ~20 ms: the first
 #     poll at which EVALSHA+EVAL calls grew, since the previous poll, at half
 #     the pre-fault request rate or more. A cross-check with ~20 ms resolution
@@ -99,10 +103,10 @@
 #     bash loop pinned to core 0, waking every 5 ms, logging wake-ups more than
 #     30 ms late; about 1% of core 0).
 #
-# Pinning (PIN=1, needs taskset and 2+ cores): peer-server and redis-server on
-# core 0, wrk, curl, redis-cli polls and this script on core 1, as in
-# benches/http_peers.sh: the load generator never competes with what is
-# measured. While Redis is frozen or dead the server has core 0 to itself, so
+# Pinning (PIN=1, needs taskset and 2+ cores): peer-server, redis-server and
+# the stall meter on core 0; wrk, curl, the Redis polls and this script on
+# core 1, as in benches/http_peers.sh: the load generator never competes with
+# what is measured (other work on the machine still may: see the conditions). While Redis is frozen or dead the server has core 0 to itself, so
 # "during" may beat "before": the targets compare against the pre-fault rate
 # of the same run, as the issue states them.
 set -euo pipefail
@@ -193,14 +197,9 @@ bin="$target_dir/release/peer-server"
 [ -x "$bin" ] || die "built binary not found at $bin"
 
 # From here on, everything this script starts runs on core 1 unless started
-# through pin_server (core 0), at the nice value NICE.
+# through pin_server (core 0); at the nice value NICE (below).
 if [ ${#pin_server[@]} -gt 0 ]; then
   taskset -p -c 1 $$ >/dev/null || die "taskset -p failed"
-fi
-nice_value=${NICE:-0}
-[[ $nice_value =~ ^-?[0-9]+$ ]] || die "NICE must be an integer"
-if [ "$nice_value" != 0 ]; then
-  renice -n "$nice_value" -p $$ >/dev/null || die "renice -n $nice_value failed (negative values need root)"
 fi
 
 # --- scratch dir, Redis, clean-up --------------------------------------------
@@ -244,6 +243,7 @@ stop_bg() {
   bg_pids=()
 }
 cleanup() {
+  if [ -n "${autogroup_nice:-}" ]; then echo "$autogroup_nice" >"/proc/$$/autogroup" 2>/dev/null || true; fi
   # A frozen Redis first: nothing else may be left waiting on it.
   if [ -n "$redis_frozen" ] && [ -n "$redis_pid" ]; then kill -CONT "$redis_pid" 2>/dev/null || true; fi
   stop_bg
@@ -268,6 +268,16 @@ trap 'exit 130' INT TERM
 # A write to a Redis connection that closed fails (EPIPE) instead of killing
 # the script; a handled signal is reset for the commands it starts.
 trap ':' PIPE
+nice_value=${NICE:-0}
+[[ $nice_value =~ ^-?[0-9]+$ ]] || die "NICE must be an integer"
+autogroup_nice=""
+if [ "$nice_value" != 0 ]; then
+  renice -n "$nice_value" -p $$ >/dev/null || die "renice -n $nice_value failed (negative values need root)"
+  if [ "$(cat /proc/sys/kernel/sched_autogroup_enabled 2>/dev/null)" = 1 ] && [ -w "/proc/$$/autogroup" ]; then
+    autogroup_nice=$(sed -n 's/.* nice //p' "/proc/$$/autogroup")
+    echo "$nice_value" >"/proc/$$/autogroup" || die "cannot set the session's autogroup nice to $nice_value"
+  fi
+fi
 
 # Ours only if the server on the port is the process our pidfile names.
 launch_redis() {
@@ -304,6 +314,7 @@ redis_url="redis://127.0.0.1:$redis_port"
 # a late wake-up means core 0 ran nobody of ours at all for that long (the
 # hypervisor, or other work, held it): if peer-server is silent at the same
 # time, the machine stalled it, not tollgate.
+rm -f "$out/stall.fifo"
 mkfifo "$out/stall.fifo"
 # shellcheck disable=SC2016 # the loop expands its own variables
 "${pin_server[@]}" bash -c '
