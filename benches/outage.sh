@@ -209,14 +209,14 @@ results="$out/results.txt"
 : >"$results"
 server_pid=""
 redis_pid=""
+launched_pid=""
 redis_frozen=""
 bg_pids=()
 meter_pid=""
 
 cli() { timeout 10 redis-cli -h 127.0.0.1 -p "$redis_port" "$@"; }
 
-# Dead, or a zombie: a daemonized redis-server's parent is pid 1, which may
-# reap it only a second later, and `kill -0` succeeds on a zombie.
+# Dead, or a zombie not reaped yet (`kill -0` succeeds on a zombie).
 is_dead() {
   local stat
   stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 0
@@ -249,18 +249,14 @@ cleanup() {
   stop_bg
   stop_server
   if [ -n "$meter_pid" ]; then kill "$meter_pid" 2>/dev/null || true; wait "$meter_pid" 2>/dev/null || true; fi
-  # Killed and not yet adopted again: the restarted one is the pidfile's, if
-  # that process is a redis-server.
-  if [ -z "$redis_pid" ] && [ -n "${out:-}" ] && [ -s "$out/redis.pid" ]; then
-    local pid
-    pid=$(cat "$out/redis.pid")
-    if grep -q redis-server "/proc/$pid/cmdline" 2>/dev/null; then redis_pid=$pid; fi
-  fi
-  if [ -n "$redis_pid" ]; then
+  # Our child: the running one, or one restarted and not yet adopted.
+  local pid=${redis_pid:-$launched_pid}
+  if [ -n "$pid" ]; then
     # SIGTERM: redis-server exits without saving (persistence is off).
-    kill "$redis_pid" 2>/dev/null || true
-    for _ in $(seq 50); do is_dead "$redis_pid" && break; sleep 0.1; done
-    kill -9 "$redis_pid" 2>/dev/null || true
+    kill "$pid" 2>/dev/null || true
+    for _ in $(seq 50); do is_dead "$pid" && break; sleep 0.1; done
+    kill -9 "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
   fi
 }
 trap cleanup EXIT
@@ -279,20 +275,22 @@ if [ "$nice_value" != 0 ]; then
   fi
 fi
 
-# Ours only if the server on the port is the process our pidfile names.
+# redis-server runs as a child of this script, not daemonized: a daemon calls
+# setsid(), which would put it in an autogroup of its own (see NICE), apart
+# from peer-server; a child is also reaped at once when killed.
 launch_redis() {
-  rm -f "$out/redis.pid"
   "${pin_server[@]}" redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no \
-    --dir "$out" --daemonize yes --pidfile "$out/redis.pid" --logfile "$out/redis.log" >/dev/null
+    --dir "$out" --daemonize no --logfile "$out/redis.log" >/dev/null 2>&1 &
+  launched_pid=$!
 }
+# Ours only if the server on the port is the process we started.
 adopt_redis() { # waits (bounded) until our redis-server answers; sets redis_pid
-  local pid
   for _ in $(seq 100); do
-    pid=$(cat "$out/redis.pid" 2>/dev/null || true)
-    if [ -n "$pid" ] && [ "$(cli info server 2>/dev/null | tr -d '\r' | sed -n 's/^process_id://p')" = "$pid" ]; then
-      redis_pid=$pid
+    if [ "$(cli info server 2>/dev/null | tr -d '\r' | sed -n 's/^process_id://p')" = "$launched_pid" ]; then
+      redis_pid=$launched_pid
       return 0
     fi
+    is_dead "$launched_pid" && break
     sleep 0.05
   done
   return 1
@@ -301,6 +299,8 @@ for attempt in 1 2 3 4 5; do
   : >"$out/redis.log"
   launch_redis
   if adopt_redis; then break; fi
+  kill "$launched_pid" 2>/dev/null || true
+  wait "$launched_pid" 2>/dev/null || true
   if [ -n "${REDIS_PORT:-}" ] || [ "$attempt" = 5 ]; then
     die "redis-server did not start on port $redis_port (see $out/redis.log)"
   fi
@@ -386,6 +386,7 @@ end_fault() {
       local dead=""
       for _ in $(seq 300); do is_dead "$killed_pid" && { dead=1; break; }; sleep 0.01; done
       [ -n "$dead" ] || die "redis-server $killed_pid survived SIGKILL for 3 s"
+      wait "$killed_pid" 2>/dev/null || true
       launch_redis
       local pong=""
       for _ in $(seq 2000); do # ~10 s at most
