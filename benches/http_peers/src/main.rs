@@ -3,7 +3,13 @@
 //! `benches/http_peers.sh`.
 //!
 //! - LIMITER: `none`, `governor` (tower_governor, in memory), `trlr`
-//!   (tower-rate-limit-redis), `tollgate-memory`, `tollgate-redis`.
+//!   (tower-rate-limit-redis), `tollgate-memory`, `tollgate-redis`, or
+//!   `tollgate-redis-outage` for `benches/outage.sh`: tollgate with a
+//!   RedisStore (300 ms store timeout, default circuit breaker, checked with
+//!   `ping` at start-up) and the store-error policy named by `ON_STORE_ERROR`
+//!   (`allow`, the default, `deny` or `fallback`: `Fallback::memory()`). It also
+//!   records who decided each response and how long the server took, per
+//!   10 ms (see `mod timeline`), served unlimited at `GET /timeline`.
 //! - CASE: `open` (default; every request is admitted) or `hot` (burst 10,
 //!   refilled 1 per second: a flooded key is nearly always denied).
 //! - Environment: `PORT` (default 3000), `REDIS_URL` (default
@@ -42,11 +48,16 @@ enum Case {
 // When tollgate's API changes, only this module needs updating.
 // ---------------------------------------------------------------------------
 mod tollgate_limiter {
-    use axum::Router;
-    use tollgate::key::Header;
-    use tollgate::layer::{OnStoreError, RateLimitLayer};
-    use tollgate::{MemoryStore, Quota, RedisStore};
+    use std::time::Duration;
 
+    use axum::Router;
+    use axum::http::Response;
+    use tollgate::key::Header;
+    use tollgate::layer::{OnStoreError, RateLimitLayer, StoreFailure};
+    use tollgate::store::CircuitBreaker;
+    use tollgate::{Decision, Fallback, MemoryStore, Quota, RedisStore};
+
+    use super::timeline::Source;
     use super::{BoxError, Case, KEY_HEADER};
 
     fn quota(case: Case) -> Result<Quota, BoxError> {
@@ -78,6 +89,80 @@ mod tollgate_limiter {
                     .on_store_error(OnStoreError::Deny),
             ),
         })
+    }
+
+    /// The store timeout of the outage benchmark (the issue's "measured today"
+    /// set-up).
+    const OUTAGE_TIMEOUT: Duration = Duration::from_millis(300);
+
+    /// For `benches/outage.sh`: tollgate over a RedisStore with a 300 ms store
+    /// timeout and the default circuit breaker, checked with `ping` first, and
+    /// the store-error policy `on_error` (`allow`, `deny`, `fallback`).
+    ///
+    /// For experiments, these environment variables change the defaults:
+    /// `BREAKER_FIRST_PROBE_MS`, `BREAKER_MAX_COOLDOWN_MS`, `CONNECT_TIMEOUT_MS`.
+    pub(crate) async fn outage_layer(
+        router: Router,
+        case: Case,
+        redis_url: &str,
+        on_error: &str,
+    ) -> Result<Router, BoxError> {
+        let on_error = match on_error {
+            "allow" => OnStoreError::Allow,
+            "deny" => OnStoreError::Deny,
+            "fallback" => OnStoreError::Fallback(Fallback::memory()),
+            other => {
+                return Err(format!("ON_STORE_ERROR={other:?}: allow, deny or fallback").into());
+            }
+        };
+        let ms = |name: &str| -> Result<Option<Duration>, BoxError> {
+            match std::env::var(name) {
+                Ok(v) => Ok(Some(Duration::from_millis(
+                    v.parse().map_err(|e| format!("{name}={v:?}: {e}"))?,
+                ))),
+                Err(_) => Ok(None),
+            }
+        };
+        let mut breaker = CircuitBreaker::new();
+        if let Some(d) = ms("BREAKER_FIRST_PROBE_MS")? {
+            breaker = breaker.first_probe(d);
+        }
+        if let Some(d) = ms("BREAKER_MAX_COOLDOWN_MS")? {
+            breaker = breaker.max_cooldown(d);
+        }
+        let mut builder = RedisStore::builder()
+            .url(redis_url)
+            .timeout(OUTAGE_TIMEOUT)
+            .circuit_breaker(breaker);
+        if let Some(d) = ms("CONNECT_TIMEOUT_MS")? {
+            builder = builder.connect_timeout(d);
+        }
+        let store = builder.build()?;
+        eprintln!("peer-server: {store:?}, {breaker:?}");
+        let rtt = store.ping().await?;
+        eprintln!(
+            "peer-server: Redis at {} answered PING in {rtt:?}",
+            store.host()
+        );
+        let key = Header::new(KEY_HEADER).verbatim();
+        Ok(router.layer(
+            RateLimitLayer::new(store, quota(case)?)
+                .key(key)
+                .on_store_error(on_error),
+        ))
+    }
+
+    /// Who decided the request `res` answers: Redis, the fallback, or nobody
+    /// (the store failed and the policy allowed or denied without a decision).
+    pub(crate) fn decided_by<B>(res: &Response<B>) -> Source {
+        let ext = res.extensions();
+        if ext.get::<Decision>().is_some_and(Decision::is_fallback) {
+            Source::Fallback
+        } else if ext.get::<StoreFailure>().is_some() {
+            Source::Failed
+        } else {
+            Source::Store
+        }
     }
 }
 // ---------------------------------------------------------------------------
@@ -176,6 +261,129 @@ mod trlr_limiter {
     }
 }
 
+/// Counts of answers per 10 ms slot, by who decided them and by status, and
+/// how long the server took (from this middleware receiving the request to the
+/// response), for `benches/outage.sh`: it tells when decisions stopped and
+/// resumed coming from Redis, what the fallback admitted, and which requests
+/// waited on the store, for every request the server answered (also those wrk
+/// leaves uncounted between its runs).
+mod timeline {
+    use std::fmt::Write as _;
+    use std::sync::OnceLock;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+    use axum::extract::Request;
+    use axum::http::StatusCode;
+    use axum::middleware::Next;
+    use axum::response::Response;
+
+    /// Slot length in milliseconds.
+    const SLOT_MS: u64 = 10;
+    /// Ten minutes of slots; later answers count in the last one.
+    const SLOTS: usize = 60_000;
+    /// Upper bounds (ms) of the server-time buckets; the last bucket is
+    /// everything above the last bound (250 ms: close to the store timeout).
+    const BOUNDS_MS: [u64; 8] = [1, 2, 5, 10, 20, 50, 100, 250];
+    /// Counters per slot: 3 sources x 3 status classes, then 9 time buckets.
+    const PER_SLOT: usize = 9 + BOUNDS_MS.len() + 1;
+
+    /// Who decided an answer.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub(crate) enum Source {
+        /// The store (Redis).
+        Store = 0,
+        /// The in-process fallback, while the store failed.
+        Fallback = 1,
+        /// Nobody: the store failed and the layer forwarded or denied.
+        Failed = 2,
+    }
+
+    struct Timeline {
+        start: Instant,
+        start_unix_ms: u64,
+        counts: Box<[AtomicU64]>,
+    }
+
+    static TIMELINE: OnceLock<Timeline> = OnceLock::new();
+
+    fn timeline() -> &'static Timeline {
+        TIMELINE.get_or_init(|| Timeline {
+            start: Instant::now(),
+            start_unix_ms: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
+            counts: (0..SLOTS * PER_SLOT).map(|_| AtomicU64::new(0)).collect(),
+        })
+    }
+
+    /// Starts the clock (call once at start-up, before serving).
+    pub(crate) fn start() {
+        let _ = timeline();
+    }
+
+    /// Counts one answer now, which took the server `took`.
+    pub(crate) fn record(source: Source, status: StatusCode, took: Duration) {
+        let t = timeline();
+        let slot = ((t.start.elapsed().as_millis() as u64 / SLOT_MS) as usize).min(SLOTS - 1);
+        let class = if status.is_success() {
+            0
+        } else if status == StatusCode::TOO_MANY_REQUESTS {
+            1
+        } else {
+            2
+        };
+        let base = slot * PER_SLOT;
+        t.counts[base + source as usize * 3 + class].fetch_add(1, Ordering::Relaxed);
+        let ms = took.as_millis() as u64;
+        let bucket = BOUNDS_MS
+            .iter()
+            .position(|&b| ms < b)
+            .unwrap_or(BOUNDS_MS.len());
+        t.counts[base + 9 + bucket].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// `GET /timeline`: a header line, then one line per non-empty slot:
+    /// `unix_ms store_2xx store_429 store_other fallback_2xx fallback_429
+    /// fallback_other failed_2xx failed_429 failed_other`, then the answers
+    /// that took the server less than 1, 2, 5, 10, 20, 50, 100, 250 ms and
+    /// longer (unix_ms: the slot's start, by the system clock, as
+    /// `date +%s%3N`).
+    pub(crate) async fn dump() -> String {
+        let t = timeline();
+        let mut out = format!(
+            "# slot_ms={SLOT_MS} start_unix_ms={} time_bounds_ms={}\n",
+            t.start_unix_ms,
+            BOUNDS_MS.map(|b| b.to_string()).join(",")
+        );
+        for (i, slot) in t.counts.chunks(PER_SLOT).enumerate() {
+            let c: Vec<u64> = slot.iter().map(|a| a.load(Ordering::Relaxed)).collect();
+            if c.iter().all(|&n| n == 0) {
+                continue;
+            }
+            let _ = write!(out, "{}", t.start_unix_ms + i as u64 * SLOT_MS);
+            for n in c {
+                let _ = write!(out, " {n}");
+            }
+            out.push('\n');
+        }
+        out
+    }
+
+    /// The middleware: counts each response by who decided it and how long
+    /// the server took.
+    pub(crate) async fn count(req: Request, next: Next) -> Response {
+        let started = Instant::now();
+        let res = next.run(req).await;
+        record(
+            super::tollgate_limiter::decided_by(&res),
+            res.status(),
+            started.elapsed(),
+        );
+        res
+    }
+}
+
 fn status(code: StatusCode) -> Response<Body> {
     let mut res = Response::new(Body::empty());
     *res.status_mut() = code;
@@ -183,8 +391,8 @@ fn status(code: StatusCode) -> Response<Body> {
 }
 
 fn usage() -> BoxError {
-    "usage: peer-server none|governor|trlr|tollgate-memory|tollgate-redis [open|hot] \
-     (env PORT, REDIS_URL)"
+    "usage: peer-server none|governor|trlr|tollgate-memory|tollgate-redis|tollgate-redis-outage \
+     [open|hot] (env PORT, REDIS_URL, ON_STORE_ERROR=allow|deny|fallback for the outage variant)"
         .into()
 }
 
@@ -210,6 +418,17 @@ async fn run() -> Result<(), BoxError> {
         "trlr" => trlr_limiter::layer(router, case, &redis_url).await?,
         "tollgate-memory" => tollgate_limiter::layer(router, case, None)?,
         "tollgate-redis" => tollgate_limiter::layer(router, case, Some(&redis_url))?,
+        "tollgate-redis-outage" => {
+            let on_error = std::env::var("ON_STORE_ERROR").unwrap_or_else(|_| "allow".to_owned());
+            let router =
+                tollgate_limiter::outage_layer(router, case, &redis_url, &on_error).await?;
+            // Counted outside the limiter (its 429s and 503s too); /timeline
+            // itself is neither limited nor counted.
+            timeline::start();
+            router
+                .layer(axum::middleware::from_fn(timeline::count))
+                .route("/timeline", get(timeline::dump))
+        }
         _ => return Err(usage()),
     };
 
@@ -230,6 +449,13 @@ async fn run() -> Result<(), BoxError> {
 }
 
 fn main() {
+    // Info and above: breaker transitions, store errors (throttled by
+    // tollgate), fallback start and end; never the debug event per decision.
+    #[cfg(feature = "trace")]
+    tracing_subscriber::fmt()
+        .with_max_level(tracing_subscriber::filter::LevelFilter::INFO)
+        .with_writer(std::io::stderr)
+        .init();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
