@@ -47,8 +47,9 @@ run() {
 
 results="$dir/results"
 for round in $(seq "$rounds"); do
-  # tollgate: cost 1, Redis TIME, capacity 10, 1/100000 token per microsecond (10/s)
-  echo "tollgate $(run EVALSHA "$ours" 1 'tollgate:{user:__rand_int__}:10/1s:10' 1 "" 10 1 100000)" >>"$results"
+  # tollgate: Redis TIME; one quota: full 10 x 100000 units, 1/100000 token per
+  # microsecond (10/s); one decision of cost 1 on quota 1, no debt
+  echo "tollgate $(run EVALSHA "$ours" 1 'tollgate:{user:__rand_int__}:10/1s:10' "" 1 1000000 1 100000 1 1 1 1 0)" >>"$results"
   # GCRA: burst 10, rate 10 per 1 s, cost 1
   echo "gcra_float $(run EVALSHA "$gcra" 1 'rate:{user:__rand_int__}' 10 10 1 1)" >>"$results"
   # hash bucket: capacity 10, 10 tokens/s, cost 1

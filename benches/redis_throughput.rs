@@ -215,7 +215,9 @@ fn run_redis_benchmark(server: &RedisServer) -> Run {
             "1",
             "tollgate:{user:__rand_int__}:10/1s:10",
         ])
-        .args(["1", "", "10", "1", "100000"])
+        // Redis TIME; one quota (full 10 x 100000 units, 1/100000 token per
+        // microsecond: 10/s); one decision of cost 1 on that quota, no debt.
+        .args(["", "1", "1000000", "1", "100000", "1", "1", "1", "1", "0"])
         .output()
         .expect("redis-benchmark (from the redis-tools package)");
     let stdout = String::from_utf8_lossy(&out.stdout);

@@ -161,6 +161,50 @@ impl Decision {
     }
 }
 
+/// The answer to a reservation: tokens taken now, possibly ahead of their
+/// refill, and when they are due. See
+/// [`RateLimiter::acquire`](crate::RateLimiter::acquire).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[must_use]
+pub struct Reservation {
+    decision: Decision,
+    wait: Duration,
+}
+
+impl Reservation {
+    pub(crate) fn new(decision: Decision, wait_us: u64) -> Self {
+        let wait = if decision.allowed() {
+            Duration::from_micros(wait_us)
+        } else {
+            decision.retry_after()
+        };
+        Reservation { decision, wait }
+    }
+
+    /// True when the tokens were reserved (and spent: the wait is the caller's
+    /// to keep).
+    pub fn admitted(&self) -> bool {
+        self.decision.allowed()
+    }
+
+    /// When admitted, how long until the reserved tokens are due (zero when they
+    /// are there now). When not, the wait it would have needed: longer than the
+    /// caller allowed, and nothing was spent.
+    pub fn wait(&self) -> Duration {
+        self.wait
+    }
+
+    /// The decision behind the reservation.
+    pub fn decision(&self) -> &Decision {
+        &self.decision
+    }
+
+    /// The decision, by value.
+    pub fn into_decision(self) -> Decision {
+        self.decision
+    }
+}
+
 fn most_restrictive<K: Ord>(states: &[QuotaState], key: impl Fn(&QuotaState) -> K) -> usize {
     states
         .iter()

@@ -14,6 +14,7 @@
 //! # }
 //! ```
 
+use crate::decision::Reservation;
 use crate::observe;
 use crate::quota::MAX_PERIOD;
 use crate::store::{MemoryStore, Store};
@@ -146,6 +147,35 @@ impl Fallback {
         let scaled = self.scaled(policy);
         let decision = self.inner.store.check(key, &scaled, cost).await?;
         Ok((decision.marked_fallback(), scaled))
+    }
+
+    /// Reserves in memory for a store that failed with `error` (see
+    /// [`Store::reserve`]).
+    pub(crate) async fn reserve(
+        &self,
+        key: &str,
+        policy: &Policy,
+        cost: u64,
+        max_wait: std::time::Duration,
+        error: &Error,
+    ) -> Result<Reservation, Error> {
+        if !self.inner.active.swap(true, Ordering::AcqRel) {
+            observe::fallback(true, Some(error));
+        }
+        let scaled = self.scaled(policy);
+        let reservation = self
+            .inner
+            .store
+            .reserve(key, &scaled, cost, max_wait)
+            .await?;
+        let wait = reservation.wait();
+        let decision = reservation.into_decision().marked_fallback();
+        let wait_us = if decision.allowed() {
+            u64::try_from(wait.as_micros()).unwrap_or(u64::MAX)
+        } else {
+            0
+        };
+        Ok(Reservation::new(decision, wait_us))
     }
 
     /// The store answered: if this fallback was deciding, it stops.

@@ -81,7 +81,7 @@ pub mod policy;
 pub mod quota;
 pub mod store;
 
-pub use decision::{Decision, QuotaState};
+pub use decision::{Decision, QuotaState, Reservation};
 pub use error::{ConfigError, ConfigErrorKind, Error, ErrorKind};
 pub use fallback::Fallback;
 pub use layer::{RateLimit, RateLimitLayer};

@@ -23,8 +23,7 @@
 
 use std::time::Duration;
 
-use tokio::time::Instant;
-
+use crate::decision::Reservation;
 use crate::fallback::Fallback;
 use crate::observe::{self, Outcome};
 use crate::store::{AnyStore, Store};
@@ -157,31 +156,72 @@ impl RateLimiter {
         decided
     }
 
+    /// Reserves `cost` tokens, possibly ahead of their refill, if they are all
+    /// due within `max_wait` (see [`Store::reserve`]): one store call, no
+    /// waiting. An admitted reservation has spent the tokens; the caller waits
+    /// [`Reservation::wait`] before using them. A refused one spent nothing and
+    /// says how long it would have had to wait. With a
+    /// [`fallback`](Self::fallback), the fallback reserves while the store fails.
+    pub async fn reserve(
+        &self,
+        key: &str,
+        cost: u64,
+        max_wait: Duration,
+    ) -> Result<Reservation, Error> {
+        self.reserve_policy(key, &self.policy, cost, max_wait).await
+    }
+
+    /// [`reserve`](Self::reserve) under another policy (the layer's delay mode).
+    pub(crate) async fn reserve_policy(
+        &self,
+        key: &str,
+        policy: &Policy,
+        cost: u64,
+        max_wait: Duration,
+    ) -> Result<Reservation, Error> {
+        match self.store.reserve(key, policy, cost, max_wait).await {
+            Ok(reservation) => {
+                if let Some(fallback) = &self.fallback {
+                    fallback.store_answered();
+                }
+                Ok(reservation)
+            }
+            Err(error) if error.is_store_error() => match &self.fallback {
+                Some(fallback) => fallback
+                    .reserve(key, policy, cost, max_wait, &error)
+                    .await
+                    .or(Err(error)),
+                None => Err(error),
+            },
+            Err(error) => Err(error),
+        }
+    }
+
     /// Like [`check`](Self::check), but waits until `cost` is admitted, as Guava's
-    /// `RateLimiter.acquire` does. Gives up with [`Error::WaitTooLong`] as soon as
-    /// the wait the store reports would end after `max_wait` from the call: it
-    /// never sleeps for a wait it already knows is too long. Other clients of the
-    /// same key may take the tokens first; it then waits again, within the same
-    /// deadline.
+    /// `RateLimiter.acquire` does: one store call reserves the tokens (possibly
+    /// ahead of their refill), then this sleeps until they are due. Callers are
+    /// served in the order the store took their reservations, across instances
+    /// too, so none starves. Fails at once with [`Error::WaitTooLong`] (having
+    /// spent nothing) when the tokens would not be due within `max_wait`.
+    ///
+    /// If the caller stops waiting (the future is dropped), the reserved tokens
+    /// stay spent.
     pub async fn acquire(
         &self,
         key: &str,
         cost: u64,
         max_wait: Duration,
     ) -> Result<Decision, Error> {
-        // A max_wait too long to represent (Duration::MAX) means no deadline.
-        let deadline = Instant::now().checked_add(max_wait);
-        loop {
-            let decision = self.check(key, cost).await?;
-            if decision.allowed() {
-                return Ok(decision);
-            }
-            let retry_after = decision.retry_after().max(Duration::from_micros(1));
-            if deadline.is_some_and(|d| Instant::now() + retry_after > d) {
-                return Err(Error::WaitTooLong { retry_after });
-            }
-            tokio::time::sleep(retry_after).await;
+        let reservation = self.reserve(key, cost, max_wait).await?;
+        if !reservation.admitted() {
+            return Err(Error::WaitTooLong {
+                retry_after: reservation.wait(),
+            });
         }
+        if !reservation.wait().is_zero() {
+            tokio::time::sleep(reservation.wait()).await;
+        }
+        Ok(reservation.into_decision())
     }
 
     /// The state of `key`'s buckets, spending nothing.
@@ -199,6 +239,7 @@ impl RateLimiter {
 mod tests {
     use super::*;
     use crate::MemoryStore;
+    use tokio::time::Instant;
 
     #[tokio::test(start_paused = true)]
     async fn acquire_waits_for_the_refill() {

@@ -5,6 +5,9 @@ use super::memory::MemoryStore;
 #[cfg(feature = "redis")]
 use super::redis::RedisStore;
 use super::sealed::Sealed;
+use std::time::Duration;
+
+use crate::decision::Reservation;
 use crate::{Decision, Error, Policy};
 
 /// Any of this crate's stores, chosen at runtime; what
@@ -71,6 +74,20 @@ impl Store for AnyStore {
             Inner::Memory(store) => store.check(key, policy, cost).await,
             #[cfg(feature = "redis")]
             Inner::Redis(store) => store.check(key, policy, cost).await,
+        }
+    }
+
+    async fn reserve(
+        &self,
+        key: &str,
+        policy: &Policy,
+        cost: u64,
+        max_wait: Duration,
+    ) -> Result<Reservation, Error> {
+        match &self.inner {
+            Inner::Memory(store) => store.reserve(key, policy, cost, max_wait).await,
+            #[cfg(feature = "redis")]
+            Inner::Redis(store) => store.reserve(key, policy, cost, max_wait).await,
         }
     }
 

@@ -19,7 +19,7 @@ pub const DEFAULT_BREAKER_FAILURES: u32 = 3;
 /// The first cool-down after the breaker opens, by default.
 pub const DEFAULT_FIRST_PROBE: Duration = Duration::from_millis(250);
 /// The longest cool-down between probes, by default.
-pub const DEFAULT_MAX_COOLDOWN: Duration = Duration::from_secs(1);
+pub const DEFAULT_MAX_COOLDOWN: Duration = Duration::from_millis(500);
 
 /// The circuit breaker of a store: after [`failures`](Self::failures)
 /// consecutive failures or timeouts it opens, and checks fail at once with
@@ -31,9 +31,10 @@ pub const DEFAULT_MAX_COOLDOWN: Duration = Duration::from_secs(1);
 /// do not probe in step.
 ///
 /// Defaults: open after 3 consecutive failures, first probe after 250 ms,
-/// cool-downs of at most 1 s. The cap is short on purpose: once the store is
-/// back, decisions resume within a cool-down, so within a second, while a probe
-/// costs one request at most one store timeout per second.
+/// cool-downs of at most 500 ms. The cap is short on purpose: once the store is
+/// back, decisions resume within a cool-down (the probe connects at once, even
+/// while reconnects back off), so within about half a second, while probing
+/// costs one request at most one store timeout per cool-down.
 ///
 /// ```
 /// use std::time::Duration;

@@ -7,20 +7,27 @@
 //! `elapsed x quota.num()` units, an exact integer, and caps at `quota.full()`.
 
 use crate::decision::{Decision, QuotaState};
-use crate::quota::{Quota, ceil_div};
+use crate::quota::{MAX_EXACT, Quota, ceil_div};
 
-/// One bucket's stored state.
+/// One bucket's stored state. The level is signed: a reservation may leave it
+/// below zero (tokens spent ahead of their refill), by at most the debt the
+/// reservation was allowed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Level {
-    pub(crate) level: u64,
+    pub(crate) level: i64,
     pub(crate) stamp: u64,
+}
+
+/// `v` as a signed level: quotas keep every level within 2^52 of zero.
+fn signed(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
 }
 
 impl Level {
     /// A bucket seen for the first time (or forgotten after refilling) is full.
     pub(crate) fn full(quota: &Quota, now: u64) -> Self {
         Level {
-            level: quota.full(),
+            level: signed(quota.full()),
             stamp: now,
         }
     }
@@ -28,7 +35,7 @@ impl Level {
     /// This bucket brought up to `now`. A clock that went backwards (a failover to
     /// a server whose clock is behind) refills nothing and keeps the later stamp.
     pub(crate) fn refilled(self, quota: &Quota, now: u64) -> Self {
-        let full = quota.full();
+        let full = signed(quota.full());
         let level = self.level.min(full);
         if now <= self.stamp {
             return Level {
@@ -37,18 +44,20 @@ impl Level {
             };
         }
         let elapsed = now - self.stamp;
+        let missing = (full - level).unsigned_abs();
         // Compare before multiplying so the product stays below 2^53 (as in Lua).
-        let level = if elapsed >= ceil_div(full - level, quota.num()) {
+        let level = if elapsed >= ceil_div(missing, quota.num()) {
             full
         } else {
-            level + elapsed * quota.num()
+            level + signed(elapsed * quota.num())
         };
         Level { level, stamp: now }
     }
 
     /// Time until this bucket is full, in microseconds.
     pub(crate) fn until_full_us(&self, quota: &Quota) -> u64 {
-        ceil_div(quota.full().saturating_sub(self.level), quota.num())
+        let missing = (signed(quota.full()) - self.level).max(0).unsigned_abs();
+        ceil_div(missing, quota.num())
     }
 
     /// The first microsecond at which the bucket is full (0 if it is already),
@@ -61,36 +70,58 @@ impl Level {
     }
 }
 
+/// The debt (in level units) a reservation that may wait `max_wait_us` can
+/// take on in a bucket of `quota`: `max_wait x num`, so that the wait
+/// `ceil(debt / num)` is at most `max_wait`. Capped to stay exact.
+pub(crate) fn debt_for(quota: &Quota, max_wait_us: u64) -> u64 {
+    max_wait_us.saturating_mul(quota.num()).min(MAX_EXACT)
+}
+
 /// Decides `cost` against every quota at once: all or nothing. `levels` must be
 /// brought up to date to `now` already; they are spent only when every quota
-/// admits.
+/// admits. `debts` (one per quota, or empty for a plain check) let a
+/// reservation take the level that far below zero.
+///
+/// Returns the decision and, for an admitted reservation, the wait until every
+/// debt is paid (0 for a plain check).
 ///
 /// A bucket stamped after `now` (a clock that went backwards) refills nothing
 /// until the clock reaches its stamp, so its waits start from the stamp.
-pub(crate) fn spend(quotas: &[Quota], levels: &mut [Level], cost: u64, now: u64) -> Decision {
+pub(crate) fn spend(
+    quotas: &[Quota],
+    levels: &mut [Level],
+    cost: u64,
+    now: u64,
+    debts: &[u64],
+) -> (Decision, u64) {
+    let debt = |i: usize| signed(debts.get(i).copied().unwrap_or(0));
     let allowed = quotas
         .iter()
         .zip(levels.iter())
-        .all(|(q, l)| l.level >= cost * q.den());
+        .enumerate()
+        .all(|(i, (q, l))| l.level - signed(cost * q.den()) >= -debt(i));
     let mut states = Vec::with_capacity(quotas.len());
+    let mut wait_us = 0;
     for (q, l) in quotas.iter().zip(levels.iter_mut()) {
-        let need = cost * q.den();
+        let need = signed(cost * q.den());
         let ahead = l.stamp.saturating_sub(now);
-        let retry_us = if allowed || l.level >= need {
-            0
-        } else {
-            ahead + ceil_div(need - l.level, q.num())
-        };
+        let mut retry_us = 0;
         if allowed {
             l.level -= need;
+            if l.level < 0 {
+                wait_us = wait_us.max(ahead + ceil_div(l.level.unsigned_abs(), q.num()));
+            }
+        } else if l.level < need {
+            retry_us = ahead + ceil_div((need - l.level).unsigned_abs(), q.num());
         }
         let reset_us = match l.until_full_us(q) {
             0 => 0,
             to_full => ahead + to_full,
         };
-        states.push(QuotaState::new(*q, l.level / q.den(), retry_us, reset_us));
+        let remaining = l.level.max(0).unsigned_abs() / q.den();
+        states.push(QuotaState::new(*q, remaining, retry_us, reset_us));
     }
-    Decision::new(allowed, states)
+    (Decision::new(allowed, states), wait_us)
 }
 
 #[cfg(test)]
@@ -102,35 +133,38 @@ mod tests {
     fn one_per_hour_refills_exactly_on_the_hour() {
         let q = Quota::per_hour(1).unwrap();
         let mut l = [Level::full(&q, 0)];
-        assert!(spend(&[q], &mut l, 1, 0).allowed());
+        assert!(spend(&[q], &mut l, 1, 0, &[]).0.allowed());
         let hour = 3_600_000_000;
         // Many small steps must add up to exactly one token, no earlier, no later.
         for t in (1..hour).step_by(7_777_777) {
             l[0] = l[0].refilled(&q, t);
         }
         l[0] = l[0].refilled(&q, hour - 1);
-        let d = spend(&[q], &mut l, 1, hour - 1);
+        let d = spend(&[q], &mut l, 1, hour - 1, &[]).0;
         assert!(!d.allowed());
         assert_eq!(d.retry_after(), Duration::from_micros(1));
         l[0] = l[0].refilled(&q, hour);
-        assert!(spend(&[q], &mut l, 1, hour).allowed());
+        assert!(spend(&[q], &mut l, 1, hour, &[]).0.allowed());
     }
 
     #[test]
     fn seven_per_second_refills_on_schedule() {
         let q = Quota::per_second(7).unwrap();
         let mut l = [Level::full(&q, 0)];
-        assert!(spend(&[q], &mut l, 7, 0).allowed());
+        assert!(spend(&[q], &mut l, 7, 0, &[]).0.allowed());
         // Token k is due at ceil(k * 1e6 / 7) microseconds.
         for k in 1..=7u64 {
             let due = (k * 1_000_000).div_ceil(7);
             l[0] = l[0].refilled(&q, due - 1);
             assert!(
-                !spend(&[q], &mut l, 1, due - 1).allowed(),
+                !spend(&[q], &mut l, 1, due - 1, &[]).0.allowed(),
                 "token {k} early"
             );
             l[0] = l[0].refilled(&q, due);
-            assert!(spend(&[q], &mut l, 1, due).allowed(), "token {k} late");
+            assert!(
+                spend(&[q], &mut l, 1, due, &[]).0.allowed(),
+                "token {k} late"
+            );
         }
     }
 
@@ -140,10 +174,10 @@ mod tests {
         let b = Quota::per_hour(3).unwrap();
         let mut l = [Level::full(&a, 0), Level::full(&b, 0)];
         for _ in 0..3 {
-            assert!(spend(&[a, b], &mut l, 1, 0).allowed());
+            assert!(spend(&[a, b], &mut l, 1, 0, &[]).0.allowed());
         }
         let before = l;
-        let d = spend(&[a, b], &mut l, 1, 0);
+        let (d, _) = spend(&[a, b], &mut l, 1, 0, &[]);
         assert!(!d.allowed());
         assert_eq!(l, before);
         assert_eq!(d.quota(), Some(&b));
@@ -154,12 +188,48 @@ mod tests {
     fn a_clock_behind_the_stamp_waits_from_the_stamp() {
         let q = Quota::per_second(10).unwrap();
         let mut l = [Level::full(&q, 5_000_000)];
-        assert!(spend(&[q], &mut l, 10, 5_000_000).allowed());
+        assert!(spend(&[q], &mut l, 10, 5_000_000, &[]).0.allowed());
         // Two seconds earlier nothing refills; a token is 2.1 s away, full 3 s.
         l[0] = l[0].refilled(&q, 3_000_000);
-        let d = spend(&[q], &mut l, 1, 3_000_000);
+        let (d, _) = spend(&[q], &mut l, 1, 3_000_000, &[]);
         assert!(!d.allowed());
         assert_eq!(d.retry_after(), Duration::from_millis(2_100));
         assert_eq!(d.reset_after(), Duration::from_secs(3));
+    }
+}
+
+#[cfg(test)]
+mod reservation_tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn a_reservation_takes_tokens_ahead_and_says_when_they_are_due() {
+        // 10 a second: one token every 100 ms.
+        let q = Quota::per_second(10).unwrap();
+        let mut l = [Level::full(&q, 0)];
+        assert!(spend(&[q], &mut l, 10, 0, &[]).0.allowed());
+        // 3 tokens now, waiting up to 250 ms: too long (300 ms), nothing spent.
+        let before = l;
+        let (d, wait) = spend(&[q], &mut l, 3, 0, &[debt_for(&q, 250_000)]);
+        assert!(!d.allowed());
+        assert_eq!(d.retry_after(), Duration::from_millis(300));
+        assert_eq!((wait, l), (0, before));
+        // Waiting up to 300 ms: admitted, due in 300 ms, the level 3 below zero.
+        let (d, wait) = spend(&[q], &mut l, 3, 0, &[debt_for(&q, 300_000)]);
+        assert!(d.allowed());
+        assert_eq!(wait, 300_000);
+        assert_eq!(d.remaining(), 0);
+        assert_eq!(d.reset_after(), Duration::from_millis(1_300));
+        // The next reservation queues behind it: due 100 ms later.
+        let (d, wait) = spend(&[q], &mut l, 1, 0, &[debt_for(&q, 1_000_000)]);
+        assert!(d.allowed());
+        assert_eq!(wait, 400_000);
+        // A plain check waits for the debt to be paid first.
+        let (d, _) = spend(&[q], &mut l, 1, 0, &[]);
+        assert!(!d.allowed());
+        assert_eq!(d.retry_after(), Duration::from_millis(500));
+        l[0] = l[0].refilled(&q, 500_000);
+        assert!(spend(&[q], &mut l, 1, 500_000, &[]).0.allowed());
     }
 }

@@ -3,6 +3,9 @@
 use std::fmt;
 use std::future::Future;
 
+use std::time::Duration;
+
+use crate::decision::Reservation;
 use crate::{Decision, Error, Policy};
 
 use super::sealed::Sealed;
@@ -26,6 +29,20 @@ pub trait Store: Sealed + Clone + fmt::Debug + Send + Sync + 'static {
         policy: &Policy,
         cost: u64,
     ) -> impl Future<Output = Result<Decision, Error>> + Send;
+
+    /// Reserves `cost` tokens from every quota's bucket for `key`, possibly
+    /// ahead of their refill: admitted when they are all due within `max_wait`
+    /// (the buckets then owe them, and later reservations queue behind), refused
+    /// otherwise, spending nothing. The order of reservations is the order the
+    /// store decides them in, so waiters are served first come, first served,
+    /// across instances too.
+    fn reserve(
+        &self,
+        key: &str,
+        policy: &Policy,
+        cost: u64,
+        max_wait: Duration,
+    ) -> impl Future<Output = Result<Reservation, Error>> + Send;
 
     /// Forgets `key`'s buckets for the quotas of `policy`: the next check sees
     /// them full.

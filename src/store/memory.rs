@@ -7,10 +7,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::time::Instant;
 
-use super::bucket::{Level, spend};
+use super::bucket::{Level, debt_for, spend};
 use super::contract::{Store, validate};
 use super::key::safe_key;
 use super::sealed::Sealed;
+use std::time::Duration;
+
+use crate::decision::Reservation;
 use crate::{ConfigError, Decision, Error, Policy, Quota};
 
 /// The default key limit of [`MemoryStore::new`].
@@ -198,8 +201,28 @@ impl MemoryStore {
         cost: u64,
         now_us: u64,
     ) -> Result<Decision, Error> {
+        self.reserve_at(key, policy, cost, now_us, 0)
+            .map(|(d, _)| d)
+    }
+
+    /// A reservation at `now_us` that may wait up to `max_wait_us` (0 for a
+    /// plain check): the decision and, when admitted, the wait until the
+    /// tokens are due.
+    pub(crate) fn reserve_at(
+        &self,
+        key: &str,
+        policy: &Policy,
+        cost: u64,
+        now_us: u64,
+        max_wait_us: u64,
+    ) -> Result<(Decision, u64), Error> {
         validate(policy, cost)?;
         let quotas = policy.quotas();
+        let debts: Vec<u64> = if max_wait_us == 0 {
+            Vec::new()
+        } else {
+            quotas.iter().map(|q| debt_for(q, max_wait_us)).collect()
+        };
         let key = safe_key(key);
         let mut shard = self.shard(&key);
         if !shard.map.contains_key(key.as_ref()) {
@@ -207,7 +230,7 @@ impl MemoryStore {
                 // A peek at an unknown key sees full buckets and stores nothing.
                 let mut levels: Vec<Level> =
                     quotas.iter().map(|q| Level::full(q, now_us)).collect();
-                return Ok(spend(quotas, &mut levels, 0, now_us));
+                return Ok(spend(quotas, &mut levels, 0, now_us, &debts));
             }
             if shard.map.len() >= self.inner.per_shard {
                 if now_us >= shard.quiet_until {
@@ -228,7 +251,7 @@ impl MemoryStore {
                 None => Level::full(q, now_us),
             })
             .collect();
-        let decision = spend(quotas, &mut levels, cost, now_us);
+        let (decision, wait) = spend(quotas, &mut levels, cost, now_us, &debts);
         if decision.allowed() && cost > 0 {
             for (q, level) in quotas.iter().zip(levels) {
                 match buckets.iter_mut().find(|(bq, _)| bq == q) {
@@ -239,7 +262,7 @@ impl MemoryStore {
             let at = full_at(buckets);
             shard.quiet_until = shard.quiet_until.min(at);
         }
-        Ok(decision)
+        Ok((decision, wait))
     }
 }
 
@@ -248,6 +271,18 @@ impl Sealed for MemoryStore {}
 impl Store for MemoryStore {
     async fn check(&self, key: &str, policy: &Policy, cost: u64) -> Result<Decision, Error> {
         self.decide_at(key, policy, cost, self.now())
+    }
+
+    async fn reserve(
+        &self,
+        key: &str,
+        policy: &Policy,
+        cost: u64,
+        max_wait: Duration,
+    ) -> Result<Reservation, Error> {
+        let max_wait_us = u64::try_from(max_wait.as_micros()).unwrap_or(u64::MAX);
+        let (decision, wait) = self.reserve_at(key, policy, cost, self.now(), max_wait_us)?;
+        Ok(Reservation::new(decision, wait))
     }
 
     async fn reset(&self, key: &str, policy: &Policy) -> Result<(), Error> {

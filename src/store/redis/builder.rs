@@ -22,6 +22,9 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
 /// Default connect timeout of [`RedisStore`].
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 
+/// Default largest batch of checks in one script call of [`RedisStore`].
+pub const DEFAULT_MAX_BATCH: usize = 32;
+
 /// Where a [`RedisStoreBuilder`] gets its connections.
 enum Target {
     Url(String),
@@ -39,6 +42,7 @@ pub struct RedisStoreBuilder {
     timeout: Duration,
     connect_timeout: Duration,
     breaker: CircuitBreaker,
+    max_batch: usize,
 }
 
 impl fmt::Debug for RedisStoreBuilder {
@@ -54,6 +58,7 @@ impl fmt::Debug for RedisStoreBuilder {
             .field("timeout", &self.timeout)
             .field("connect_timeout", &self.connect_timeout)
             .field("breaker", &self.breaker)
+            .field("max_batch", &self.max_batch)
             .finish()
     }
 }
@@ -92,6 +97,7 @@ impl RedisStore {
             timeout: DEFAULT_TIMEOUT,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             breaker: CircuitBreaker::new(),
+            max_batch: DEFAULT_MAX_BATCH,
         }
     }
 }
@@ -135,6 +141,17 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// The most checks sent in one script call ([`DEFAULT_MAX_BATCH`]
+    /// otherwise, 1 to 1024; 1 sends every check on its own). Checks are
+    /// batched only while other calls are in flight, so this adds no latency at
+    /// low load; under load it cuts Redis's cost per decision (one call, one
+    /// `TIME`, one reply for the batch). The answers are the same as unbatched:
+    /// the script decides a batch's checks in order.
+    pub fn max_batch(mut self, checks: usize) -> Self {
+        self.max_batch = checks;
+        self
+    }
+
     /// The circuit breaker ([`CircuitBreaker::new`] otherwise).
     pub fn circuit_breaker(mut self, breaker: CircuitBreaker) -> Self {
         self.breaker = breaker;
@@ -171,6 +188,12 @@ impl RedisStoreBuilder {
             }
         }
         self.breaker.validate()?;
+        if !(1..=1024).contains(&self.max_batch) {
+            return Err(ConfigError::store(format!(
+                "max_batch {} must be between 1 and 1024",
+                self.max_batch
+            )));
+        }
         let (source, host) = match self.target {
             None => {
                 return Err(ConfigError::store(
@@ -197,6 +220,7 @@ impl RedisStoreBuilder {
             prefix: self.prefix,
             timeout: self.timeout,
             connect_timeout: self.connect_timeout,
+            max_batch: self.max_batch,
         }))
     }
 }

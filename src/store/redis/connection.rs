@@ -8,8 +8,10 @@
 //!   a call waits for it at most its own timeout, and a connect slower than that
 //!   still completes and serves later calls. One connect runs at a time, so the
 //!   calls in flight after a restart share it. After a failed connect the next
-//!   one waits a backoff (50 ms doubling to 500 ms); calls in between fail at
-//!   once with the last connect error instead of piling up.
+//!   one waits a backoff (50 ms doubling to 250 ms); calls in between fail at
+//!   once with the last connect error instead of piling up, except the circuit
+//!   breaker's probe, which connects at once: it is there to find out whether
+//!   the store is back.
 //! - **A slow call does not drop a healthy connection.** After a timeout the
 //!   connection is checked with a `PING` in the background, and dropped only if
 //!   that fails or a second call in a row times out. A connection that breaks
@@ -34,7 +36,7 @@ use crate::error::{Error, ErrorKind};
 /// The first wait after a failed connect.
 const MIN_BACKOFF: Duration = Duration::from_millis(50);
 /// The longest wait between connects.
-const MAX_BACKOFF: Duration = Duration::from_millis(500);
+const MAX_BACKOFF: Duration = Duration::from_millis(250);
 /// Consecutive timeouts on one connection that drop it without waiting for
 /// the background `PING`.
 const TIMEOUTS_BEFORE_RECONNECT: u32 = 2;
@@ -177,8 +179,10 @@ impl Link {
     }
 
     /// The held connection, connecting first if there is none. Fails at once
-    /// with the last connect error while connects are backing off.
-    pub(crate) async fn get(&self) -> Result<Held, Error> {
+    /// with the last connect error while connects are backing off, unless
+    /// `probe` (the circuit breaker's probe must see whether the store is back,
+    /// so it connects whatever the backoff says).
+    pub(crate) async fn get(&self, probe: bool) -> Result<Held, Error> {
         let mut seen = None;
         loop {
             let notified = self.inner.changed.notified();
@@ -197,7 +201,7 @@ impl Link {
                     return Err(self.last_error(&state));
                 }
                 if !state.connecting {
-                    if state.retry_at.is_some_and(|at| Instant::now() < at) {
+                    if !probe && state.retry_at.is_some_and(|at| Instant::now() < at) {
                         return Err(self.last_error(&state));
                     }
                     state.connecting = true;

@@ -6,11 +6,14 @@
 //! connection and its lifecycle), `store.rs` (the store: breaker, timeouts,
 //! retries), `builder.rs` (configuration).
 
+mod batch;
 mod builder;
 mod connection;
 mod failure;
 mod script;
 mod store;
 
-pub use builder::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_PREFIX, DEFAULT_TIMEOUT, RedisStoreBuilder};
+pub use builder::{
+    DEFAULT_CONNECT_TIMEOUT, DEFAULT_MAX_BATCH, DEFAULT_PREFIX, DEFAULT_TIMEOUT, RedisStoreBuilder,
+};
 pub use store::RedisStore;

@@ -6,6 +6,7 @@ use redis::{RedisError, ServerErrorKind};
 
 use crate::decision::{Decision, QuotaState};
 use crate::error::{Error, ErrorKind};
+use crate::store::bucket::debt_for;
 use crate::{Policy, Quota};
 
 /// The token bucket script as production runs it: the clock is Redis `TIME`.
@@ -29,13 +30,13 @@ impl Script {
     }
 
     /// The test variant (feature `test-util`): reads a microsecond clock from
-    /// `ARGV[2]` when it is not empty. It is another script with another SHA,
+    /// `ARGV[1]` when it is not empty. It is another script with another SHA,
     /// so production calls, which send the production script's SHA, can never
     /// run it.
     #[cfg(feature = "test-util")]
     pub(crate) fn with_test_clock() -> Self {
-        let clock = "local now = ARGV[2] ~= \"\" and \
-                     {math.floor(tonumber(ARGV[2]) / 1000000), tonumber(ARGV[2]) % 1000000} \
+        let clock = "local now = ARGV[1] ~= \"\" and \
+                     {math.floor(tonumber(ARGV[1]) / 1000000), tonumber(ARGV[1]) % 1000000} \
                      or redis.call(\"TIME\")";
         Self::new(SOURCE.replacen(CLOCK_LINE, clock, 1))
     }
@@ -46,26 +47,70 @@ impl Script {
     }
 }
 
-/// One call of the script: its keys and arguments.
-pub(crate) struct Call {
-    keys: Vec<String>,
-    args: Vec<u64>,
+/// One call of the script: the keys and arguments of one or more decisions,
+/// decided in order.
+pub(crate) struct Batch {
     clock: Option<u64>,
+    /// The distinct quotas of the batch; decisions refer to them by index.
+    quotas: Vec<Quota>,
+    keys: Vec<String>,
+    /// Per decision: its quotas (for reading the reply back).
+    shapes: Vec<Vec<Quota>>,
+    /// Per decision: n, cost, then per quota: 1-based quota index, debt.
+    args: Vec<u64>,
 }
 
-impl Call {
-    /// A check of `cost` against every quota of `policy`, with one key per
-    /// quota. `clock` (tests only) replaces Redis `TIME`.
-    pub(crate) fn check(keys: Vec<String>, policy: &Policy, cost: u64, clock: Option<u64>) -> Self {
-        let mut args = Vec::with_capacity(1 + 3 * policy.quotas().len());
-        args.push(cost);
-        for q in policy.quotas() {
-            args.extend([q.capacity(), q.num(), q.den()]);
+impl Batch {
+    /// An empty batch. `clock` (tests only) replaces Redis `TIME`.
+    pub(crate) fn new(clock: Option<u64>) -> Self {
+        Batch {
+            clock,
+            quotas: Vec::new(),
+            keys: Vec::new(),
+            shapes: Vec::new(),
+            args: Vec::new(),
         }
-        Call { keys, args, clock }
     }
 
-    /// Runs the call with `EVALSHA`; a server that does not have the script
+    /// Adds a decision of `cost` against every quota of `policy`, with one key
+    /// per quota; `max_wait_us` above 0 makes it a reservation that may wait
+    /// that long.
+    pub(crate) fn push(
+        &mut self,
+        keys: impl IntoIterator<Item = String>,
+        policy: &Policy,
+        cost: u64,
+        max_wait_us: u64,
+    ) {
+        let quotas = policy.quotas();
+        self.keys.extend(keys);
+        self.args.push(quotas.len() as u64);
+        self.args.push(cost);
+        for q in quotas {
+            let index = match self.quotas.iter().position(|known| known == q) {
+                Some(i) => i,
+                None => {
+                    self.quotas.push(*q);
+                    self.quotas.len() - 1
+                }
+            };
+            self.args.push(index as u64 + 1);
+            self.args.push(if max_wait_us == 0 {
+                0
+            } else {
+                debt_for(q, max_wait_us)
+            });
+        }
+        self.shapes.push(quotas.to_vec());
+    }
+
+    /// How many decisions the batch holds.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.shapes.len()
+    }
+
+    /// Runs the batch with `EVALSHA`; a server that does not have the script
     /// (after a restart, a failover or `SCRIPT FLUSH`; in a cluster, each node
     /// has its own cache) gets it with `EVAL` on the same keys, which also
     /// caches it on that very node.
@@ -85,41 +130,65 @@ impl Call {
     fn command(&self, name: &str, script: &str) -> redis::Cmd {
         let mut cmd = redis::cmd(name);
         cmd.arg(script).arg(self.keys.len()).arg(&self.keys);
-        cmd.arg(self.args.first().copied().unwrap_or(0));
         match self.clock {
             Some(now) => cmd.arg(now),
             None => cmd.arg(""),
         };
-        cmd.arg(self.args.get(1..).unwrap_or(&[]));
+        cmd.arg(self.quotas.len());
+        for q in &self.quotas {
+            cmd.arg(q.full()).arg(q.num()).arg(q.den());
+        }
+        cmd.arg(self.shapes.len()).arg(&self.args);
         cmd
     }
-}
 
-/// The decision a reply of the script describes: `allowed`, then per quota
-/// `remaining`, `retry_after_us`, `reset_after_us`.
-pub(crate) fn decision(quotas: &[Quota], reply: &[i64]) -> Result<Decision, Error> {
-    let malformed = || {
-        Error::store(
-            ErrorKind::Server,
-            format!("unexpected reply from the rate limit script: {reply:?}"),
-        )
-    };
-    let (allowed, rest) = reply.split_first().ok_or_else(malformed)?;
-    if rest.len() != quotas.len() * 3 {
-        return Err(malformed());
-    }
-    let states = quotas
-        .iter()
-        .zip(rest.chunks_exact(3))
-        .map(|(q, c)| match *c {
-            [remaining, retry, reset] => {
-                let n = |v: i64| u64::try_from(v).map_err(|_| malformed());
-                Ok(QuotaState::new(*q, n(remaining)?, n(retry)?, n(reset)?))
+    /// What the reply says of each decision, in order: the decision and, for
+    /// an admitted reservation, the wait until its tokens are due.
+    pub(crate) fn outcomes(&self, reply: &[i64]) -> Result<Vec<(Decision, u64)>, Error> {
+        let malformed = || {
+            Error::store(
+                ErrorKind::Server,
+                format!("unexpected reply from the rate limit script: {reply:?}"),
+            )
+        };
+        let expected: usize = self.shapes.iter().map(|s| 1 + 3 * s.len()).sum();
+        if reply.len() != expected {
+            return Err(malformed());
+        }
+        let number = |v: i64| u64::try_from(v).map_err(|_| malformed());
+        let mut rest = reply;
+        let mut out = Vec::with_capacity(self.shapes.len());
+        for quotas in &self.shapes {
+            let (allowed, tail) = rest.split_first().ok_or_else(malformed)?;
+            let allowed = *allowed == 1;
+            let (mine, tail) = tail.split_at(3 * quotas.len());
+            rest = tail;
+            let mut wait = 0;
+            let mut states = Vec::with_capacity(quotas.len());
+            for (q, c) in quotas.iter().zip(mine.chunks_exact(3)) {
+                let [remaining, wait_us, reset] = *c else {
+                    return Err(malformed());
+                };
+                let wait_us = number(wait_us)?;
+                // An admitted decision has nothing to retry; its wait (for a
+                // reservation) is when the tokens are due.
+                let retry = if allowed {
+                    wait = wait.max(wait_us);
+                    0
+                } else {
+                    wait_us
+                };
+                states.push(QuotaState::new(
+                    *q,
+                    number(remaining)?,
+                    retry,
+                    number(reset)?,
+                ));
             }
-            _ => Err(malformed()),
-        })
-        .collect::<Result<Vec<_>, Error>>()?;
-    Ok(Decision::new(*allowed == 1, states))
+            out.push((Decision::new(allowed, states), wait));
+        }
+        Ok(out)
+    }
 }
 
 #[cfg(test)]
@@ -128,12 +197,51 @@ mod tests {
 
     #[test]
     fn replies_of_the_wrong_shape_are_store_errors() {
-        let q = [Quota::per_second(1).unwrap()];
-        assert!(decision(&q, &[1, 0, 0, 0]).is_ok());
+        let mut batch = Batch::new(None);
+        batch.push(
+            ["k".to_owned()],
+            &Quota::per_second(1).unwrap().into(),
+            1,
+            0,
+        );
+        assert!(batch.outcomes(&[1, 0, 0, 0]).is_ok());
         for bad in [&[][..], &[1, 0, 0], &[1, -1, 0, 0], &[1, 0, 0, 0, 0]] {
-            let err = decision(&q, bad).unwrap_err();
+            let err = batch.outcomes(bad).unwrap_err();
             assert!(err.is_store_error(), "{err:?}");
         }
+    }
+
+    #[test]
+    fn quotas_shared_by_decisions_are_sent_once() {
+        let q = Quota::per_second(10).unwrap();
+        let h = Quota::per_hour(100).unwrap();
+        let both = Policy::new("both", [q, h]).unwrap();
+        let mut batch = Batch::new(None);
+        batch.push(["a".to_owned()], &q.into(), 1, 0);
+        batch.push(["b".to_owned(), "c".to_owned()], &both, 2, 1_000);
+        assert_eq!(batch.quotas, [q, h]);
+        assert_eq!(batch.len(), 2);
+        // n, cost, then (index, debt) per quota.
+        assert_eq!(
+            batch.args,
+            [
+                1,
+                1,
+                1,
+                0,
+                2,
+                2,
+                1,
+                debt_for(&q, 1_000),
+                2,
+                debt_for(&h, 1_000)
+            ]
+        );
+        let reply = [1, 9, 0, 100_000, 1, 8, 500, 200_000, 98, 0, 72_000_000];
+        let out = batch.outcomes(&reply).unwrap();
+        assert!(out[0].0.allowed() && out[1].0.allowed());
+        assert_eq!(out[1].1, 500);
+        assert_eq!(out[1].0.retry_after(), std::time::Duration::ZERO);
     }
 
     #[cfg(feature = "test-util")]
@@ -151,7 +259,7 @@ mod tests {
                 .collect::<Vec<_>>()
                 .join("\n")
         };
-        assert!(!code(&production.source).contains("ARGV[2]"));
-        assert!(code(&test.source).contains("ARGV[2]"));
+        assert!(!code(&production.source).contains("ARGV[1]"));
+        assert!(code(&test.source).contains("ARGV[1]"));
     }
 }

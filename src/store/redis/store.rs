@@ -7,9 +7,11 @@ use std::time::Duration;
 use redis::{RedisError, Value};
 use tokio::time::Instant;
 
+use super::batch::{Batcher, Pending, answer, batch_of};
 use super::connection::{Conn, Link};
 use super::failure::{classify, is_connection_error};
-use super::script::{Call, Script, decision};
+use super::script::{Batch, Script};
+use crate::decision::Reservation;
 use crate::error::Error;
 use crate::observe::{self, LogThrottle};
 use crate::store::breaker::{Admit, Breaker};
@@ -17,6 +19,11 @@ use crate::store::contract::{Store, validate};
 use crate::store::key::safe_key;
 use crate::store::sealed::Sealed;
 use crate::{Decision, Policy, Quota};
+
+/// A duration in whole microseconds, saturating.
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
 
 /// The `store` label of this store's metrics.
 const STORE: &str = "redis";
@@ -80,6 +87,8 @@ struct Inner {
     #[cfg(feature = "test-util")]
     test_script: Script,
     errors: LogThrottle,
+    /// `None` when the store sends every check on its own.
+    batcher: Option<Batcher>,
 }
 
 impl fmt::Debug for RedisStore {
@@ -100,6 +109,8 @@ pub(crate) struct Parts {
     pub(crate) prefix: String,
     pub(crate) timeout: Duration,
     pub(crate) connect_timeout: Duration,
+    /// The most checks in one script call; 1 turns batching off.
+    pub(crate) max_batch: usize,
 }
 
 impl RedisStore {
@@ -115,6 +126,7 @@ impl RedisStore {
                 #[cfg(feature = "test-util")]
                 test_script: Script::with_test_clock(),
                 errors: LogThrottle::default(),
+                batcher: (parts.max_batch > 1).then(|| Batcher::new(parts.max_batch)),
             }),
         }
     }
@@ -159,7 +171,7 @@ impl RedisStore {
         let limit = self.inner.connect_timeout + self.inner.timeout;
         let link = &self.inner.link;
         let attempt = async {
-            let held = link.get().await?;
+            let held = link.get(true).await?;
             let mut conn = held.conn.clone();
             match redis::cmd("PING").query_async::<Value>(&mut conn).await {
                 Ok(_) => {
@@ -208,19 +220,138 @@ impl RedisStore {
         cost: u64,
         clock: Option<u64>,
     ) -> Result<Decision, Error> {
+        self.reserve_inner(key, policy, cost, 0, clock)
+            .await
+            .map(|(decision, _)| decision)
+    }
+
+    /// A decision that may take on debt for `max_wait_us` (0: a plain check),
+    /// and the wait until its tokens are due.
+    async fn reserve_inner(
+        &self,
+        key: &str,
+        policy: &Policy,
+        cost: u64,
+        max_wait_us: u64,
+        clock: Option<u64>,
+    ) -> Result<(Decision, u64), Error> {
         validate(policy, cost)?;
-        let keys = policy
+        let keys: Vec<String> = policy
             .quotas()
             .iter()
             .map(|q| self.bucket_key(key, q))
             .collect();
-        let call = Call::check(keys, policy, cost, clock);
+        if clock.is_none()
+            && let Some(batcher) = &self.inner.batcher
+        {
+            return self.batched(batcher, keys, policy, cost, max_wait_us).await;
+        }
+        let mut batch = Batch::new(clock);
+        batch.push(keys, policy, cost, max_wait_us);
         let script = self.script_for(clock);
-        let call = &call;
+        let batch = &batch;
+        let reply = self
+            .guarded(|mut conn| async move { batch.run(&mut conn, script).await })
+            .await?;
+        batch
+            .outcomes(&reply)?
+            .pop()
+            .ok_or_else(|| Error::store(crate::ErrorKind::Server, "empty reply from the script"))
+    }
+
+    /// Several checks in one script call, decided in order at the microsecond
+    /// `now_us` (cargo feature `test-util`): what batching sends under load.
+    #[cfg(feature = "test-util")]
+    pub async fn check_batch_at(
+        &self,
+        checks: &[(&str, &Policy, u64)],
+        now_us: u64,
+    ) -> Result<Vec<Decision>, Error> {
+        let mut batch = Batch::new(Some(now_us));
+        for (key, policy, cost) in checks {
+            validate(policy, *cost)?;
+            let keys = policy.quotas().iter().map(|q| self.bucket_key(key, q));
+            batch.push(keys, policy, *cost, 0);
+        }
+        let script = &self.inner.test_script;
+        let call = &batch;
         let reply = self
             .guarded(|mut conn| async move { call.run(&mut conn, script).await })
             .await?;
-        decision(policy.quotas(), &reply)
+        Ok(batch
+            .outcomes(&reply)?
+            .into_iter()
+            .map(|(decision, _)| decision)
+            .collect())
+    }
+
+    /// `reserve` with an explicit microsecond clock (cargo feature `test-util`).
+    #[cfg(feature = "test-util")]
+    pub async fn reserve_at(
+        &self,
+        key: &str,
+        policy: &Policy,
+        cost: u64,
+        max_wait: Duration,
+        now_us: u64,
+    ) -> Result<Reservation, Error> {
+        let (decision, wait) = self
+            .reserve_inner(key, policy, cost, micros(max_wait), Some(now_us))
+            .await?;
+        Ok(Reservation::new(decision, wait))
+    }
+
+    /// Queues a check for the next script call (see `batch.rs`) and waits for
+    /// its answer, at most the store timeout.
+    async fn batched(
+        &self,
+        batcher: &Batcher,
+        keys: Vec<String>,
+        policy: &Policy,
+        cost: u64,
+        max_wait_us: u64,
+    ) -> Result<(Decision, u64), Error> {
+        let (reply, answered) = tokio::sync::oneshot::channel();
+        let check = Pending {
+            keys,
+            policy: policy.clone(),
+            cost,
+            max_wait_us,
+            reply,
+        };
+        if let Some(checks) = batcher.enqueue(check) {
+            let store = self.clone();
+            tokio::spawn(async move { store.drain(checks).await });
+        }
+        match tokio::time::timeout(self.inner.timeout, answered).await {
+            Ok(Ok(outcome)) => outcome,
+            Ok(Err(_)) => Err(Error::store(
+                crate::ErrorKind::Server,
+                "the batch of this check was dropped",
+            )),
+            Err(_) => Err(Error::Timeout(self.inner.timeout)),
+        }
+    }
+
+    /// Sends `checks`, then whatever queued meanwhile, until the queue is empty.
+    async fn drain(&self, mut checks: Vec<Pending>) {
+        let Some(batcher) = &self.inner.batcher else {
+            return;
+        };
+        loop {
+            let batch = batch_of(&checks);
+            let script = &self.inner.script;
+            let call = &batch;
+            let outcomes = self
+                .guarded(|mut conn| async move { call.run(&mut conn, script).await })
+                .await
+                .and_then(|reply| batch.outcomes(&reply));
+            answer(checks, outcomes);
+            match batcher.next() {
+                Some(next) => checks = next,
+                None => return,
+            }
+        }
     }
 
     #[cfg(feature = "test-util")]
@@ -249,7 +380,7 @@ impl RedisStore {
             return Err(err);
         }
         let started = Instant::now();
-        let result = self.bounded(op).await;
+        let result = self.bounded(op, matches!(admit, Admit::Probe(_))).await;
         let failure = result.as_ref().err();
         observe::store_call(STORE, started.elapsed(), failure.map(Error::kind));
         match (admit, failure) {
@@ -264,8 +395,9 @@ impl RedisStore {
     }
 
     /// Runs `op` on the held connection within the timeout, replacing the
-    /// connection and retrying once if it is broken.
-    async fn bounded<T, F, Fut>(&self, op: F) -> Result<T, Error>
+    /// connection and retrying once if it is broken. A `probe` connects even
+    /// while connects back off.
+    async fn bounded<T, F, Fut>(&self, op: F, probe: bool) -> Result<T, Error>
     where
         F: Fn(Conn) -> Fut,
         Fut: Future<Output = Result<T, RedisError>>,
@@ -273,7 +405,7 @@ impl RedisStore {
         let link = &self.inner.link;
         let mut in_use = None;
         let attempt = async {
-            let held = link.get().await?;
+            let held = link.get(probe).await?;
             in_use = Some(held.clone());
             match op(held.conn.clone()).await {
                 Ok(value) => {
@@ -282,7 +414,7 @@ impl RedisStore {
                 }
                 Err(e) if is_connection_error(&e) => {
                     link.forget(held.id);
-                    let fresh = link.get().await?;
+                    let fresh = link.get(probe).await?;
                     in_use = Some(fresh.clone());
                     match op(fresh.conn.clone()).await {
                         Ok(value) => {
@@ -315,6 +447,19 @@ impl Sealed for RedisStore {}
 impl Store for RedisStore {
     async fn check(&self, key: &str, policy: &Policy, cost: u64) -> Result<Decision, Error> {
         self.decide(key, policy, cost, None).await
+    }
+
+    async fn reserve(
+        &self,
+        key: &str,
+        policy: &Policy,
+        cost: u64,
+        max_wait: Duration,
+    ) -> Result<Reservation, Error> {
+        let (decision, wait) = self
+            .reserve_inner(key, policy, cost, micros(max_wait), None)
+            .await?;
+        Ok(Reservation::new(decision, wait))
     }
 
     async fn reset(&self, key: &str, policy: &Policy) -> Result<(), Error> {

@@ -1,0 +1,134 @@
+//! Opportunistic batching: checks that arrive while calls are in flight on the
+//! store's connection wait for the next call and go together, in one script
+//! call that decides them in order.
+//!
+//! - **No added latency at low load.** With fewer than [`MAX_IN_FLIGHT`] calls
+//!   under way, a check goes out at once, with whatever is queued.
+//! - **Under load**, checks queue while calls are in flight; when a call ends,
+//!   the queue (up to the batch size) goes out as the next call.
+//! - Calls are sent from a task of their own, so a caller that gives up (a
+//!   client that went away) never strands the checks batched with its own.
+//! - **Same answers.** The script decides the batch's checks in order, each
+//!   seeing the buckets as the ones before it left them, all with one Redis
+//!   `TIME`: the same answers as the checks sent one by one at that instant.
+//! - **Redis Cluster** runs every key of one script call on one node, so a
+//!   store on a cluster does not batch (see `Conn::single_slot_calls`).
+
+use std::sync::{Mutex, MutexGuard};
+
+use tokio::sync::oneshot;
+
+use super::script::Batch;
+use crate::error::Error;
+use crate::{Decision, Policy};
+
+/// Script calls of one store in flight at once before checks start to queue:
+/// two, so Redis never waits for the next batch while one's reply travels.
+pub(crate) const MAX_IN_FLIGHT: usize = 2;
+
+/// One check waiting for its call.
+pub(crate) struct Pending {
+    pub(crate) keys: Vec<String>,
+    pub(crate) policy: Policy,
+    pub(crate) cost: u64,
+    pub(crate) max_wait_us: u64,
+    pub(crate) reply: oneshot::Sender<Result<(Decision, u64), Error>>,
+}
+
+/// The queue of one store.
+#[derive(Default)]
+pub(crate) struct Queue {
+    pending: Vec<Pending>,
+    in_flight: usize,
+}
+
+/// Queues and sends the checks of one store.
+pub(crate) struct Batcher {
+    queue: Mutex<Queue>,
+    max_batch: usize,
+}
+
+impl Batcher {
+    pub(crate) fn new(max_batch: usize) -> Self {
+        Batcher {
+            queue: Mutex::new(Queue::default()),
+            max_batch: max_batch.max(1),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Queue> {
+        self.queue
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Queues `check`; returns the batch to send now if a call may start, the
+    /// caller then owning one in-flight slot.
+    pub(crate) fn enqueue(&self, check: Pending) -> Option<Vec<Pending>> {
+        let mut queue = self.lock();
+        queue.pending.push(check);
+        if queue.in_flight >= MAX_IN_FLIGHT {
+            return None;
+        }
+        queue.in_flight += 1;
+        Some(self.take(&mut queue))
+    }
+
+    /// After a call ends: the next batch, keeping the slot, or `None`, giving
+    /// it back.
+    pub(crate) fn next(&self) -> Option<Vec<Pending>> {
+        let mut queue = self.lock();
+        if queue.pending.is_empty() {
+            queue.in_flight -= 1;
+            return None;
+        }
+        Some(self.take(&mut queue))
+    }
+
+    fn take(&self, queue: &mut Queue) -> Vec<Pending> {
+        let n = queue.pending.len().min(self.max_batch);
+        queue.pending.drain(..n).collect()
+    }
+}
+
+/// The script call for `checks`, in order.
+pub(crate) fn batch_of(checks: &[Pending]) -> Batch {
+    let mut batch = Batch::new(None);
+    for c in checks {
+        batch.push(c.keys.iter().cloned(), &c.policy, c.cost, c.max_wait_us);
+    }
+    batch
+}
+
+/// Hands every check its answer: `outcomes` in order, or a copy of `error`.
+pub(crate) fn answer(checks: Vec<Pending>, outcomes: Result<Vec<(Decision, u64)>, Error>) {
+    match outcomes {
+        Ok(outcomes) => {
+            for (check, outcome) in checks.into_iter().zip(outcomes) {
+                // A caller that gave up (timed out) no longer listens.
+                let _ = check.reply.send(Ok(outcome));
+            }
+        }
+        Err(error) => {
+            for check in checks {
+                let _ = check.reply.send(Err(copy(&error)));
+            }
+        }
+    }
+}
+
+/// The same failure again, for the next check of a failed batch.
+fn copy(error: &Error) -> Error {
+    match error {
+        Error::Timeout(t) => Error::Timeout(*t),
+        Error::CircuitOpen { retry_in } => Error::CircuitOpen {
+            retry_in: *retry_in,
+        },
+        Error::CostExceedsCapacity { cost, capacity } => Error::CostExceedsCapacity {
+            cost: *cost,
+            capacity: *capacity,
+        },
+        Error::Store(inner) => Error::store(error.kind(), inner.to_string()),
+        other => Error::store(other.kind(), other.to_string()),
+    }
+}
