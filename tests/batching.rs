@@ -30,8 +30,11 @@ fn policies() -> Vec<Policy> {
     ]
 }
 
-/// Steps of (elapsed µs, checks of (client, policy index, cost)).
-fn steps() -> impl Strategy<Value = Vec<(u64, Vec<(u8, usize, u64)>)>> {
+/// A check: client, policy index, cost.
+type Check = (u8, usize, u64);
+
+/// Steps of (elapsed µs, the checks sent together).
+fn steps() -> impl Strategy<Value = Vec<(u64, Vec<Check>)>> {
     let check = (0u8..3, 0usize..3, 0u64..=2);
     let batch = prop::collection::vec(check, 1..12);
     let elapsed = prop_oneof![Just(0u64), 0u64..400_000, 0u64..3_000_000];
