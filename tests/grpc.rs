@@ -157,10 +157,73 @@ async fn limited_answer_is_http_200_trailers_only() {
         h.contains_key("grpc-status-details-bin"),
         cfg!(feature = "tonic")
     );
+    // A 200 that no cache may keep.
+    assert_eq!(h["cache-control"], "no-store");
     // Trailers-only: the header block ends the stream, no data, no trailers.
     let body = within(body.collect()).await.unwrap();
     assert!(body.trailers().is_none());
     assert!(body.to_bytes().is_empty());
+
+    // A GET is no gRPC call, whatever its content-type and even over HTTP/2:
+    // it gets the HTTP answer, not an empty 200 a cache could serve to others.
+    let req = http::Request::get(format!("http://{}{CHECK}", server.addr()))
+        .header("content-type", "application/grpc")
+        .body(tonic::body::Body::empty())
+        .unwrap();
+    let res = within(channel.ready().await.unwrap().call(req))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(res.headers()["cache-control"], "no-store");
+    assert!(!res.headers().contains_key("grpc-status"));
+}
+
+#[tokio::test]
+async fn only_real_grpc_calls_get_grpc_answers() {
+    let redis = RedisServer::start();
+    let limit = RateLimitLayer::new(redis.store(), per_minute(1)).key(Global);
+    let page = || async { "popular page" };
+    let app = Router::new()
+        .route("/popular", get(page).post(page))
+        .layer(limit);
+    let server = TestServer::axum(app).await;
+    let http = Client::new();
+    let url = server.url("/popular");
+    assert_eq!(http.get(&url).await.status, StatusCode::OK);
+
+    // A limited GET claiming to be gRPC: the HTTP 429, never an empty 200 that
+    // a cache in front of the service would keep and serve to every user.
+    let r = http
+        .get_with(&url, &[("content-type", b"application/grpc")])
+        .await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS, "{r:?}");
+    assert_eq!(r.header("cache-control"), Some("no-store"));
+    assert_eq!(r.header("grpc-status"), None);
+    assert!(r.retry_after().is_some());
+    assert!(r.body.starts_with("Too Many Requests"), "{}", r.body);
+    // Native gRPC needs HTTP/2: application/grpc over HTTP/1.1 is HTTP.
+    let r = http
+        .send("POST", &url, &[("content-type", b"application/grpc+proto")])
+        .await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS, "{r:?}");
+    let r = http
+        .send("POST", &url, &[("content-type", b"application/grpcx")])
+        .await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS, "{r:?}");
+
+    // gRPC-Web runs over HTTP/1.1: a trailers-only answer, not cacheable either.
+    let r = http
+        .send(
+            "POST",
+            &url,
+            &[("content-type", b"application/grpc-web+proto")],
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{r:?}");
+    assert_eq!(r.header("content-type"), Some("application/grpc-web"));
+    assert_eq!(r.header("grpc-status"), Some("8"));
+    assert_eq!(r.header("cache-control"), Some("no-store"));
+    assert!(r.body.is_empty(), "{}", r.body);
 }
 
 #[tokio::test]

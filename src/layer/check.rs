@@ -38,7 +38,7 @@ pub(crate) async fn check(config: Arc<Config>, mut parts: Parts) -> Checked {
         // service: what would have been answered is forwarded with its report.
         Err(answer) if config.shadow => shadow_report(answer, config.headers),
         Err(answer) => {
-            let res = match grpc::flavor(&parts.headers) {
+            let res = match grpc::flavor(&parts) {
                 Some(kind) => grpc::render(answer, kind, config.headers),
                 None => http_answer::render(answer, config.headers, &config.rejection),
             };

@@ -31,22 +31,39 @@ pub use status::GRPC_RETRY_PUSHBACK_MS;
 use status::{Code, Pushback, trailers_only};
 pub(crate) use status::{Grpc, flavor};
 
-/// True when `parts` is a gRPC call: its `content-type` starts with
-/// `application/grpc` (any case), which covers `application/grpc+proto` and
-/// gRPC-Web. The layer answers such calls with gRPC statuses instead of HTTP
-/// errors.
+/// True when `parts` is a gRPC call: a `POST` with a gRPC media type, that is
+/// `application/grpc` (optionally `+proto` or another suffix) over HTTP/2 or
+/// later, or `application/grpc-web` / `application/grpc-web-text` over any HTTP
+/// version (gRPC-Web runs over HTTP/1.1 too); case and parameters do not
+/// matter. The layer answers such calls with gRPC statuses (HTTP 200
+/// trailers-only) instead of HTTP errors.
+///
+/// Anything else is an ordinary HTTP request, whatever its `content-type`: a
+/// `GET` that claims `application/grpc`, or an `application/grpc` request over
+/// HTTP/1.1, gets the HTTP answer (429 and so on). Otherwise a client could turn
+/// a limited `GET /popular` into an empty 200, which a cache in front of the
+/// service would keep and serve to every user.
 ///
 /// ```
-/// use http::Request;
+/// use http::{Request, Version};
 /// use tollgate::layer::is_grpc;
 ///
-/// let (parts, ()) = Request::post("/grpc.health.v1.Health/Check")
-///     .header("content-type", "application/grpc+proto")
-///     .body(()).unwrap().into_parts();
-/// assert!(is_grpc(&parts));
+/// let call = |method: &str, version, content_type| {
+///     let (parts, ()) = Request::builder()
+///         .method(method)
+///         .version(version)
+///         .uri("/grpc.health.v1.Health/Check")
+///         .header("content-type", content_type)
+///         .body(()).unwrap().into_parts();
+///     is_grpc(&parts)
+/// };
+/// assert!(call("POST", Version::HTTP_2, "application/grpc+proto"));
+/// assert!(call("POST", Version::HTTP_11, "application/grpc-web+proto"));
+/// assert!(!call("POST", Version::HTTP_11, "application/grpc"));
+/// assert!(!call("GET", Version::HTTP_2, "application/grpc"));
 /// ```
 pub fn is_grpc(parts: &Parts) -> bool {
-    flavor(&parts.headers).is_some()
+    flavor(parts).is_some()
 }
 
 /// The service and method a gRPC path names: `/package.Service/Method` gives
@@ -192,7 +209,7 @@ mod tests {
     use http::{Request, StatusCode};
 
     fn parts(path: &str, content_type: Option<&str>) -> Parts {
-        let mut req = Request::post(path);
+        let mut req = Request::post(path).version(http::Version::HTTP_2);
         if let Some(ct) = content_type {
             req = req.header(CONTENT_TYPE, ct);
         }
@@ -203,6 +220,7 @@ mod tests {
     fn is_grpc_reads_the_content_type() {
         assert!(!is_grpc(&parts("/", None)));
         assert!(is_grpc(&parts("/", Some("application/grpc"))));
+        assert!(!is_grpc(&parts("/", Some("application/grpcx"))));
     }
 
     #[test]
@@ -238,6 +256,7 @@ mod tests {
         assert!(res.body().is_empty());
         let h = res.headers();
         assert_eq!(h[CONTENT_TYPE], "application/grpc");
+        assert_eq!(h[http::header::CACHE_CONTROL], "no-store");
         assert_eq!(h[GRPC_STATUS], "8");
         assert_eq!(
             h[GRPC_MESSAGE],
