@@ -342,10 +342,14 @@ async fn missing_keys_follow_the_configured_behaviour() {
     assert_eq!(r.status, StatusCode::OK);
     let r = client.get(&server.url("/")).await;
     assert_eq!(r.status, StatusCode::BAD_REQUEST);
-    assert!(r.body.contains("(header:x-api-key or agent)"), "{}", r.body);
+    assert!(
+        r.body.contains("(header:x-api-key or custom:agent)"),
+        "{}",
+        r.body
+    );
     let keys: Vec<String> = redis.cmd(&["KEYS", "*"]);
     assert!(
-        keys.contains(&"tollgate:{default:agent:bot}:3/1m:3".to_owned()),
+        keys.contains(&"tollgate:{default:custom:agent:bot}:3/1m:3".to_owned()),
         "{keys:?}"
     );
     assert!(

@@ -1,13 +1,12 @@
 //! [`ClientIp`]: the client's address behind reverse proxies, taken from forwarding
 //! headers only as far as they can be trusted.
 
-use std::borrow::Cow;
 use std::net::IpAddr;
 
 use http::HeaderName;
 use http::request::Parts;
 
-use super::extractor::KeyExtractor;
+use super::extractor::{KeyExtractor, Kind};
 use super::forwarded::{self, Hop, ListHeader, MAX_HOPS};
 use super::ip::{Cidr, IpKeying, parse_cidrs, peer_ip};
 use crate::ConfigError;
@@ -286,8 +285,8 @@ impl ClientIp {
 }
 
 impl KeyExtractor for ClientIp {
-    fn kind(&self) -> Cow<'static, str> {
-        Cow::Borrowed("client-ip")
+    fn kind(&self) -> Kind {
+        Kind::reserved("client-ip")
     }
 
     async fn extract(&self, parts: &Parts) -> Option<String> {

@@ -2,11 +2,9 @@
 //! [`Or`] (the first extractor that finds a key), built with
 //! [`KeyExtractorExt`].
 
-use std::borrow::Cow;
-
 use http::request::Parts;
 
-use super::extractor::KeyExtractor;
+use super::extractor::{KeyExtractor, Kind};
 use crate::store::safe_key;
 
 /// `.and()` and `.or()` on every [`KeyExtractor`].
@@ -24,7 +22,7 @@ use crate::store::safe_key;
 ///
 /// let (parts, ()) = Request::get("/orders").header("x-api-key", "k1")
 ///     .body(()).unwrap().into_parts();
-/// assert_eq!(per_route_and_key.kind(), "route+header:x-api-key");
+/// assert_eq!(per_route_and_key.kind(), "custom:route+header:x-api-key");
 /// assert_eq!(per_route_and_key.extract(&parts).await.as_deref(), Some("7:/orders:k1"));
 /// assert_eq!(key_or_global.extract(&parts).await.as_deref(), Some("0:k1"));
 ///
@@ -70,8 +68,8 @@ impl<A: KeyExtractor, B: KeyExtractor> And<A, B> {
 }
 
 impl<A: KeyExtractor, B: KeyExtractor> KeyExtractor for And<A, B> {
-    fn kind(&self) -> Cow<'static, str> {
-        Cow::Owned(format!("{}+{}", self.first.kind(), self.second.kind()))
+    fn kind(&self) -> Kind {
+        Kind::combined(&self.first.kind(), '+', &self.second.kind())
     }
 
     async fn extract(&self, parts: &Parts) -> Option<String> {
@@ -105,8 +103,8 @@ impl<A: KeyExtractor, B: KeyExtractor> Or<A, B> {
 }
 
 impl<A: KeyExtractor, B: KeyExtractor> KeyExtractor for Or<A, B> {
-    fn kind(&self) -> Cow<'static, str> {
-        Cow::Owned(format!("{}/{}", self.primary.kind(), self.fallback.kind()))
+    fn kind(&self) -> Kind {
+        Kind::combined(&self.primary.kind(), '/', &self.fallback.kind())
     }
 
     async fn extract(&self, parts: &Parts) -> Option<String> {
@@ -143,7 +141,7 @@ mod tests {
         let p = parts(Request::get("/"));
         let ab = constant("a", "x:y").and(constant("b", "z"));
         let ab2 = constant("a", "x").and(constant("b", "y:z"));
-        assert_eq!(ab.kind(), "a+b");
+        assert_eq!(ab.kind(), "custom:a+custom:b");
         assert_eq!(ab.extract(&p).await.as_deref(), Some("3:x:y:z"));
         assert_ne!(ab.extract(&p).await, ab2.extract(&p).await);
         let missing = constant("a", "x").and(Header::new("x-api-key"));
@@ -169,7 +167,7 @@ mod tests {
         let api_or_ip = Header::new("x-api-key")
             .verbatim()
             .or(constant("ip", "203.0.113.7"));
-        assert_eq!(api_or_ip.kind(), "header:x-api-key/ip");
+        assert_eq!(api_or_ip.kind(), "header:x-api-key/custom:ip");
         let with_key = parts(Request::get("/").header("x-api-key", "203.0.113.7"));
         let without = parts(Request::get("/"));
         let by_key = api_or_ip.extract(&with_key).await;

@@ -1,11 +1,9 @@
 //! [`Header`]: a key from one request header, such as an API key.
 
-use std::borrow::Cow;
-
 use http::HeaderName;
 use http::request::Parts;
 
-use super::extractor::KeyExtractor;
+use super::extractor::{KeyExtractor, Kind};
 use crate::store::{hashed_key, safe_key_bytes};
 
 /// The value of one request header, such as an API key or a gRPC metadata entry.
@@ -62,8 +60,8 @@ impl Header {
 }
 
 impl KeyExtractor for Header {
-    fn kind(&self) -> Cow<'static, str> {
-        Cow::Owned(format!("header:{}", self.name.as_str()))
+    fn kind(&self) -> Kind {
+        Kind::tagged("header", self.name.as_str())
     }
 
     async fn extract(&self, parts: &Parts) -> Option<String> {

@@ -14,6 +14,9 @@
 //! [`kind`](KeyExtractor::kind) and made safe with
 //! [`safe_key`](crate::store::safe_key) before it reaches a store, so two
 //! extractors never share a bucket by accident and no raw header becomes a Redis key.
+//! Kinds are unambiguous ([`Kind`]): the built-in ones are reserved, your own
+//! are `custom:NAME` with the name escaped, so `from_fn("ip", ...)` is
+//! `custom:ip` and never shares [`PeerIp`]'s buckets.
 //!
 //! ## Extractors
 //!
@@ -24,7 +27,7 @@
 //! | [`PeerIp`] | the socket peer address (axum `ConnectInfo`, tonic `TcpConnectInfo`, `SocketAddr`) | `ip` | `203.0.113.7`, `2001:db8:1:2::/64` |
 //! | [`ClientIp`] | the client behind trusted proxies (`X-Forwarded-For`, `Forwarded`, `X-Real-IP`, ...) | `client-ip` | `198.51.100.4`, `2001:db8:1:2::/64` |
 //! | [`Extension`] | a value an auth layer put in the request extensions | `ext:user` | `42` |
-//! | [`from_fn`] | a closure over the request head | as given | as returned |
+//! | [`from_fn`] | a closure over the request head | `custom:` and the name ([`Kind::custom`]) | as returned |
 //! | [`And`] (`a.and(b)`) | both keys: a bucket per pair | `route+client-ip` | `7:/orders:203.0.113.7` |
 //! | [`Or`] (`a.or(b)`) | the first key present, tagged by which answered | `header:x-api-key/client-ip` | `0:k-123`, `1:203.0.113.7` |
 //!
@@ -82,7 +85,7 @@ pub use client_ip::ClientIp;
 pub(crate) use combine::present;
 pub use combine::{And, KeyExtractorExt, Or};
 pub use extension::Extension;
-pub use extractor::KeyExtractor;
+pub use extractor::{KeyExtractor, Kind};
 pub use forwarded::MAX_HOPS;
 pub use from_fn::{FromFn, from_fn};
 pub use global::Global;

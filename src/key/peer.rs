@@ -1,10 +1,8 @@
 //! [`PeerIp`]: the address of the connected socket.
 
-use std::borrow::Cow;
-
 use http::request::Parts;
 
-use super::extractor::KeyExtractor;
+use super::extractor::{KeyExtractor, Kind};
 use super::ip::{IpKeying, peer_ip};
 
 /// The IP address of the connected socket (the TCP peer), ignoring every header.
@@ -72,8 +70,8 @@ impl PeerIp {
 }
 
 impl KeyExtractor for PeerIp {
-    fn kind(&self) -> Cow<'static, str> {
-        Cow::Borrowed("ip")
+    fn kind(&self) -> Kind {
+        Kind::reserved("ip")
     }
 
     async fn extract(&self, parts: &Parts) -> Option<String> {

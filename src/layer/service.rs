@@ -247,6 +247,43 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn kinds_of_different_extractors_never_share_a_bucket() {
+        let store = MemoryStore::new();
+        let inner = tower::service_fn(|_: Request<()>| async { text("ok") });
+        let layer = |key| {
+            RateLimitLayer::new(store.clone(), Quota::per_minute(1).unwrap())
+                .key(key)
+                .layer(inner)
+        };
+        let constant = |kind: &'static str, value: &'static str| {
+            crate::key::from_fn(kind, move |_| Some(value.to_owned()))
+        };
+        let from_peer = || {
+            let mut req = Request::new(());
+            req.extensions_mut()
+                .insert(std::net::SocketAddr::from(([203, 0, 113, 7], 1)));
+            req
+        };
+        // PeerIp spends the bucket of 203.0.113.7...
+        let peer = RateLimitLayer::new(store.clone(), Quota::per_minute(1).unwrap()).layer(inner);
+        let res = peer.clone().oneshot(from_peer()).await.unwrap();
+        assert_eq!(res.status(), StatusCode::OK);
+        assert_eq!(peer.oneshot(from_peer()).await.unwrap().status(), 429);
+        // ...which a closure that calls itself `ip` cannot reach.
+        let lookalike = layer(constant("ip", "203.0.113.7"));
+        let res = lookalike.oneshot(Request::new(())).await.unwrap();
+        assert_eq!(res.status(), StatusCode::OK);
+        // `a:b` with the value `c` and `a` with the value `b:c` are two buckets.
+        let colon_in_kind = layer(constant("a:b", "c"));
+        let colon_in_value = layer(constant("a", "b:c"));
+        for svc in [colon_in_kind, colon_in_value] {
+            let res = svc.oneshot(Request::new(())).await.unwrap();
+            assert_eq!(res.status(), StatusCode::OK);
+        }
+        assert_eq!(store.len(), 4);
+    }
+
+    #[tokio::test]
     async fn the_default_key_is_the_peer_address() {
         let inner = tower::service_fn(|_: Request<()>| async { text("ok") });
         let store = MemoryStore::new();
