@@ -81,7 +81,7 @@ mod header;
 mod ip;
 mod peer;
 
-pub use client_ip::ClientIp;
+pub use client_ip::{ClientIp, ClientIpBuilder};
 pub(crate) use combine::present;
 pub use combine::{And, KeyExtractorExt, Or};
 pub use extension::Extension;
