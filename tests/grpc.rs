@@ -375,6 +375,49 @@ async fn the_default_key_is_the_peer_from_tcp_connect_info() {
 
 #[cfg(feature = "tonic")]
 #[tokio::test]
+async fn the_default_key_is_the_peer_on_a_tls_server_too() {
+    use tollgate::key::ClientIp;
+
+    // TLS the application terminates itself stores only
+    // TlsConnectInfo<TcpConnectInfo>; tonic's own TLS stores it next to
+    // TcpConnectInfo. Either way the peer must be found, or every call would be
+    // rejected as keyless (INVALID_ARGUMENT).
+    for own_tls in [false, true] {
+        let redis = RedisServer::start();
+        let start = |layer| async move {
+            if own_tls {
+                GrpcServer::start_tls(layer).await
+            } else {
+                GrpcServer::start_tls_incoming(layer).await
+            }
+        };
+        let server = start(layer(&redis, per_minute(1))).await;
+        let mut client = server.client().await;
+        within(client.check(check(&[]))).await.expect("admitted");
+        let status = within(client.check(check(&[]))).await.unwrap_err();
+        assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+        // ClientIp checks that peer against its trusted proxies the same way.
+        let trusted = ClientIp::trusted_proxies(["127.0.0.0/8"]).unwrap();
+        let xff = [("x-forwarded-for", "198.51.100.9, 203.0.113.7")];
+        let server = start(layer(&redis, per_minute(1)).key(trusted)).await;
+        within(server.client().await.check(check(&xff)))
+            .await
+            .expect("admitted");
+        let mut keys: Vec<String> = redis.cmd(&["KEYS", "*"]);
+        keys.sort();
+        assert_eq!(
+            keys,
+            [
+                "tollgate:{default:client-ip:203.0.113.7}:1/1m:1",
+                "tollgate:{default:ip:127.0.0.1}:1/1m:1",
+            ],
+            "own TLS: {own_tls}"
+        );
+    }
+}
+
+#[cfg(feature = "tonic")]
+#[tokio::test]
 async fn client_ip_believes_metadata_only_from_trusted_peers() {
     use tollgate::key::ClientIp;
 

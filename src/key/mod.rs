@@ -24,7 +24,7 @@
 //! |---|---|---|---|
 //! | [`Global`] | nothing: one bucket for all | `global` | `global` |
 //! | [`Header`] | one request header (API key, gRPC metadata), hashed unless [`verbatim`](Header::verbatim) | `header:x-api-key` | `#3f0c…` (33 bytes), `k-123` verbatim |
-//! | [`PeerIp`] | the socket peer address (axum `ConnectInfo`, tonic `TcpConnectInfo`, `SocketAddr`) | `ip` | `203.0.113.7`, `2001:db8:1:2::/64` |
+//! | [`PeerIp`] | the socket peer address (axum `ConnectInfo`, tonic `TcpConnectInfo` / `TlsConnectInfo`, `SocketAddr`) | `ip` | `203.0.113.7`, `2001:db8:1:2::/64` |
 //! | [`ClientIp`] | the client behind trusted proxies (`X-Forwarded-For`, `Forwarded`, `X-Real-IP`, ...) | `client-ip` | `198.51.100.4`, `2001:db8:1:2::/64` |
 //! | [`Extension`] | a value an auth layer put in the request extensions | `ext:user` | `42` |
 //! | [`from_fn`] | a closure over the request head | `custom:` and the name ([`Kind::custom`]) | as returned |
