@@ -499,6 +499,61 @@ async fn route_layer_limits_only_matched_routes() {
     assert_eq!(client.get(&server.url("/missing")).await.status, 404);
 }
 
+#[cfg(feature = "axum")]
+#[tokio::test]
+async fn route_keys_are_route_templates_not_paths() {
+    use tollgate::key::{KeyExtractorExt, PeerIp, Route};
+
+    let redis = RedisServer::start();
+    let per_route =
+        RateLimitLayer::new(redis.store(), named("items", [slow()])).key(Route.and(PeerIp::new()));
+    let app = Router::new()
+        .route("/items/{id}", get(echo))
+        .route("/login", get(echo))
+        .route_layer(per_route);
+    let server = TestServer::axum(app).await;
+    let client = Client::new();
+    // A new id for every request is still the one route /items/{id}.
+    for id in 1..=3 {
+        let r = client.get(&server.url(&format!("/items/{id}"))).await;
+        assert_eq!(r.status, StatusCode::OK, "/items/{id}");
+    }
+    let r = client.get(&server.url("/items/4")).await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
+    // Another route, another bucket; unknown paths are 404, not limited.
+    assert_eq!(client.get(&server.url("/login")).await.status, 200);
+    assert_eq!(client.get(&server.url("/nowhere")).await.status, 404);
+    let mut keys: Vec<String> = redis.cmd(&["KEYS", "*"]);
+    keys.sort();
+    assert_eq!(keys.len(), 2, "{keys:?}");
+    assert_eq!(
+        keys[1],
+        "tollgate:{items:route+ip:6:/login:127.0.0.1}:3/1m:3"
+    );
+    assert!(
+        keys[0].starts_with("tollgate:{items:route+ip:33:#"),
+        "{keys:?}"
+    );
+
+    // Router::layer sees the template too; a path no route matched has none,
+    // so the default missing-key policy answers it 400.
+    let redis = RedisServer::start();
+    let everywhere = RateLimitLayer::new(redis.store(), slow()).key(Route);
+    let app = Router::new()
+        .route("/items/{id}", get(echo))
+        .layer(everywhere);
+    let server = TestServer::axum(app).await;
+    for id in 1..=3 {
+        let r = client.get(&server.url(&format!("/items/{id}"))).await;
+        assert_eq!(r.status, StatusCode::OK, "/items/{id}");
+    }
+    let r = client.get(&server.url("/items/4")).await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
+    let r = client.get(&server.url("/nowhere")).await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST);
+    assert!(r.body.contains("(route)"), "{}", r.body);
+}
+
 #[tokio::test]
 async fn rejections_can_be_problem_json_or_custom() {
     let redis = RedisServer::start();

@@ -15,19 +15,20 @@ use crate::store::safe_key;
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
-/// let route = from_fn("route", |parts| Some(parts.uri.path().to_owned()));
+/// // One bucket per HTTP method and key (per route: `tollgate::key::Route`).
+/// let method = from_fn("method", |parts| Some(parts.method.to_string()));
 /// // verbatim() keeps the (non-secret) header readable in this example.
-/// let per_route_and_key = route.and(Header::new("x-api-key").verbatim());
+/// let per_method_and_key = method.and(Header::new("x-api-key").verbatim());
 /// let key_or_global = Header::new("x-api-key").verbatim().or(tollgate::key::Global);
 ///
 /// let (parts, ()) = Request::get("/orders").header("x-api-key", "k1")
 ///     .body(()).unwrap().into_parts();
-/// assert_eq!(per_route_and_key.kind(), "custom:route+header:x-api-key");
-/// assert_eq!(per_route_and_key.extract(&parts).await.as_deref(), Some("7:/orders:k1"));
+/// assert_eq!(per_method_and_key.kind(), "custom:method+header:x-api-key");
+/// assert_eq!(per_method_and_key.extract(&parts).await.as_deref(), Some("3:GET:k1"));
 /// assert_eq!(key_or_global.extract(&parts).await.as_deref(), Some("0:k1"));
 ///
 /// let (anonymous, ()) = Request::get("/orders").body(()).unwrap().into_parts();
-/// assert_eq!(per_route_and_key.extract(&anonymous).await, None);
+/// assert_eq!(per_method_and_key.extract(&anonymous).await, None);
 /// assert_eq!(key_or_global.extract(&anonymous).await.as_deref(), Some("1:global"));
 /// # }
 /// ```

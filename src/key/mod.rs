@@ -27,8 +27,9 @@
 //! | [`PeerIp`] | the socket peer address (axum `ConnectInfo`, tonic `TcpConnectInfo` / `TlsConnectInfo`, `SocketAddr`) | `ip` | `203.0.113.7`, `2001:db8:1:2::/64` |
 //! | [`ClientIp`] | the client behind trusted proxies (`X-Forwarded-For`, `Forwarded`, `X-Real-IP`, ...) | `client-ip` | `198.51.100.4`, `2001:db8:1:2::/64` |
 //! | [`Extension`] | a value an auth layer put in the request extensions | `ext:user` | `42` |
+//! | `Route` (feature `axum`) | the route template axum matched (`MatchedPath`), never the raw path | `route` | `/login`, `#9a1e…` for `/items/{id}` |
 //! | [`from_fn`] | a closure over the request head | `custom:` and the name ([`Kind::custom`]) | as returned |
-//! | [`And`] (`a.and(b)`) | both keys: a bucket per pair | `route+client-ip` | `7:/orders:203.0.113.7` |
+//! | [`And`] (`a.and(b)`) | both keys: a bucket per pair | `route+client-ip` | `6:/login:203.0.113.7` |
 //! | [`Or`] (`a.or(b)`) | the first key present, tagged by which answered | `header:x-api-key/client-ip` | `0:k-123`, `1:203.0.113.7` |
 //!
 //! IP keys are canonical: IPv4-mapped IPv6 is keyed as IPv4, IPv6 zone ids are
@@ -52,8 +53,9 @@
 //! // By default the value is hashed: API keys never reach the store in clear.
 //! assert_eq!(Header::new("x-api-key").extract(&parts).await.map(|k| k.len()), Some(33));
 //! assert_eq!(Global.extract(&parts).await.as_deref(), Some("global"));
-//! let path = from_fn("path", |parts| Some(parts.uri.path().to_owned()));
-//! assert_eq!(path.extract(&parts).await.as_deref(), Some("/orders"));
+//! // A closure: here the HTTP method, a small fixed set of values.
+//! let method = from_fn("method", |parts| Some(parts.method.to_string()));
+//! assert_eq!(method.extract(&parts).await.as_deref(), Some("GET"));
 //! # }
 //! ```
 //!
@@ -80,6 +82,8 @@ mod global;
 mod header;
 mod ip;
 mod peer;
+#[cfg(feature = "axum")]
+mod route;
 
 pub use client_ip::{ClientIp, ClientIpBuilder};
 pub(crate) use combine::present;
@@ -92,3 +96,5 @@ pub use global::Global;
 pub use header::Header;
 pub use ip::DEFAULT_IPV6_PREFIX;
 pub use peer::PeerIp;
+#[cfg(feature = "axum")]
+pub use route::Route;
