@@ -112,15 +112,10 @@ async fn decide(config: &Config, parts: &Parts) -> Result<After, Answer> {
         }),
         Err(Error::CostExceedsCapacity { .. }) => Err(too_costly(cost, policy, kind)),
         // Every other error means no decision could be made; the layer never
-        // turns it into a service error.
+        // turns it into a service error. (A full MemoryStore no longer refuses
+        // new keys, it evicts: no error needs to be answered differently.)
         Err(err) => {
-            // A full MemoryStore is a bound, not an outage: letting the new key
-            // through would let a flood of fresh keys pass unlimited.
-            let full = matches!(err, Error::StoreFull { .. });
             let failure = StoreFailure::new(err);
-            if full {
-                return Err(Answer::StoreDown(failure));
-            }
             match config.on_store_error {
                 OnStoreError::Allow => Ok(After {
                     failure: Some(failure),
