@@ -554,6 +554,71 @@ async fn route_keys_are_route_templates_not_paths() {
     assert!(r.body.contains("(route)"), "{}", r.body);
 }
 
+/// The recipe of the key docs: per address outermost, per verified client
+/// inside the auth layer. A client inventing API keys is refused by the auth
+/// layer, limited by its address, and makes no Redis key per invented key; the
+/// recipe it replaces (`Header::new("x-api-key").or(PeerIp)`) let the same client
+/// through unlimited, with a Redis key per request.
+#[tokio::test]
+async fn random_api_keys_neither_bypass_the_limit_nor_make_keys() {
+    use axum::middleware::{self, Next};
+    use tollgate::key::{KeyExtractorExt, PeerIp};
+
+    #[derive(Clone)]
+    struct ApiClient(&'static str);
+
+    async fn auth(
+        mut req: axum::extract::Request,
+        next: Next,
+    ) -> Result<axum::response::Response, StatusCode> {
+        if req.headers().get("x-api-key").map(|k| k.as_bytes()) != Some(b"k-acme") {
+            return Err(StatusCode::UNAUTHORIZED);
+        }
+        req.extensions_mut().insert(ApiClient("acme"));
+        Ok(next.run(req).await)
+    }
+
+    let client = Client::new();
+    let random_keys: Vec<String> = (0..6).map(|i| format!("k-random-{i}")).collect();
+
+    let redis = RedisServer::start();
+    let per_ip = RateLimitLayer::new(redis.store(), named("per-ip", [slow()])).key(PeerIp::new());
+    let per_client = RateLimitLayer::new(redis.store(), named("per-client", [slow()])).key(
+        tollgate::key::Extension::new("client", |c: &ApiClient| c.0.to_owned()),
+    );
+    let stack = Router::new()
+        .route("/", get(echo))
+        .layer(per_client)
+        .layer(middleware::from_fn(auth))
+        .layer(per_ip);
+    let server = TestServer::axum(stack).await;
+    let mut statuses = Vec::new();
+    for key in &random_keys {
+        let r = client
+            .get_with(&server.url("/"), &[("x-api-key", key.as_bytes())])
+            .await;
+        statuses.push(r.status.as_u16());
+    }
+    assert_eq!(statuses, [401, 401, 401, 429, 429, 429]);
+    assert_eq!(
+        redis.cmd::<Vec<String>>(&["KEYS", "*"]),
+        ["tollgate:{per-ip:ip:127.0.0.1}:3/1m:3"]
+    );
+
+    // The recipe it replaces: every invented key is a fresh bucket and a key.
+    let redis = RedisServer::start();
+    let header_or_ip = Header::new("x-api-key").or(PeerIp::new());
+    let app = app(RateLimitLayer::new(redis.store(), slow()).key(header_or_ip));
+    let server = TestServer::axum(app).await;
+    for key in &random_keys {
+        let r = client
+            .get_with(&server.url("/"), &[("x-api-key", key.as_bytes())])
+            .await;
+        assert_eq!(r.status, StatusCode::OK, "never limited");
+    }
+    assert_eq!(redis.cmd::<Vec<String>>(&["KEYS", "*"]).len(), 6);
+}
+
 #[tokio::test]
 async fn rejections_can_be_problem_json_or_custom() {
     let redis = RedisServer::start();

@@ -10,26 +10,32 @@ use crate::store::safe_key;
 /// `.and()` and `.or()` on every [`KeyExtractor`].
 ///
 /// ```
+/// use std::net::SocketAddr;
 /// use http::Request;
-/// use tollgate::key::{Header, KeyExtractor, KeyExtractorExt, from_fn};
+/// use tollgate::key::{Extension, KeyExtractor, KeyExtractorExt, PeerIp, from_fn};
+///
+/// /// The signed-in user, put in the request extensions by your auth layer.
+/// #[derive(Clone)]
+/// struct User(u64);
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
-/// // One bucket per HTTP method and key (per route: `tollgate::key::Route`).
+/// let user = || Extension::new("user", |u: &User| u.0.to_string());
+/// // One bucket per HTTP method and user (per route: `tollgate::key::Route`).
 /// let method = from_fn("method", |parts| Some(parts.method.to_string()));
-/// // verbatim() keeps the (non-secret) header readable in this example.
-/// let per_method_and_key = method.and(Header::new("x-api-key").verbatim());
-/// let key_or_global = Header::new("x-api-key").verbatim().or(tollgate::key::Global);
+/// let per_method_and_user = method.and(user());
+/// // The user when signed in, else the client address.
+/// let user_or_ip = user().or(PeerIp::new());
 ///
-/// let (parts, ()) = Request::get("/orders").header("x-api-key", "k1")
-///     .body(()).unwrap().into_parts();
-/// assert_eq!(per_method_and_key.kind(), "custom:method+header:x-api-key");
-/// assert_eq!(per_method_and_key.extract(&parts).await.as_deref(), Some("3:GET:k1"));
-/// assert_eq!(key_or_global.extract(&parts).await.as_deref(), Some("0:k1"));
+/// let (mut parts, ()) = Request::get("/orders").body(()).unwrap().into_parts();
+/// parts.extensions.insert(SocketAddr::from(([203, 0, 113, 7], 40_000)));
+/// assert_eq!(per_method_and_user.extract(&parts).await, None);
+/// assert_eq!(user_or_ip.extract(&parts).await.as_deref(), Some("1:203.0.113.7"));
 ///
-/// let (anonymous, ()) = Request::get("/orders").body(()).unwrap().into_parts();
-/// assert_eq!(per_method_and_key.extract(&anonymous).await, None);
-/// assert_eq!(key_or_global.extract(&anonymous).await.as_deref(), Some("1:global"));
+/// parts.extensions.insert(User(42));
+/// assert_eq!(per_method_and_user.kind(), "custom:method+ext:user");
+/// assert_eq!(per_method_and_user.extract(&parts).await.as_deref(), Some("3:GET:42"));
+/// assert_eq!(user_or_ip.extract(&parts).await.as_deref(), Some("0:42"));
 /// # }
 /// ```
 pub trait KeyExtractorExt: KeyExtractor + Sized {
@@ -81,8 +87,13 @@ impl<A: KeyExtractor, B: KeyExtractor> KeyExtractor for And<A, B> {
     }
 }
 
-/// The first key found: `primary`'s, or else `fallback`'s, such as an API key for
-/// callers that send one and the client IP for the rest.
+/// The first key found: `primary`'s, or else `fallback`'s, such as the verified
+/// user for signed-in requests and the client IP for the rest.
+///
+/// The primary key must be one the client cannot mint: with
+/// `Header::new("x-api-key").or(ClientIp::...)` a client skips its address's
+/// bucket by sending any API key, and gets a fresh bucket per new key (see
+/// [the recipes](super#recipes-who-gets-a-bucket)).
 ///
 /// [`KeyExtractor::kind`] is fixed per extractor, so the key itself says which
 /// side answered: `0:` for the primary, `1:` for the fallback. An API key equal

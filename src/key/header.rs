@@ -8,6 +8,15 @@ use crate::store::{hashed_key, safe_key_bytes};
 
 /// The value of one request header, such as an API key or a gRPC metadata entry.
 ///
+/// **The client chooses this key.** Each new value is a new, full bucket and a
+/// new entry in the store, so on its own `Header` limits only clients that keep
+/// sending the same value: one that sends a random API key per request is never
+/// limited, and fills Redis as it goes. Use it for values the client cannot
+/// vary at will (a header your gateway sets, API keys already checked before
+/// the rate limit), and keep a per-address limit in front; for verified
+/// identities key on what your auth layer stored ([`Extension`](super::Extension)).
+/// See [the recipes](super#recipes-who-gets-a-bucket).
+///
 /// - **Hashed by default.** Header keys are often credentials, so the value is
 ///   stored as `#` and 128 bits of its SHA-256: an API key never appears in
 ///   `KEYS`, `MONITOR` or the slow log. [`Header::verbatim`] keeps short, plain
@@ -17,8 +26,6 @@ use crate::store::{hashed_key, safe_key_bytes};
 /// - **One value.** An empty value, or a header sent more than once, counts as
 ///   missing: with several lines a client could pair the value an auth layer
 ///   checks with a fresh one for every request, and so a fresh bucket.
-/// - For an identity established by authentication, prefer keying on what the
-///   auth layer stored ([`Extension`](super::Extension)).
 #[derive(Clone, Debug)]
 #[must_use]
 pub struct Header {

@@ -59,18 +59,80 @@
 //! # }
 //! ```
 //!
-//! Behind a load balancer in `10.0.0.0/8`, with an API key bucket for callers
-//! that send one:
+//! ## Recipes: who gets a bucket
+//!
+//! Every distinct key is a fresh, full bucket, and one more entry in the store
+//! (in Redis, a key per quota that lives until the bucket is full again; see
+//! the README's "What a flood of keys costs"). So a key the client writes
+//! itself is a key the client chooses: keyed on `Header::new("x-api-key")`,
+//! with or without `.or(ClientIp::...)`, a client that sends a new random API
+//! key with every request gets a new full bucket every time, is never limited,
+//! and fills Redis as it goes. Key only on what the client cannot mint:
+//!
+//! 1. **Per client address, always**, in the outermost layer: [`PeerIp`] (the
+//!    layer's default) or [`ClientIp`] behind your proxies. A bucket then costs
+//!    an attacker an address (a /64 for IPv6), and this layer also limits
+//!    requests that never authenticate, and the work your auth layer does for
+//!    them.
+//! 2. **Per identity, only once verified**: a second layer, inside your auth
+//!    layer, keyed on what the auth layer stored ([`Extension`]). Unknown
+//!    credentials are refused by the auth layer before they make a bucket.
+//! 3. **Or verify inside the extractor**: a [`KeyExtractor`] of your own that
+//!    looks the API key up and answers `None` for unknown keys, with
+//!    [`MissingKey::fallback`](crate::layer::MissingKey::fallback) to the
+//!    address (`examples/custom_key.rs`).
+//!
+//! [`Header`] on its own is for values the client cannot vary at will: headers
+//! your own proxy or gateway sets, or API keys checked before the rate limit.
+//!
+//! Recipes 1 and 2 on an axum router behind a load balancer in `10.0.0.0/8`:
 //!
 //! ```
-//! use tollgate::key::{ClientIp, Header, KeyExtractorExt};
+//! use axum::extract::Request;
+//! use axum::http::StatusCode;
+//! use axum::middleware::{self, Next};
+//! use axum::response::Response;
+//! use axum::{Router, routing::get};
+//! use tollgate::key::{ClientIp, Extension};
+//! use tollgate::{MemoryStore, Policy, Quota, RateLimitLayer};
 //!
-//! # fn main() -> Result<(), tollgate::ConfigError> {
-//! let key = Header::try_new("x-api-key")?.or(ClientIp::trusted_proxies(["10.0.0.0/8"])?);
-//! # let _ = key;
+//! /// What the auth layer stores for a verified caller.
+//! #[derive(Clone)]
+//! struct ApiClient {
+//!     id: u64,
+//! }
+//!
+//! /// Your credential check; here a fixed table.
+//! async fn auth(mut req: Request, next: Next) -> Result<Response, StatusCode> {
+//!     let id = match req.headers().get("x-api-key").map(|k| k.as_bytes()) {
+//!         Some(b"k-acme") => 1,
+//!         Some(b"k-globex") => 2,
+//!         _ => return Err(StatusCode::UNAUTHORIZED),
+//!     };
+//!     req.extensions_mut().insert(ApiClient { id });
+//!     Ok(next.run(req).await)
+//! }
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = MemoryStore::new(); // RedisStore::from_url(..)? in production
+//! let per_ip = RateLimitLayer::new(store.clone(), Policy::new("per-ip", [Quota::per_second(20)?])?)
+//!     .key(ClientIp::trusted_proxies(["10.0.0.0/8"])?);
+//! let per_client = RateLimitLayer::new(store, Policy::new("per-client", [Quota::per_hour(1_000)?])?)
+//!     .key(Extension::new("client", |c: &ApiClient| c.id.to_string()));
+//! // The last layer added is the outermost: per_ip sees every request, the
+//! // auth layer only what per_ip admitted, per_client only verified callers.
+//! let app: Router = Router::new()
+//!     .route("/", get(|| async { "hello" }))
+//!     .layer(per_client)
+//!     .layer(middleware::from_fn(auth))
+//!     .layer(per_ip);
+//! # let _ = app;
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! Stacked layers have more to know (names, `route_layer`, what each costs):
+//! see [the layer docs](crate::layer#stacked-layers).
 
 mod client_ip;
 mod combine;
