@@ -619,6 +619,106 @@ async fn random_api_keys_neither_bypass_the_limit_nor_make_keys() {
     assert_eq!(redis.cmd::<Vec<String>>(&["KEYS", "*"]).len(), 6);
 }
 
+/// The table of the stacking docs: which of axum's own 404 and 405 answers
+/// pass through (and are charged by) a limit placed in each of four ways.
+#[tokio::test]
+async fn which_answers_each_placement_charges() {
+    use axum::routing::post;
+
+    let redis = RedisServer::start();
+    let client = Client::new();
+    // (placement, charges 404, charges 405)
+    let placements: [(&str, bool, bool); 4] = [
+        ("router-layer", true, true),
+        ("router-route-layer", false, true),
+        ("method-layer", false, true),
+        ("method-route-layer", false, false),
+    ];
+    for (name, charges_404, charges_405) in placements {
+        let limit = RateLimitLayer::new(redis.store(), named(name, [slow()])).key(Global);
+        let app = match name {
+            "router-layer" => Router::new().route("/login", post(echo)).layer(limit),
+            "router-route-layer" => Router::new().route("/login", post(echo)).route_layer(limit),
+            "method-layer" => Router::new().route("/login", post(echo).layer(limit)),
+            _ => Router::new().route("/login", post(echo).route_layer(limit)),
+        };
+        let server = TestServer::axum(app).await;
+        let r = client.get(&server.url("/nowhere")).await;
+        assert_eq!(r.status, StatusCode::NOT_FOUND, "{name}");
+        assert_eq!(r.header("ratelimit").is_some(), charges_404, "{name} 404");
+        let r = client.get(&server.url("/login")).await;
+        assert_eq!(r.status, StatusCode::METHOD_NOT_ALLOWED, "{name}");
+        assert_eq!(r.header("ratelimit").is_some(), charges_405, "{name} 405");
+        // What is left for the real POST after those two answers.
+        let r = client.send("POST", &server.url("/login"), &[]).await;
+        let spent = u64::from(charges_404) + u64::from(charges_405);
+        let item = r.header("ratelimit").unwrap_or_default();
+        assert_eq!(
+            without_t(item),
+            format!("\"{name}\";r={}", 2 - spent),
+            "{name}"
+        );
+    }
+}
+
+/// Two nested layers: items innermost first, the handler sees the innermost
+/// decision, and an outer layer has spent when the inner one refuses.
+#[tokio::test]
+async fn nested_layers_combine_items_and_the_handler_sees_the_innermost() {
+    let redis = RedisServer::start();
+    let outer = RateLimitLayer::new(
+        redis.store(),
+        named("outer", [Quota::per_minute(10).unwrap()]),
+    )
+    .key(Global);
+    let inner = RateLimitLayer::new(
+        redis.store(),
+        named("inner", [Quota::per_minute(1).unwrap()]),
+    )
+    .key(Global);
+    let app = Router::new()
+        .route("/", get(echo))
+        .layer(inner)
+        .layer(outer);
+    let server = TestServer::axum(app).await;
+    let client = Client::new();
+    let r = client.get(&server.url("/")).await;
+    assert_eq!(summary(&r.body), "allowed=true remaining=0 limit=1");
+    let items = r.list("ratelimit").unwrap_or_default();
+    assert_eq!(without_t(&items), "\"inner\";r=0, \"outer\";r=9");
+    assert_eq!(
+        r.list("ratelimit-policy").as_deref(),
+        Some("\"inner\";q=1;w=60, \"outer\";q=10;w=60")
+    );
+    // The inner layer refuses; the outer one has spent all the same.
+    let r = client.get(&server.url("/")).await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
+    let items = r.list("ratelimit").unwrap_or_default();
+    assert_eq!(without_t(&items), "\"inner\";r=0, \"outer\";r=8");
+    // The answering (inner) layer's wait: a minute less the time since.
+    let wait = r.retry_after().unwrap();
+    assert!((50..=60).contains(&wait), "{wait}");
+    assert!(
+        items.starts_with(&format!("\"inner\";r=0;t={wait}")),
+        "{items}"
+    );
+}
+
+/// A `RateLimit` field without its `t` parameters, which depend on how long
+/// the requests took.
+fn without_t(field: &str) -> String {
+    field
+        .split(", ")
+        .map(|item| {
+            item.split(';')
+                .filter(|p| !p.starts_with("t="))
+                .collect::<Vec<_>>()
+                .join(";")
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 #[tokio::test]
 async fn rejections_can_be_problem_json_or_custom() {
     let redis = RedisServer::start();
