@@ -74,6 +74,9 @@ pub mod policy;
 pub mod quota;
 pub mod store;
 
+#[cfg(test)]
+mod fuzz;
+
 pub use decision::{Decision, QuotaState};
 pub use error::{ConfigError, ConfigErrorKind, Error};
 pub use layer::{RateLimit, RateLimitLayer};

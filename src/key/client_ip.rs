@@ -752,6 +752,34 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        #![proptest_config(crate::fuzz::config())]
+
+        #[test]
+        fn every_strategy_keys_64k_headers_briefly_and_within_budget(
+            lines in proptest::collection::vec(crate::fuzz::header_bytes(), 1..3),
+        ) {
+            let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+            let extractors = [
+                ClientIp::trusted_proxies(PROXIES).unwrap(),
+                ClientIp::trusted_proxies(PROXIES).unwrap().forwarded(),
+                ClientIp::hops(3).unwrap().only_from(PROXIES).unwrap(),
+                ClientIp::hops(MAX_HOPS).unwrap().trust_any_peer().forwarded(),
+                ClientIp::header("x-forwarded-for").unwrap().trust_any_peer(),
+            ];
+            for c in &extractors {
+                for name in ["x-forwarded-for", "forwarded"] {
+                    let headers: Vec<_> = lines.iter().map(|l| (name, l.as_slice())).collect();
+                    let k = crate::fuzz::within_budget(name, || {
+                        rt.block_on(key(c, "10.0.0.2", &headers))
+                    });
+                    let k = k.unwrap_or_default();
+                    proptest::prop_assert!(!k.is_empty() && k.len() <= 43, "{}", k);
+                }
+            }
+        }
+    }
+
     #[test]
     fn configuration_mistakes_are_errors() {
         let bad: [Result<ClientIp, ConfigError>; 10] = [

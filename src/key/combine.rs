@@ -195,4 +195,37 @@ mod tests {
         let b = parts(Request::get("/").header("b", "v"));
         assert_eq!(chain.extract(&b).await.as_deref(), Some("0:1:v"));
     }
+
+    proptest::proptest! {
+        #![proptest_config(crate::fuzz::config())]
+
+        #[test]
+        fn combined_keys_of_64k_parts_stay_short_and_safe(
+            a in crate::fuzz::header_bytes(),
+            b in crate::fuzz::header_bytes(),
+        ) {
+            let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+            let a = String::from_utf8_lossy(&a).into_owned();
+            let b = String::from_utf8_lossy(&b).into_owned();
+            let (a2, b2) = (a.clone(), b.clone());
+            let first = from_fn("a", move |_| Some(a2.clone()));
+            let second = from_fn("b", move |_| Some(b2.clone()));
+            let p = parts(Request::get("/"));
+            let and = first.and(second);
+            let k = crate::fuzz::within_budget("and", || rt.block_on(and.extract(&p)));
+            if let Some(k) = k {
+                proptest::prop_assert!(k.len() <= 2 * crate::store::MAX_RAW_KEY_LEN + 4, "{}", k);
+                proptest::prop_assert_eq!(safe_key(&k).len(), k.len());
+            } else {
+                proptest::prop_assert!(a.is_empty() || b.is_empty());
+            }
+            let (a3, b3) = (a.clone(), b.clone());
+            let or = from_fn("a", move |_| Some(a3.clone())).or(from_fn("b", move |_| Some(b3.clone())));
+            let k = crate::fuzz::within_budget("or", || rt.block_on(or.extract(&p)));
+            if let Some(k) = k {
+                proptest::prop_assert!(k.len() <= crate::store::MAX_RAW_KEY_LEN + 2, "{}", k);
+                proptest::prop_assert_eq!(safe_key(&k).len(), k.len());
+            }
+        }
+    }
 }

@@ -166,4 +166,24 @@ mod tests {
             "{debug}"
         );
     }
+
+    proptest::proptest! {
+        #![proptest_config(crate::fuzz::config())]
+
+        #[test]
+        fn values_of_64k_give_short_safe_keys(value in crate::fuzz::header_bytes()) {
+            let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+            let tenant = String::from_utf8_lossy(&value).into_owned();
+            let e = Extension::<Tenant>::display("tenant");
+            let p = with(&tenant);
+            let k = crate::fuzz::within_budget("extension", || rt.block_on(e.extract(&p)));
+            match k {
+                None => proptest::prop_assert!(tenant.is_empty()),
+                Some(k) => {
+                    proptest::prop_assert!(k.len() <= crate::store::MAX_RAW_KEY_LEN);
+                    proptest::prop_assert_eq!(crate::store::safe_key(&k).len(), k.len());
+                }
+            }
+        }
+    }
 }

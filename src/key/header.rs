@@ -133,4 +133,29 @@ mod tests {
     fn bad_header_names_are_configuration_errors() {
         assert!(Header::try_new("bad header").is_err());
     }
+
+    proptest::proptest! {
+        #![proptest_config(crate::fuzz::config())]
+
+        #[test]
+        fn values_of_64k_give_short_safe_keys(
+            value in crate::fuzz::header_bytes(),
+            verbatim in proptest::bool::ANY,
+        ) {
+            let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+            let h = if verbatim { Header::new("x-api-key").verbatim() } else { Header::new("x-api-key") };
+            let p = parts(Request::get("/").header("x-api-key", value.as_slice()));
+            let key = crate::fuzz::within_budget("header", || rt.block_on(h.extract(&p)));
+            match key {
+                None => proptest::prop_assert!(value.is_empty()),
+                Some(key) => {
+                    proptest::prop_assert!(key.len() <= crate::store::MAX_RAW_KEY_LEN);
+                    proptest::prop_assert_eq!(crate::store::safe_key(&key).len(), key.len());
+                    if !verbatim {
+                        proptest::prop_assert!(key.starts_with('#') && key.len() == 33);
+                    }
+                }
+            }
+        }
+    }
 }

@@ -288,4 +288,28 @@ mod tests {
         assert_eq!(res.headers()[GRPC_RETRY_PUSHBACK_MS], "1000");
         assert!(res.extensions().get::<StoreFailure>().is_some());
     }
+
+    /// The bytes a URI path may hold, and a path made of them.
+    const PATH_BYTES: &[u8] = b"/////abc.XYZ019-_~%:@!$&'()*+,;=";
+
+    proptest::proptest! {
+        #![proptest_config(crate::fuzz::config())]
+
+        #[test]
+        fn any_path_splits_into_a_method_or_none_within_budget(
+            path in crate::fuzz::motif(PATH_BYTES, 60 * 1024),
+        ) {
+            let path = format!("/{}", String::from_utf8(path).unwrap());
+            let Ok(uri) = http::Uri::try_from(path.as_str()) else {
+                return Ok(());
+            };
+            let (p, ()) = Request::post(uri).body(()).unwrap().into_parts();
+            let method = crate::fuzz::within_budget("grpc_method", || grpc_method(&p));
+            if let Some((service, method)) = method {
+                proptest::prop_assert!(!service.is_empty() && !method.is_empty());
+                proptest::prop_assert!(!method.contains('/'));
+                proptest::prop_assert_eq!(format!("/{service}/{method}"), p.uri.path());
+            }
+        }
+    }
 }

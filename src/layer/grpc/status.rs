@@ -241,4 +241,27 @@ mod tests {
         assert_eq!(percent_encode("retry in 5 ms"), "retry in 5 ms");
         assert_eq!(percent_encode("100% é\n"), "100%25 %C3%A9%0A");
     }
+
+    proptest::proptest! {
+        #![proptest_config(crate::fuzz::config())]
+
+        #[test]
+        fn any_content_type_is_classified_within_budget(
+            value in crate::fuzz::header_bytes(),
+            method in proptest::sample::select(vec![Method::POST, Method::GET, Method::PUT]),
+            version in proptest::sample::select(vec![Version::HTTP_11, Version::HTTP_2]),
+        ) {
+            let p = parts(method.clone(), version, &value);
+            let grpc = crate::fuzz::within_budget("flavor", || flavor(&p));
+            if grpc.is_some() {
+                // Only a POST whose media type begins with a gRPC one.
+                proptest::prop_assert_eq!(method, Method::POST);
+                let lower = String::from_utf8_lossy(&value).to_ascii_lowercase();
+                proptest::prop_assert!(lower.trim_start().starts_with("application/grpc"));
+            }
+            if grpc == Some(Grpc::Native) {
+                proptest::prop_assert_eq!(version, Version::HTTP_2);
+            }
+        }
+    }
 }
