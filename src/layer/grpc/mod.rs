@@ -31,18 +31,19 @@ pub use status::GRPC_RETRY_PUSHBACK_MS;
 use status::{Code, Pushback, trailers_only};
 pub(crate) use status::{Grpc, flavor};
 
-/// True when `parts` is a gRPC call: a `POST` with a gRPC media type, that is
-/// `application/grpc` (optionally `+proto` or another suffix) over HTTP/2 or
-/// later, or `application/grpc-web` / `application/grpc-web-text` over any HTTP
-/// version (gRPC-Web runs over HTTP/1.1 too); case and parameters do not
-/// matter. The layer answers such calls with gRPC statuses (HTTP 200
-/// trailers-only) instead of HTTP errors.
+/// True when `parts` is a gRPC call: a `POST` with a gRPC media type,
+/// `application/grpc`, `application/grpc-web` or `application/grpc-web-text`
+/// (each optionally with `+proto` or another suffix; case and parameters do
+/// not matter), over any HTTP version. The layer answers such calls with gRPC
+/// statuses (HTTP 200 trailers-only) instead of HTTP errors.
 ///
 /// Anything else is an ordinary HTTP request, whatever its `content-type`: a
-/// `GET` that claims `application/grpc`, or an `application/grpc` request over
-/// HTTP/1.1, gets the HTTP answer (429 and so on). Otherwise a client could turn
-/// a limited `GET /popular` into an empty 200, which a cache in front of the
-/// service would keep and serve to every user.
+/// `GET` that claims `application/grpc` gets the HTTP answer (429 and so on).
+/// Otherwise a client could turn a limited `GET /popular` into an empty 200,
+/// which a cache in front of the service would keep and serve to every user.
+/// The version is not asked for: gRPC-Web runs over HTTP/1.1, and tonic-web
+/// hands it on as `application/grpc` in that version; a `POST` answer marked
+/// `no-store`, as every answer of the layer is, is not cached.
 ///
 /// ```
 /// use http::{Request, Version};
@@ -59,8 +60,8 @@ pub(crate) use status::{Grpc, flavor};
 /// };
 /// assert!(call("POST", Version::HTTP_2, "application/grpc+proto"));
 /// assert!(call("POST", Version::HTTP_11, "application/grpc-web+proto"));
-/// assert!(!call("POST", Version::HTTP_11, "application/grpc"));
 /// assert!(!call("GET", Version::HTTP_2, "application/grpc"));
+/// assert!(!call("POST", Version::HTTP_2, "application/json"));
 /// ```
 pub fn is_grpc(parts: &Parts) -> bool {
     flavor(parts).is_some()

@@ -6,7 +6,7 @@ use std::fmt::Write;
 use bytes::Bytes;
 use http::header::{CACHE_CONTROL, CONTENT_TYPE};
 use http::request::Parts;
-use http::{HeaderName, HeaderValue, Method, Response, Version};
+use http::{HeaderName, HeaderValue, Method, Response};
 
 /// `grpc-retry-pushback-ms`: the metadata through which a server tells gRPC
 /// clients with a retry policy how long to wait before retrying (gRFC A6,
@@ -41,23 +41,24 @@ impl Grpc {
 
 /// The gRPC kind of a request, or `None` for every other HTTP request.
 ///
-/// A gRPC call is a `POST` whose media type is a gRPC one: `application/grpc`
-/// (with an optional `+suffix`, such as `+proto`, and parameters) over HTTP/2
-/// or later, which native gRPC requires; or `application/grpc-web` /
-/// `application/grpc-web-text` (again with an optional suffix) over any HTTP
-/// version, since gRPC-Web exists to run over HTTP/1.1. Anything else, such as
-/// a `GET /popular` carrying `Content-Type: application/grpc`, is an ordinary
+/// A gRPC call is a `POST` whose media type is a gRPC one: `application/grpc`,
+/// `application/grpc-web` or `application/grpc-web-text`, each with an optional
+/// `+suffix` (`+proto`) and parameters. Anything else, such as a
+/// `GET /popular` carrying `Content-Type: application/grpc`, is an ordinary
 /// HTTP request and gets an HTTP answer: a gRPC answer is an HTTP 200, which a
 /// cache in front of the service would store and serve to everyone.
+///
+/// The HTTP version is not asked for. gRPC-Web runs over HTTP/1.1 by design,
+/// and native gRPC reaches a service over HTTP/1.1 too, after a translator:
+/// tonic-web turns a gRPC-Web call into `application/grpc` without changing
+/// its version, so a limit inside it would otherwise answer a browser's call
+/// with a bare 429. A `POST` answer is not stored by caches unless it says so,
+/// and every answer of the layer says `no-store`.
 pub(crate) fn flavor(parts: &Parts) -> Option<Grpc> {
     if parts.method != Method::POST {
         return None;
     }
-    let grpc = media_type(parts.headers.get(CONTENT_TYPE)?.as_bytes())?;
-    match grpc {
-        Grpc::Native if parts.version < Version::HTTP_2 => None,
-        grpc => Some(grpc),
-    }
+    media_type(parts.headers.get(CONTENT_TYPE)?.as_bytes())
 }
 
 /// The gRPC kind a `content-type` value names: the type before any `;`
@@ -159,7 +160,7 @@ fn percent_encode(message: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http::Request;
+    use http::{Request, Version};
 
     fn parts(method: Method, version: Version, content_type: &[u8]) -> Parts {
         let req = Request::builder()
@@ -211,22 +212,21 @@ mod tests {
     }
 
     #[test]
-    fn only_posts_are_grpc_calls_and_native_grpc_needs_http2() {
+    fn only_posts_are_grpc_calls_whatever_the_version() {
         for method in [Method::GET, Method::HEAD, Method::PUT, Method::OPTIONS] {
             for ct in [&b"application/grpc"[..], b"application/grpc-web"] {
                 let p = parts(method.clone(), Version::HTTP_2, ct);
                 assert_eq!(flavor(&p), None, "{method} {ct:?}");
             }
         }
-        for version in [Version::HTTP_10, Version::HTTP_11] {
+        // gRPC-Web is made for HTTP/1.1, and tonic-web hands it on as native
+        // gRPC in the same version.
+        for version in [Version::HTTP_10, Version::HTTP_11, Version::HTTP_3] {
             let p = parts(Method::POST, version, b"application/grpc");
-            assert_eq!(flavor(&p), None, "{version:?}");
-            // gRPC-Web is made for HTTP/1.1.
+            assert_eq!(flavor(&p), Some(Grpc::Native), "{version:?}");
             let p = parts(Method::POST, version, b"application/grpc-web+proto");
             assert_eq!(flavor(&p), Some(Grpc::Web), "{version:?}");
         }
-        let p = parts(Method::POST, Version::HTTP_3, b"application/grpc");
-        assert_eq!(flavor(&p), Some(Grpc::Native));
     }
 
     #[test]
@@ -258,9 +258,6 @@ mod tests {
                 proptest::prop_assert_eq!(method, Method::POST);
                 let lower = String::from_utf8_lossy(&value).to_ascii_lowercase();
                 proptest::prop_assert!(lower.trim_start().starts_with("application/grpc"));
-            }
-            if grpc == Some(Grpc::Native) {
-                proptest::prop_assert_eq!(version, Version::HTTP_2);
             }
         }
     }
