@@ -1,7 +1,7 @@
 //! Buckets in this process: for single instances, tests, and as a fallback.
 
 use std::collections::hash_map::RandomState;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -41,9 +41,10 @@ const MIN_PER_SHARD: usize = 1024;
 /// - **A full store keeps serving new clients.** When a new key arrives at a
 ///   full shard, the shard forgets the one key whose buckets will be full again
 ///   soonest: a key that has already refilled completely if there is one
-///   (forgetting it changes no decision), else the key closest to full. Each
-///   shard keeps its keys ordered by that time, so this costs a logarithmic
-///   step per check, never a scan, however hard a flood of new keys pushes.
+///   (forgetting it changes no decision), else the key closest to full (on a
+///   tie, the oldest). Each shard keeps its keys ordered by that time, so this
+///   costs a logarithmic step per check, never a scan, however hard a flood of
+///   new keys pushes.
 /// - **What eviction can cost, exactly.** A forgotten client starts over with
 ///   full buckets when it comes back, so it may be admitted what it would
 ///   otherwise still have waited for: per quota, the tokens its bucket was
@@ -88,22 +89,26 @@ struct Inner {
     epoch: Instant,
 }
 
-/// One key's buckets, and the microsecond at which all of them are full again.
+/// One key's buckets, the microsecond at which all of them are full again, and
+/// the key's number in its shard (its place in `order` among equal times).
 #[derive(Debug)]
 struct Entry {
     buckets: Vec<(Quota, Level)>,
     full_at: u64,
+    id: u64,
 }
 
-/// One shard's keys, also ordered by when they are full again.
+/// One shard's keys, also ordered by when they are full again (then by age).
 ///
-/// Invariant: `order` holds exactly `(entry.full_at, key)` for every entry of
-/// `map`, so both have the same length, at most the shard's share of
-/// `max_keys`.
+/// Invariant: `order` maps exactly `(entry.full_at, entry.id)` to the key of
+/// every entry of `map`, so both have the same length, at most the shard's
+/// share of `max_keys`. The order is keyed by two integers, so moving a key in
+/// it compares integers and touches no reference count.
 #[derive(Debug, Default)]
 struct Shard {
     map: HashMap<Arc<str>, Entry>,
-    order: BTreeSet<(u64, Arc<str>)>,
+    order: BTreeMap<(u64, u64), Arc<str>>,
+    next_id: u64,
     /// Keys forgotten to make room before they had refilled.
     #[cfg(test)]
     evicted: u64,
@@ -115,7 +120,7 @@ struct Shard {
 impl Shard {
     /// Forgets the key that is full again soonest (first of `order`).
     fn forget_first(&mut self, now: u64) {
-        if let Some((full_at, key)) = self.order.pop_first() {
+        if let Some(((full_at, _), key)) = self.order.pop_first() {
             self.map.remove(&key);
             self.count(full_at <= now);
         }
@@ -135,7 +140,11 @@ impl Shard {
 
     /// Forgets every key whose buckets are full at `now`.
     fn sweep(&mut self, now: u64) {
-        while self.order.first().is_some_and(|(at, _)| *at <= now) {
+        while self
+            .order
+            .first_key_value()
+            .is_some_and(|((at, _), _)| *at <= now)
+        {
             self.forget_first(now);
         }
     }
@@ -143,47 +152,60 @@ impl Shard {
     /// Writes the `levels` of `quotas` into `key`'s buckets (a new key when it
     /// has none yet) and moves the key to its place in `order`.
     fn write(&mut self, key: &str, quotas: &[Quota], levels: Vec<Level>) {
-        let (name, old) = match self.map.get_key_value(key) {
-            Some((name, entry)) => (Arc::clone(name), Some(entry.full_at)),
-            None => (Arc::from(key), None),
+        if let Some(entry) = self.map.get_mut(key) {
+            set_levels(&mut entry.buckets, quotas, levels);
+            let new = full_at(&entry.buckets);
+            if new != entry.full_at {
+                let place = (entry.full_at, entry.id);
+                entry.full_at = new;
+                if let Some(name) = self.order.remove(&place) {
+                    self.order.insert((new, entry.id), name);
+                }
+            }
+            return;
+        }
+        let mut buckets = Vec::with_capacity(quotas.len());
+        set_levels(&mut buckets, quotas, levels);
+        let entry = Entry {
+            full_at: full_at(&buckets),
+            buckets,
+            id: self.next_id,
         };
-        let entry = self.map.entry(Arc::clone(&name)).or_insert(Entry {
-            buckets: Vec::with_capacity(quotas.len()),
-            full_at: 0,
-        });
-        for (q, level) in quotas.iter().zip(levels) {
-            match entry.buckets.iter_mut().find(|(bq, _)| bq == q) {
-                Some(slot) => slot.1 = level,
-                None => entry.buckets.push((*q, level)),
-            }
-        }
-        entry.full_at = full_at(&entry.buckets);
-        let new = entry.full_at;
-        if old != Some(new) {
-            if let Some(old) = old {
-                self.order.remove(&(old, Arc::clone(&name)));
-            }
-            self.order.insert((new, name));
-        }
+        self.next_id += 1;
+        let name: Arc<str> = Arc::from(key);
+        self.order
+            .insert((entry.full_at, entry.id), Arc::clone(&name));
+        self.map.insert(name, entry);
     }
 
     /// Forgets the buckets of `quotas` for `key`, and the key when it has no
     /// bucket left.
     fn reset(&mut self, key: &str, quotas: &[Quota]) {
-        let Some((name, entry)) = self.map.get_key_value(key) else {
-            return;
-        };
-        let (name, old) = (Arc::clone(name), entry.full_at);
-        self.order.remove(&(old, Arc::clone(&name)));
         let Some(entry) = self.map.get_mut(key) else {
             return;
         };
         entry.buckets.retain(|(q, _)| !quotas.contains(q));
+        let place = (entry.full_at, entry.id);
         if entry.buckets.is_empty() {
+            self.order.remove(&place);
             self.map.remove(key);
-        } else {
-            entry.full_at = full_at(&entry.buckets);
-            self.order.insert((entry.full_at, name));
+            return;
+        }
+        let new = full_at(&entry.buckets);
+        entry.full_at = new;
+        if let Some(name) = self.order.remove(&place) {
+            self.order.insert((new, entry.id), name);
+        }
+    }
+}
+
+/// Stores each of `levels` in the bucket of its quota, adding the buckets a
+/// key did not have yet.
+fn set_levels(buckets: &mut Vec<(Quota, Level)>, quotas: &[Quota], levels: Vec<Level>) {
+    for (q, level) in quotas.iter().zip(levels) {
+        match buckets.iter_mut().find(|(bq, _)| bq == q) {
+            Some(slot) => slot.1 = level,
+            None => buckets.push((*q, level)),
         }
     }
 }
