@@ -15,7 +15,6 @@
 //!   Fallback keys have their own kind (`client-ip`), so a customer id can never
 //!   collide with an address.
 
-use std::borrow::Cow;
 use std::collections::HashMap;
 use std::error::Error;
 use std::net::SocketAddr;
@@ -28,7 +27,7 @@ use http::request::Parts;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use tollgate::key::{ClientIp, KeyExtractor};
+use tollgate::key::{ClientIp, KeyExtractor, Kind};
 use tollgate::layer::{MissingKey, RateLimitLayer};
 use tollgate::{Decision, MemoryStore, Quota};
 
@@ -38,8 +37,8 @@ struct CustomerKey {
 }
 
 impl KeyExtractor for CustomerKey {
-    fn kind(&self) -> Cow<'static, str> {
-        Cow::Borrowed("customer")
+    fn kind(&self) -> Kind {
+        Kind::custom("customer")
     }
 
     async fn extract(&self, parts: &Parts) -> Option<String> {

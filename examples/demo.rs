@@ -10,6 +10,7 @@
 //! fallback decides, with the same limit, and every answer says who decided.
 
 use std::error::Error;
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use axum::{Extension, Router, routing::get};
@@ -20,7 +21,6 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use tokio::net::TcpListener;
-use tollgate::key::Header;
 use tollgate::layer::{OnStoreError, RateLimitLayer};
 use tollgate::{AnyStore, Decision, Fallback, MemoryStore, Policy, Quota, RedisStore};
 
@@ -52,13 +52,17 @@ async fn main() -> Result<(), Box<dyn Error>> {
 }
 
 async fn run(store: AnyStore) -> Result<(), Box<dyn Error>> {
+    // Keyed by the client's address, the default: a key the client cannot
+    // change at will (an API key header would be: a new one per request, a new
+    // full bucket every time).
     let policy = Policy::new("demo", [Quota::per_second(2)?.burst(5)?])?;
     // While Redis fails, an in-process store decides with the same quota
     // (rather than letting everything through, the default).
     let limit = RateLimitLayer::new(store, policy)
-        .key(Header::new("x-api-key"))
         .on_store_error(OnStoreError::Fallback(Fallback::memory()));
     let app = Router::new().route("/", get(hello)).layer(limit);
+    // The peer address reaches the layer through axum's ConnectInfo.
+    let app = app.into_make_service_with_connect_info::<SocketAddr>();
 
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
@@ -70,12 +74,10 @@ async fn run(store: AnyStore) -> Result<(), Box<dyn Error>> {
             })
             .await
     });
-    println!("server: http://{addr}, limit 2 requests/s per API key, bursts of 5\n");
+    println!("server: http://{addr}, limit 2 requests/s per client address, bursts of 5\n");
 
     let client: Client<HttpConnector, Full<Bytes>> =
         Client::builder(TokioExecutor::new()).build_http();
-    // A fresh API key per run, so a shared Redis starts this demo with a full bucket.
-    let api_key = format!("demo-{}", std::process::id());
     let url = format!("http://{addr}/");
     let started = Instant::now();
 
@@ -85,7 +87,7 @@ async fn run(store: AnyStore) -> Result<(), Box<dyn Error>> {
     );
     let mut wait = None;
     for n in 1..=BURST {
-        let reply = send(&client, &url, &api_key).await?;
+        let reply = send(&client, &url).await?;
         print_row(n, started, &reply);
         if reply.status == StatusCode::TOO_MANY_REQUESTS && wait.is_none() {
             wait = reply.retry_after;
@@ -96,7 +98,7 @@ async fn run(store: AnyStore) -> Result<(), Box<dyn Error>> {
     let secs = wait.ok_or("the burst was never limited")?;
     println!("\nwaiting {secs} s as Retry-After says...\n");
     tokio::time::sleep(Duration::from_secs(secs)).await;
-    let reply = send(&client, &url, &api_key).await?;
+    let reply = send(&client, &url).await?;
     print_row(BURST + 1, started, &reply);
     println!("\nbody: {}", reply.body.trim_end());
 
@@ -149,11 +151,8 @@ impl Reply {
 async fn send(
     client: &Client<HttpConnector, Full<Bytes>>,
     url: &str,
-    api_key: &str,
 ) -> Result<Reply, Box<dyn Error>> {
-    let req = Request::get(url)
-        .header("x-api-key", api_key)
-        .body(Full::new(Bytes::new()))?;
+    let req = Request::get(url).body(Full::new(Bytes::new()))?;
     let res = client.request(req).await?;
     let header = |name: &str| {
         res.headers()

@@ -119,7 +119,11 @@ pub enum Error {
     },
     /// The store did not answer within its per-call timeout.
     Timeout(Duration),
-    /// The in-memory store holds as many keys as it may and none could be forgotten.
+    /// A store holds as many keys as it may and none could be forgotten.
+    ///
+    /// No store of this crate returns it any more:
+    /// [`MemoryStore`](crate::MemoryStore) makes room for a new key by
+    /// forgetting the key nearest to full instead of refusing it.
     StoreFull {
         /// The configured key limit.
         max_keys: usize,

@@ -81,6 +81,9 @@ pub mod policy;
 pub mod quota;
 pub mod store;
 
+#[cfg(test)]
+mod fuzz;
+
 pub use decision::{Decision, QuotaState, Reservation};
 pub use error::{ConfigError, ConfigErrorKind, Error, ErrorKind};
 pub use fallback::Fallback;

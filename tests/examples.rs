@@ -139,23 +139,24 @@ async fn axum_basic_serves_and_limits_with_redis_dead() {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let key = [("x-api-key", &b"k-1"[..])];
+    let key = [("x-api-key", &b"k-acme"[..])];
     let mut statuses = Vec::new();
     while !statuses.contains(&429) && statuses.len() < 100 {
         statuses.push(client.get_with(&url, &key).await.status.as_u16());
     }
-    let no_key = client.get(&url).await.status.as_u16();
+    let unknown_key = client.get(&url).await.status.as_u16();
     let health = client.get(&format!("http://127.0.0.1:{port}/health")).await;
     let _ = child.kill();
     let _ = child.wait();
-    // Bursts of 10 (5 a second refill meanwhile), decided by the fallback:
-    // at least 10 admitted, then limited, nothing else.
+    // The per-client burst of 10 (5 a second refill meanwhile), decided by the
+    // fallback: at least 10 admitted, then limited, nothing else.
     assert!(
         statuses.iter().all(|s| *s == 200 || *s == 429),
         "{statuses:?}"
     );
     assert_eq!(statuses.last(), Some(&429), "never limited: {statuses:?}");
     assert!(statuses.len() > 10, "{statuses:?}");
-    assert_eq!(no_key, 400);
+    // An unknown API key is refused by the auth layer, not limited.
+    assert_eq!(unknown_key, 401);
     assert_eq!(health.status.as_u16(), 200);
 }

@@ -157,10 +157,72 @@ async fn limited_answer_is_http_200_trailers_only() {
         h.contains_key("grpc-status-details-bin"),
         cfg!(feature = "tonic")
     );
+    // A 200 that no cache may keep.
+    assert_eq!(h["cache-control"], "no-store");
     // Trailers-only: the header block ends the stream, no data, no trailers.
     let body = within(body.collect()).await.unwrap();
     assert!(body.trailers().is_none());
     assert!(body.to_bytes().is_empty());
+
+    // A GET is no gRPC call, whatever its content-type and even over HTTP/2:
+    // it gets the HTTP answer, not an empty 200 a cache could serve to others.
+    let req = http::Request::get(format!("http://{}{CHECK}", server.addr()))
+        .header("content-type", "application/grpc")
+        .body(tonic::body::Body::empty())
+        .unwrap();
+    let res = within(channel.ready().await.unwrap().call(req))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(res.headers()["cache-control"], "no-store");
+    assert!(!res.headers().contains_key("grpc-status"));
+}
+
+#[tokio::test]
+async fn only_real_grpc_calls_get_grpc_answers() {
+    let redis = RedisServer::start();
+    let limit = RateLimitLayer::new(redis.store(), per_minute(1)).key(Global);
+    let page = || async { "popular page" };
+    let app = Router::new()
+        .route("/popular", get(page).post(page))
+        .layer(limit);
+    let server = TestServer::axum(app).await;
+    let http = Client::new();
+    let url = server.url("/popular");
+    assert_eq!(http.get(&url).await.status, StatusCode::OK);
+
+    // A limited GET claiming to be gRPC: the HTTP 429, never an empty 200 that
+    // a cache in front of the service would keep and serve to every user.
+    let r = http
+        .get_with(&url, &[("content-type", b"application/grpc")])
+        .await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS, "{r:?}");
+    assert_eq!(r.header("cache-control"), Some("no-store"));
+    assert_eq!(r.header("grpc-status"), None);
+    assert!(r.retry_after().is_some());
+    assert!(r.body.starts_with("Too Many Requests"), "{}", r.body);
+    // Not a gRPC media type, though it starts like one.
+    let r = http
+        .send("POST", &url, &[("content-type", b"application/grpcx")])
+        .await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS, "{r:?}");
+
+    // gRPC-Web runs over HTTP/1.1, and reaches a limit inside tonic-web as
+    // application/grpc over HTTP/1.1: both are calls, answered trailers-only,
+    // and a POST answer marked no-store is not cached either.
+    for (content_type, answered) in [
+        (&b"application/grpc-web+proto"[..], "application/grpc-web"),
+        (b"application/grpc+proto", "application/grpc"),
+    ] {
+        let r = http
+            .send("POST", &url, &[("content-type", content_type)])
+            .await;
+        assert_eq!(r.status, StatusCode::OK, "{r:?}");
+        assert_eq!(r.header("content-type"), Some(answered));
+        assert_eq!(r.header("grpc-status"), Some("8"));
+        assert_eq!(r.header("cache-control"), Some("no-store"));
+        assert!(r.body.is_empty(), "{}", r.body);
+    }
 }
 
 #[tokio::test]
@@ -308,6 +370,49 @@ async fn the_default_key_is_the_peer_from_tcp_connect_info() {
     assert_eq!(failure.violations[0].subject, "ip");
     let keys: Vec<String> = redis.cmd(&["KEYS", "*"]);
     assert_eq!(keys, ["tollgate:{default:ip:127.0.0.1}:1/1m:1"]);
+}
+
+#[cfg(feature = "tonic")]
+#[tokio::test]
+async fn the_default_key_is_the_peer_on_a_tls_server_too() {
+    use tollgate::key::ClientIp;
+
+    // TLS the application terminates itself stores only
+    // TlsConnectInfo<TcpConnectInfo>; tonic's own TLS stores it next to
+    // TcpConnectInfo. Either way the peer must be found, or every call would be
+    // rejected as keyless (INVALID_ARGUMENT).
+    for own_tls in [false, true] {
+        let redis = RedisServer::start();
+        let start = |layer| async move {
+            if own_tls {
+                GrpcServer::start_tls(layer).await
+            } else {
+                GrpcServer::start_tls_incoming(layer).await
+            }
+        };
+        let server = start(layer(&redis, per_minute(1))).await;
+        let mut client = server.client().await;
+        within(client.check(check(&[]))).await.expect("admitted");
+        let status = within(client.check(check(&[]))).await.unwrap_err();
+        assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+        // ClientIp checks that peer against its trusted proxies the same way.
+        let trusted = ClientIp::trusted_proxies(["127.0.0.0/8"]).unwrap();
+        let xff = [("x-forwarded-for", "198.51.100.9, 203.0.113.7")];
+        let server = start(layer(&redis, per_minute(1)).key(trusted)).await;
+        within(server.client().await.check(check(&xff)))
+            .await
+            .expect("admitted");
+        let mut keys: Vec<String> = redis.cmd(&["KEYS", "*"]);
+        keys.sort();
+        assert_eq!(
+            keys,
+            [
+                "tollgate:{default:client-ip:203.0.113.7}:1/1m:1",
+                "tollgate:{default:ip:127.0.0.1}:1/1m:1",
+            ],
+            "own TLS: {own_tls}"
+        );
+    }
 }
 
 #[cfg(feature = "tonic")]

@@ -94,6 +94,50 @@ async fn forwarded_for_from_a_trusted_peer_is_honoured() {
 }
 
 #[tokio::test]
+async fn a_single_address_header_is_believed_only_from_the_trusted_proxy() {
+    let redis = RedisServer::start();
+    // Cloudflare-style: the proxy overwrites CF-Connecting-IP, and only the
+    // proxy's network is trusted. The loopback peer is not in it: a client that
+    // reaches the origin directly and invents a new address each time still
+    // spends from its own (the peer's) bucket.
+    let key = ClientIp::header("cf-connecting-ip")
+        .unwrap()
+        .only_from(["10.0.0.0/8"])
+        .unwrap();
+    let server = serve(RateLimitLayer::new(redis.store(), slow()).key(key)).await;
+    let client = Client::new();
+    for (i, forged) in ["1.1.1.1", "2.2.2.2", "3.3.3.3", "4.4.4.4"]
+        .iter()
+        .enumerate()
+    {
+        let r = client
+            .get_with(&server.url("/"), &[("cf-connecting-ip", forged.as_bytes())])
+            .await;
+        let want = if i < 3 { 200 } else { 429 };
+        assert_eq!(r.status, want, "request {i}");
+    }
+    assert_eq!(
+        keys(&redis),
+        ["tollgate:{default:client-ip:127.0.0.1}:3/1m:3"]
+    );
+
+    // What trust_any_peer warns about: from any peer, every invented address
+    // is a fresh bucket, so this client is never limited.
+    let redis = RedisServer::start();
+    let key = ClientIp::header("cf-connecting-ip")
+        .unwrap()
+        .trust_any_peer();
+    let server = serve(RateLimitLayer::new(redis.store(), slow()).key(key)).await;
+    for forged in ["1.1.1.1", "2.2.2.2", "3.3.3.3", "4.4.4.4", "5.5.5.5"] {
+        let r = client
+            .get_with(&server.url("/"), &[("cf-connecting-ip", forged.as_bytes())])
+            .await;
+        assert_eq!(r.status, StatusCode::OK, "{forged}");
+    }
+    assert_eq!(keys(&redis).len(), 5);
+}
+
+#[tokio::test]
 async fn ipv6_clients_in_one_64_share_a_bucket() {
     let redis = RedisServer::start();
     let key = ClientIp::trusted_proxies(["127.0.0.1/32"]).unwrap();

@@ -342,10 +342,14 @@ async fn missing_keys_follow_the_configured_behaviour() {
     assert_eq!(r.status, StatusCode::OK);
     let r = client.get(&server.url("/")).await;
     assert_eq!(r.status, StatusCode::BAD_REQUEST);
-    assert!(r.body.contains("(header:x-api-key or agent)"), "{}", r.body);
+    assert!(
+        r.body.contains("(header:x-api-key or custom:agent)"),
+        "{}",
+        r.body
+    );
     let keys: Vec<String> = redis.cmd(&["KEYS", "*"]);
     assert!(
-        keys.contains(&"tollgate:{default:agent:bot}:3/1m:3".to_owned()),
+        keys.contains(&"tollgate:{default:custom:agent:bot}:3/1m:3".to_owned()),
         "{keys:?}"
     );
     assert!(
@@ -493,6 +497,226 @@ async fn route_layer_limits_only_matched_routes() {
     let r = client.get(&server.url("/open")).await;
     assert_eq!((r.status, r.body.as_str()), (StatusCode::OK, "unlimited"));
     assert_eq!(client.get(&server.url("/missing")).await.status, 404);
+}
+
+#[cfg(feature = "axum")]
+#[tokio::test]
+async fn route_keys_are_route_templates_not_paths() {
+    use tollgate::key::{KeyExtractorExt, PeerIp, Route};
+
+    let redis = RedisServer::start();
+    let per_route =
+        RateLimitLayer::new(redis.store(), named("items", [slow()])).key(Route.and(PeerIp::new()));
+    let app = Router::new()
+        .route("/items/{id}", get(echo))
+        .route("/login", get(echo))
+        .route_layer(per_route);
+    let server = TestServer::axum(app).await;
+    let client = Client::new();
+    // A new id for every request is still the one route /items/{id}.
+    for id in 1..=3 {
+        let r = client.get(&server.url(&format!("/items/{id}"))).await;
+        assert_eq!(r.status, StatusCode::OK, "/items/{id}");
+    }
+    let r = client.get(&server.url("/items/4")).await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
+    // Another route, another bucket; unknown paths are 404, not limited.
+    assert_eq!(client.get(&server.url("/login")).await.status, 200);
+    assert_eq!(client.get(&server.url("/nowhere")).await.status, 404);
+    let mut keys: Vec<String> = redis.cmd(&["KEYS", "*"]);
+    keys.sort();
+    assert_eq!(keys.len(), 2, "{keys:?}");
+    assert_eq!(
+        keys[1],
+        "tollgate:{items:route+ip:6:/login:127.0.0.1}:3/1m:3"
+    );
+    assert!(
+        keys[0].starts_with("tollgate:{items:route+ip:33:#"),
+        "{keys:?}"
+    );
+
+    // Router::layer sees the template too; a path no route matched has none,
+    // so the default missing-key policy answers it 400.
+    let redis = RedisServer::start();
+    let everywhere = RateLimitLayer::new(redis.store(), slow()).key(Route);
+    let app = Router::new()
+        .route("/items/{id}", get(echo))
+        .layer(everywhere);
+    let server = TestServer::axum(app).await;
+    for id in 1..=3 {
+        let r = client.get(&server.url(&format!("/items/{id}"))).await;
+        assert_eq!(r.status, StatusCode::OK, "/items/{id}");
+    }
+    let r = client.get(&server.url("/items/4")).await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
+    let r = client.get(&server.url("/nowhere")).await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST);
+    assert!(r.body.contains("(route)"), "{}", r.body);
+}
+
+/// The recipe of the key docs: per address outermost, per verified client
+/// inside the auth layer. A client inventing API keys is refused by the auth
+/// layer, limited by its address, and makes no Redis key per invented key; the
+/// recipe it replaces (`Header::new("x-api-key").or(PeerIp)`) let the same client
+/// through unlimited, with a Redis key per request.
+#[tokio::test]
+async fn random_api_keys_neither_bypass_the_limit_nor_make_keys() {
+    use axum::middleware::{self, Next};
+    use tollgate::key::{KeyExtractorExt, PeerIp};
+
+    #[derive(Clone)]
+    struct ApiClient(&'static str);
+
+    async fn auth(
+        mut req: axum::extract::Request,
+        next: Next,
+    ) -> Result<axum::response::Response, StatusCode> {
+        if req.headers().get("x-api-key").map(|k| k.as_bytes()) != Some(b"k-acme") {
+            return Err(StatusCode::UNAUTHORIZED);
+        }
+        req.extensions_mut().insert(ApiClient("acme"));
+        Ok(next.run(req).await)
+    }
+
+    let client = Client::new();
+    let random_keys: Vec<String> = (0..6).map(|i| format!("k-random-{i}")).collect();
+
+    let redis = RedisServer::start();
+    let per_ip = RateLimitLayer::new(redis.store(), named("per-ip", [slow()])).key(PeerIp::new());
+    let per_client = RateLimitLayer::new(redis.store(), named("per-client", [slow()])).key(
+        tollgate::key::Extension::new("client", |c: &ApiClient| c.0.to_owned()),
+    );
+    let stack = Router::new()
+        .route("/", get(echo))
+        .layer(per_client)
+        .layer(middleware::from_fn(auth))
+        .layer(per_ip);
+    let server = TestServer::axum(stack).await;
+    let mut statuses = Vec::new();
+    for key in &random_keys {
+        let r = client
+            .get_with(&server.url("/"), &[("x-api-key", key.as_bytes())])
+            .await;
+        statuses.push(r.status.as_u16());
+    }
+    assert_eq!(statuses, [401, 401, 401, 429, 429, 429]);
+    assert_eq!(
+        redis.cmd::<Vec<String>>(&["KEYS", "*"]),
+        ["tollgate:{per-ip:ip:127.0.0.1}:3/1m:3"]
+    );
+
+    // The recipe it replaces: every invented key is a fresh bucket and a key.
+    let redis = RedisServer::start();
+    let header_or_ip = Header::new("x-api-key").or(PeerIp::new());
+    let app = app(RateLimitLayer::new(redis.store(), slow()).key(header_or_ip));
+    let server = TestServer::axum(app).await;
+    for key in &random_keys {
+        let r = client
+            .get_with(&server.url("/"), &[("x-api-key", key.as_bytes())])
+            .await;
+        assert_eq!(r.status, StatusCode::OK, "never limited");
+    }
+    assert_eq!(redis.cmd::<Vec<String>>(&["KEYS", "*"]).len(), 6);
+}
+
+/// The table of the stacking docs: which of axum's own 404 and 405 answers
+/// pass through (and are charged by) a limit placed in each of four ways.
+#[tokio::test]
+async fn which_answers_each_placement_charges() {
+    use axum::routing::post;
+
+    let redis = RedisServer::start();
+    let client = Client::new();
+    // (placement, charges 404, charges 405)
+    let placements: [(&str, bool, bool); 4] = [
+        ("router-layer", true, true),
+        ("router-route-layer", false, true),
+        ("method-layer", false, true),
+        ("method-route-layer", false, false),
+    ];
+    for (name, charges_404, charges_405) in placements {
+        let limit = RateLimitLayer::new(redis.store(), named(name, [slow()])).key(Global);
+        let app = match name {
+            "router-layer" => Router::new().route("/login", post(echo)).layer(limit),
+            "router-route-layer" => Router::new().route("/login", post(echo)).route_layer(limit),
+            "method-layer" => Router::new().route("/login", post(echo).layer(limit)),
+            _ => Router::new().route("/login", post(echo).route_layer(limit)),
+        };
+        let server = TestServer::axum(app).await;
+        let r = client.get(&server.url("/nowhere")).await;
+        assert_eq!(r.status, StatusCode::NOT_FOUND, "{name}");
+        assert_eq!(r.header("ratelimit").is_some(), charges_404, "{name} 404");
+        let r = client.get(&server.url("/login")).await;
+        assert_eq!(r.status, StatusCode::METHOD_NOT_ALLOWED, "{name}");
+        assert_eq!(r.header("ratelimit").is_some(), charges_405, "{name} 405");
+        // What is left for the real POST after those two answers.
+        let r = client.send("POST", &server.url("/login"), &[]).await;
+        let spent = u64::from(charges_404) + u64::from(charges_405);
+        let item = r.header("ratelimit").unwrap_or_default();
+        assert_eq!(
+            without_t(item),
+            format!("\"{name}\";r={}", 2 - spent),
+            "{name}"
+        );
+    }
+}
+
+/// Two nested layers: items innermost first, the handler sees the innermost
+/// decision, and an outer layer has spent when the inner one refuses.
+#[tokio::test]
+async fn nested_layers_combine_items_and_the_handler_sees_the_innermost() {
+    let redis = RedisServer::start();
+    let outer = RateLimitLayer::new(
+        redis.store(),
+        named("outer", [Quota::per_minute(10).unwrap()]),
+    )
+    .key(Global);
+    let inner = RateLimitLayer::new(
+        redis.store(),
+        named("inner", [Quota::per_minute(1).unwrap()]),
+    )
+    .key(Global);
+    let app = Router::new()
+        .route("/", get(echo))
+        .layer(inner)
+        .layer(outer);
+    let server = TestServer::axum(app).await;
+    let client = Client::new();
+    let r = client.get(&server.url("/")).await;
+    assert_eq!(summary(&r.body), "allowed=true remaining=0 limit=1");
+    let items = r.list("ratelimit").unwrap_or_default();
+    assert_eq!(without_t(&items), "\"inner\";r=0, \"outer\";r=9");
+    assert_eq!(
+        r.list("ratelimit-policy").as_deref(),
+        Some("\"inner\";q=1;w=60, \"outer\";q=10;w=60")
+    );
+    // The inner layer refuses; the outer one has spent all the same.
+    let r = client.get(&server.url("/")).await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
+    let items = r.list("ratelimit").unwrap_or_default();
+    assert_eq!(without_t(&items), "\"inner\";r=0, \"outer\";r=8");
+    // The answering (inner) layer's wait: a minute less the time since.
+    let wait = r.retry_after().unwrap();
+    assert!((50..=60).contains(&wait), "{wait}");
+    assert!(
+        items.starts_with(&format!("\"inner\";r=0;t={wait}")),
+        "{items}"
+    );
+}
+
+/// A `RateLimit` field without its `t` parameters, which depend on how long
+/// the requests took.
+fn without_t(field: &str) -> String {
+    field
+        .split(", ")
+        .map(|item| {
+            item.split(';')
+                .filter(|p| !p.starts_with("t="))
+                .collect::<Vec<_>>()
+                .join(";")
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 #[tokio::test]

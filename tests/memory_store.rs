@@ -1,12 +1,12 @@
-//! MemoryStore at its edges: a bounded number of keys, forgetting only buckets
-//! that have refilled, `StoreFull` when nothing can be forgotten, and long or
-//! hostile keys.
+//! MemoryStore at its edges: a bounded number of keys, forgetting refilled
+//! buckets first and then the key nearest to full, new clients served under a
+//! flood, and long or hostile keys.
 #![cfg(feature = "test-util")]
 
 use std::time::Duration;
 
 use tollgate::store::{MAX_RAW_KEY_LEN, safe_key};
-use tollgate::{Error, MemoryStore, Policy, Quota, RateLimiter, Store};
+use tollgate::{MemoryStore, Policy, Quota, RateLimiter, Store};
 
 const SECOND: u64 = 1_000_000;
 
@@ -14,8 +14,8 @@ fn per_second(n: u64) -> Policy {
     Quota::per_second(n).unwrap().into()
 }
 
-/// A small store holds exactly as many busy keys as it was built for, then
-/// refuses new ones with `StoreFull`, a store error.
+/// A small store holds exactly as many busy keys as it was built for; one more
+/// takes the place of another and the store stays at that size.
 #[test]
 fn a_small_store_holds_exactly_max_keys() {
     for max in [1, 2, 7, 100, 1000] {
@@ -27,12 +27,10 @@ fn a_small_store_holds_exactly_max_keys() {
                 .unwrap_or_else(|e| panic!("max {max}: key {i} refused: {e}"));
         }
         assert_eq!(store.len(), max);
-        let err = store.check_at("one-more", &quotas, 1, 0).unwrap_err();
-        assert!(
-            matches!(err, Error::StoreFull { max_keys } if max_keys == max),
-            "{err:?}"
-        );
-        assert!(err.is_store_error());
+        // Changed: a new key used to be refused with StoreFull here; it is now
+        // admitted in place of the key nearest to full.
+        let d = store.check_at("one-more", &quotas, 1, 0).unwrap();
+        assert!(d.allowed());
         assert_eq!(store.len(), max);
     }
 }
@@ -45,70 +43,82 @@ fn a_large_store_fills_up_evenly_and_stays_bounded() {
     let max = 64 * 1024;
     let store = MemoryStore::with_max_keys(max).unwrap();
     let quotas = Policy::from(Quota::per_hour(1).unwrap());
-    let (mut accepted, mut first_refusal, mut refusals) = (0, None, 0);
-    // Each refusal scans its full shard for refilled keys: stop after a few
-    // thousand, by then most shards are full.
+    let (mut held, mut first_eviction, mut evictions) = (0, None, 0);
+    // Changed: a full shard used to refuse new keys (StoreFull); it now evicts
+    // one key per new key, seen here as a check after which the store did not
+    // grow. Every check is admitted.
     for i in 0..2 * max {
-        if refusals == 4_000 {
+        if evictions == 4_000 {
             break;
         }
-        match store.check_at(&format!("client:{i}"), &quotas, 1, 0) {
-            Ok(_) => accepted += 1,
-            Err(Error::StoreFull { .. }) => {
-                first_refusal.get_or_insert(accepted);
-                refusals += 1;
-            }
-            Err(e) => panic!("{e}"),
+        let d = store
+            .check_at(&format!("client:{i}"), &quotas, 1, 0)
+            .unwrap();
+        assert!(d.allowed());
+        let len = store.len();
+        if len == held {
+            first_eviction.get_or_insert(held);
+            evictions += 1;
         }
+        held = len;
+        assert!(held <= max, "{held} keys held, max {max}");
     }
-    assert!(accepted <= max, "{accepted} keys held, max {max}");
-    assert_eq!(store.len(), accepted);
     // Each of the 64 shards holds 1024; the fullest shard reaches that when the
-    // store is about 95% full (the first refusal before 75% would be an
+    // store is about 95% full (the first eviction before 75% would be an
     // 8-sigma event).
-    let first_refusal = first_refusal.expect("the store filled up");
+    let first_eviction = first_eviction.expect("the store filled up");
     assert!(
-        first_refusal >= max * 3 / 4,
-        "first refusal after {first_refusal} of {max} keys"
+        first_eviction >= max * 3 / 4,
+        "first eviction after {first_eviction} of {max} keys"
     );
 }
 
-/// A full store keeps limiting the keys it has: a flood of new keys can neither
-/// evict a limited client (and so reset its bucket) nor stop its checks.
+/// A full store keeps limiting the keys it has: a flood of new keys is served,
+/// but evicts the key nearest to full, and then its own keys, never the
+/// clients that have drained their buckets.
 #[test]
 fn a_full_store_keeps_limiting_known_keys() {
     let store = MemoryStore::with_max_keys(10).unwrap();
     let quotas = per_second(2);
+    // k0 drains its bucket first, so it is the nearest to full.
     for i in 0..10 {
-        let _ = store.check_at(&format!("k{i}"), &quotas, 2, 0).unwrap();
+        let _ = store.check_at(&format!("k{i}"), &quotas, 2, i).unwrap();
     }
+    // Changed: new keys used to be refused (StoreFull) here. They are now
+    // served: the first takes k0's place, each later one the previous new
+    // key's (half a second from full, where the k are a whole second).
     for i in 0..100 {
-        assert!(store.check_at(&format!("new{i}"), &quotas, 1, 0).is_err());
+        let d = store.check_at(&format!("new{i}"), &quotas, 1, 10).unwrap();
+        assert!(d.allowed());
     }
-    // k0 is still known and still empty.
-    let d = store.check_at("k0", &quotas, 1, 100_000).unwrap();
+    // k1 is still known and still empty.
+    let d = store.check_at("k1", &quotas, 1, 100_000).unwrap();
     assert!(!d.allowed());
-    assert_eq!(d.retry_after(), Duration::from_millis(400));
+    assert_eq!(d.retry_after(), Duration::from_micros(400_001));
+    // k0 was forgotten: it comes back full, which gives it the 2 tokens it
+    // was missing, one capacity, the bound the eviction allows.
+    assert!(store.check_at("k0", &quotas, 2, 100_000).unwrap().allowed());
+    for i in 2..10 {
+        let d = store
+            .check_at(&format!("k{i}"), &quotas, 1, 100_000)
+            .unwrap();
+        assert!(!d.allowed(), "k{i}");
+    }
     // A peek at an unknown key needs no room and stores nothing.
     let d = store.check_at("stranger", &quotas, 0, 100_000).unwrap();
     assert_eq!(d.remaining(), 2);
     assert_eq!(store.len(), 10);
 }
 
-/// Only buckets that have refilled completely are forgotten to make room:
+/// Buckets that have refilled completely are forgotten first to make room:
 /// forgetting one changes no decision.
 #[test]
-fn only_refilled_keys_are_forgotten() {
+fn refilled_keys_are_forgotten_first() {
     let store = MemoryStore::with_max_keys(4).unwrap();
     let quotas = per_second(2);
     for i in 0..4 {
         let _ = store.check_at(&format!("k{i}"), &quotas, 2, 0).unwrap();
     }
-    // Half a second later every bucket holds 1 of 2 tokens: none may go.
-    assert!(matches!(
-        store.check_at("late", &quotas, 1, SECOND / 2),
-        Err(Error::StoreFull { max_keys: 4 })
-    ));
     // k0 spends again and so is not refilled at 1 s, the others are.
     assert!(
         store
@@ -116,14 +126,46 @@ fn only_refilled_keys_are_forgotten() {
             .unwrap()
             .allowed()
     );
-    let _ = store.check_at("new", &quotas, 1, SECOND).unwrap();
-    assert_eq!(
-        store.len(),
-        2,
-        "refilled keys k1..k3 forgotten, k0 and new kept"
-    );
+    // Changed: one new key used to sweep k1..k3 at once (len 2); each new key
+    // now forgets one key, a refilled one while there are any.
+    for new in ["new1", "new2", "new3"] {
+        let _ = store.check_at(new, &quotas, 1, SECOND).unwrap();
+        assert_eq!(store.len(), 4);
+    }
     let d = store.check_at("k0", &quotas, 2, SECOND).unwrap();
     assert!(!d.allowed(), "k0 was forgotten: its bucket came back full");
+}
+
+/// The flood of the issue this store was changed for: random keys fill it, and
+/// a new legitimate client arriving during the flood is served and limited
+/// like any other, instead of being refused for as long as the flood lasts.
+#[test]
+fn new_clients_are_served_and_limited_during_a_flood_of_random_keys() {
+    let store = MemoryStore::with_max_keys(1_000).unwrap();
+    let quotas = Policy::from(Quota::per_hour(100).unwrap());
+    let mut now = 0;
+    let flood = |store: &MemoryStore, now: u64| {
+        let d = store
+            .check_at(&format!("random-{now}"), &quotas, 1, now)
+            .unwrap();
+        assert!(d.allowed());
+    };
+    for _ in 0..5_000 {
+        now += 1;
+        flood(&store, now);
+    }
+    // The legitimate client sends 150 requests, each between flood requests.
+    let mut admitted = 0;
+    for _ in 0..150 {
+        now += 1;
+        if store.check_at("legit", &quotas, 1, now).unwrap().allowed() {
+            admitted += 1;
+        }
+        now += 1;
+        flood(&store, now);
+    }
+    assert_eq!(admitted, 100, "served, and limited at its quota");
+    assert_eq!(store.len(), 1_000);
 }
 
 /// `sweep` releases refilled keys on the real clock; `reset` forgets a key.

@@ -1,13 +1,12 @@
 //! [`ClientIp`]: the client's address behind reverse proxies, taken from forwarding
 //! headers only as far as they can be trusted.
 
-use std::borrow::Cow;
 use std::net::IpAddr;
 
 use http::HeaderName;
 use http::request::Parts;
 
-use super::extractor::KeyExtractor;
+use super::extractor::{KeyExtractor, Kind};
 use super::forwarded::{self, Hop, ListHeader, MAX_HOPS};
 use super::ip::{Cidr, IpKeying, parse_cidrs, peer_ip};
 use crate::ConfigError;
@@ -22,12 +21,19 @@ use crate::ConfigError;
 /// | Constructor | Deployment | Client taken from |
 /// |---|---|---|
 /// | [`trusted_proxies`](Self::trusted_proxies) | proxies in known networks | the rightmost `X-Forwarded-For` entry that is not a trusted proxy, if the socket peer is trusted |
-/// | [`hops`](Self::hops) | a fixed number of proxies | the entry that many hops from the right |
-/// | [`header`](Self::header) | a proxy that sets one header (`X-Real-IP`, `CF-Connecting-IP`) | that header |
+/// | [`hops`](Self::hops), then [`only_from`](ClientIpBuilder::only_from) | a fixed number of proxies | the entry that many hops from the right, if the socket peer is trusted |
+/// | [`header`](Self::header), then [`only_from`](ClientIpBuilder::only_from) | a proxy that sets one header (`X-Real-IP`, `CF-Connecting-IP`) | that header, if the socket peer is trusted |
+///
+/// Trust is always explicit. `trusted_proxies` takes the networks it trusts;
+/// `hops` and `header` give a [`ClientIpBuilder`] that is no key extractor
+/// until it is told whose headers to believe: the proxies' networks
+/// ([`only_from`](ClientIpBuilder::only_from)), or, deliberately, any peer
+/// ([`trust_any_peer`](ClientIpBuilder::trust_any_peer)). Without that, a client
+/// that reaches the service directly and sends a new `CF-Connecting-IP` with
+/// every request would never be limited.
 ///
 /// [`forwarded`](Self::forwarded) reads the RFC 7239 `Forwarded` header instead
-/// of `X-Forwarded-For`; [`only_from`](Self::only_from) makes `hops` and
-/// `header` believe headers only from peers in given networks.
+/// of `X-Forwarded-For`.
 ///
 /// # Rules
 ///
@@ -35,7 +41,7 @@ use crate::ConfigError;
 ///   [`PeerIp`](super::PeerIp). Whenever trusted networks are configured and the
 ///   peer is not in them, the key is the peer and no header is read. Without a
 ///   peer address the key is missing (so the layer's missing-key policy applies),
-///   except that `hops` and `header` without `only_from` do not need one when the
+///   except that `hops` and `header` trusting any peer do not need one when the
 ///   header answers.
 /// - **All header lines** are read in order, as one list; empty list elements are
 ///   ignored (RFC 9110 section 5.6.1).
@@ -90,9 +96,62 @@ use crate::ConfigError;
 #[must_use]
 pub struct ClientIp {
     strategy: Strategy,
-    /// Peers whose headers are believed; empty means any peer.
+    /// Peers whose headers are believed; empty means any peer, which only
+    /// `trust_any_peer` can ask for (`trusted_proxies` and `only_from` refuse an
+    /// empty list).
     trusted: Vec<Cidr>,
     keying: IpKeying,
+}
+
+/// A [`ClientIp`] made by [`ClientIp::hops`] or [`ClientIp::header`] that does
+/// not yet know whose headers to believe. It is no [`KeyExtractor`]: finish it
+/// with [`only_from`](Self::only_from) or, deliberately,
+/// [`trust_any_peer`](Self::trust_any_peer).
+#[derive(Clone, Debug)]
+#[must_use = "a ClientIpBuilder limits nothing: finish it with only_from or trust_any_peer"]
+pub struct ClientIpBuilder {
+    strategy: Strategy,
+}
+
+impl ClientIpBuilder {
+    /// Believes the header only when the socket peer (the last proxy) is in one
+    /// of `cidrs`; from any other peer the key is the peer itself, whatever it
+    /// sent. `["10.0.0.0/8"]`, `["2001:db8::/32", "192.0.2.7"]`.
+    ///
+    /// # Errors
+    ///
+    /// a [`ConfigError`] when the list is empty, an entry is not a network or
+    /// has host bits set, or an entry is a /0, as for
+    /// [`ClientIp::trusted_proxies`].
+    pub fn only_from<I, S>(self, cidrs: I) -> Result<ClientIp, ConfigError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        Ok(ClientIp {
+            strategy: self.strategy,
+            trusted: parse_cidrs(cidrs)?,
+            keying: IpKeying::default(),
+        })
+    }
+
+    /// Believes the header from every peer.
+    ///
+    /// # Warning
+    ///
+    /// Only when nothing but your proxies can connect to the service (a private
+    /// network, a firewall that admits the proxies alone), and know that this is
+    /// what the limit rests on. A client that reaches the service any other way
+    /// writes the header itself: with a new address in every request it gets a
+    /// new bucket every time and is never limited, and each of those buckets
+    /// takes room in the store. Prefer [`only_from`](Self::only_from).
+    pub fn trust_any_peer(self) -> ClientIp {
+        ClientIp {
+            strategy: self.strategy,
+            trusted: Vec::new(),
+            keying: IpKeying::default(),
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -130,14 +189,27 @@ impl ClientIp {
     }
 
     /// Trusts exactly `count` proxies in front of the service, the one that
-    /// connects to it (the socket peer) included.
+    /// connects to it (the socket peer) included. Finish it with
+    /// [`only_from`](ClientIpBuilder::only_from) (the networks the socket peer,
+    /// your last proxy, connects from) or
+    /// [`trust_any_peer`](ClientIpBuilder::trust_any_peer).
     ///
     /// Each proxy appends the address it received the request from, so the
     /// client is the entry `count` hops from the right: with `hops(1)`, a single
     /// load balancer, the rightmost entry. Intermediate entries are not checked:
     /// this trusts the network layout, so the service must not be reachable
-    /// except through those proxies (add [`only_from`](Self::only_from) to enforce
-    /// it).
+    /// except through those proxies.
+    ///
+    /// ```
+    /// use tollgate::key::ClientIp;
+    ///
+    /// # fn main() -> Result<(), tollgate::ConfigError> {
+    /// // Two proxies; the last one connects from 10.1.0.0/16.
+    /// let key = ClientIp::hops(2)?.only_from(["10.1.0.0/16"])?;
+    /// # let _ = key;
+    /// # Ok(())
+    /// # }
+    /// ```
     ///
     /// With fewer than `count` entries the request did not come through the
     /// configured chain, and none of its entries can be told apart from forged
@@ -148,50 +220,73 @@ impl ClientIp {
     ///
     /// a [`ConfigError`] unless `count` is 1 to [`MAX_HOPS`] (with no proxy,
     /// use [`PeerIp`](super::PeerIp)).
-    pub fn hops(count: usize) -> Result<Self, ConfigError> {
+    pub fn hops(count: usize) -> Result<ClientIpBuilder, ConfigError> {
         if !(1..=MAX_HOPS).contains(&count) {
             return Err(ConfigError::key(format!(
                 "ClientIp::hops({count}): the proxy count must be 1 to {MAX_HOPS}; \
                  without a proxy, use PeerIp"
             )));
         }
-        Ok(ClientIp {
+        Ok(ClientIpBuilder {
             strategy: Strategy::Hops(count, ListHeader::XForwardedFor),
-            trusted: Vec::new(),
-            keying: IpKeying::default(),
         })
     }
 
     /// Takes the client from one header that your proxy sets to a single address,
     /// replacing what the client sent: `x-real-ip`, `cf-connecting-ip`,
-    /// `true-client-ip`, `fly-client-ip`.
+    /// `true-client-ip`, `fly-client-ip`. Finish it with
+    /// [`only_from`](ClientIpBuilder::only_from) (the proxy's networks, such as
+    /// Cloudflare's published ranges) or
+    /// [`trust_any_peer`](ClientIpBuilder::trust_any_peer).
     ///
-    /// Only use it when the proxy really overwrites the header, and add
-    /// [`only_from`](Self::only_from) with the proxy's networks unless the service
-    /// is unreachable any other way. Should the header hold several values after
-    /// all, the rightmost (last line, last element) is used, since a proxy that
-    /// appends writes there. When the header is absent or unparsable, the key is
-    /// the peer.
+    /// Only use it when the proxy really overwrites the header. Should the header
+    /// hold several values after all, the rightmost (last line, last element) is
+    /// used, since a proxy that appends writes there. When the header is absent
+    /// or unparsable, the key is the peer.
+    ///
+    /// ```
+    /// use tollgate::key::ClientIp;
+    ///
+    /// # fn main() -> Result<(), tollgate::ConfigError> {
+    /// let key = ClientIp::header("cf-connecting-ip")?
+    ///     .only_from(["173.245.48.0/20", "2400:cb00::/32"])?;
+    /// # let _ = key;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// Without a decision about whom to trust it is no key extractor, so this
+    /// does not compile:
+    ///
+    /// ```compile_fail
+    /// use tollgate::key::ClientIp;
+    /// use tollgate::{MemoryStore, Quota, RateLimitLayer};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let layer = RateLimitLayer::new(MemoryStore::new(), Quota::per_second(5)?)
+    ///     .key(ClientIp::header("cf-connecting-ip")?);
+    /// # Ok(())
+    /// # }
+    /// ```
     ///
     /// # Errors
     ///
     /// a [`ConfigError`] when `name` is not a valid header name.
-    pub fn header(name: &str) -> Result<Self, ConfigError> {
+    pub fn header(name: &str) -> Result<ClientIpBuilder, ConfigError> {
         let name = HeaderName::from_bytes(name.as_bytes())
             .map_err(|_| ConfigError::key(format!("{name:?} is not a valid header name")))?;
-        Ok(ClientIp {
+        Ok(ClientIpBuilder {
             strategy: Strategy::Single(name),
-            trusted: Vec::new(),
-            keying: IpKeying::default(),
         })
     }
 
-    /// Believes headers only when the socket peer is in one of `cidrs`; from any
-    /// other peer the key is the peer itself.
+    /// Believes headers only when the socket peer is in one of `cidrs` (as well
+    /// as in the networks already trusted); from any other peer the key is the
+    /// peer itself.
     ///
-    /// Meant for [`hops`](Self::hops) and [`header`](Self::header). With
-    /// [`trusted_proxies`](Self::trusted_proxies) the networks are added to the
-    /// trusted proxies.
+    /// With [`trusted_proxies`](Self::trusted_proxies) the networks are added to
+    /// the trusted proxies. After [`trust_any_peer`](ClientIpBuilder::trust_any_peer)
+    /// it takes that back: only these networks are trusted.
     ///
     /// # Errors
     ///
@@ -286,8 +381,8 @@ impl ClientIp {
 }
 
 impl KeyExtractor for ClientIp {
-    fn kind(&self) -> Cow<'static, str> {
-        Cow::Borrowed("client-ip")
+    fn kind(&self) -> Kind {
+        Kind::reserved("client-ip")
     }
 
     async fn extract(&self, parts: &Parts) -> Option<String> {
@@ -432,8 +527,8 @@ mod tests {
 
     #[tokio::test]
     async fn hop_count_counts_the_peer_as_a_proxy() {
-        let one = ClientIp::hops(1).unwrap();
-        let two = ClientIp::hops(2).unwrap();
+        let one = ClientIp::hops(1).unwrap().trust_any_peer();
+        let two = ClientIp::hops(2).unwrap().trust_any_peer();
         let h = [xff("6.6.6.6, 203.0.113.7, 10.0.0.1")];
         assert_eq!(key(&one, "10.0.0.2", &h).await.as_deref(), Some("10.0.0.1"));
         assert_eq!(
@@ -477,7 +572,9 @@ mod tests {
 
     #[tokio::test]
     async fn single_header_mode() {
-        let c = ClientIp::header("cf-connecting-ip").unwrap();
+        let c = ClientIp::header("cf-connecting-ip")
+            .unwrap()
+            .trust_any_peer();
         let h: [(&str, &[u8]); 1] = [("cf-connecting-ip", b"2001:db8:1:2::77")];
         assert_eq!(
             key(&c, "10.0.0.2", &h).await.as_deref(),
@@ -502,7 +599,7 @@ mod tests {
         );
         // The peer check needs a peer.
         assert_eq!(c.extract(&req(None, &h)).await, None);
-        let x = ClientIp::header("x-real-ip").unwrap();
+        let x = ClientIp::header("x-real-ip").unwrap().trust_any_peer();
         let k = key(&x, "10.0.0.2", &[("x-real-ip", b"203.0.113.5:3333")]).await;
         assert_eq!(k.as_deref(), Some("203.0.113.5"));
     }
@@ -534,7 +631,13 @@ mod tests {
         let b = key(&c56, "10.0.0.2", &[xff("2001:db8:1:2ff::1")]).await;
         assert_eq!(a.as_deref(), Some("2001:db8:1:200::/56"));
         assert_eq!(a, b);
-        assert!(ClientIp::hops(1).unwrap().ipv6_prefix(0).is_err());
+        assert!(
+            ClientIp::hops(1)
+                .unwrap()
+                .trust_any_peer()
+                .ipv6_prefix(0)
+                .is_err()
+        );
     }
 
     #[tokio::test]
@@ -567,9 +670,14 @@ mod tests {
         let extractors = [
             ClientIp::trusted_proxies(PROXIES).unwrap(),
             ClientIp::trusted_proxies(PROXIES).unwrap().forwarded(),
-            ClientIp::hops(3).unwrap(),
-            ClientIp::hops(MAX_HOPS).unwrap().forwarded(),
-            ClientIp::header("x-forwarded-for").unwrap(),
+            ClientIp::hops(3).unwrap().trust_any_peer(),
+            ClientIp::hops(MAX_HOPS)
+                .unwrap()
+                .trust_any_peer()
+                .forwarded(),
+            ClientIp::header("x-forwarded-for")
+                .unwrap()
+                .trust_any_peer(),
         ];
         for c in &extractors {
             for v in values {
@@ -610,7 +718,7 @@ mod tests {
             let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
             let xff_mode = ClientIp::trusted_proxies(PROXIES).unwrap();
             let fwd_mode = xff_mode.clone().forwarded();
-            let hops_mode = ClientIp::hops(2).unwrap();
+            let hops_mode = ClientIp::hops(2).unwrap().trust_any_peer();
             let cases = [
                 (&xff_mode, "x-forwarded-for", &b", 203.0.113.7, 10.0.0.1"[..]),
                 (&hops_mode, "x-forwarded-for", b", 203.0.113.7, 10.0.0.1"),
@@ -631,8 +739,8 @@ mod tests {
             let extractors = [
                 ClientIp::trusted_proxies(PROXIES).unwrap(),
                 ClientIp::trusted_proxies(PROXIES).unwrap().forwarded(),
-                ClientIp::hops(2).unwrap().forwarded(),
-                ClientIp::header("forwarded").unwrap(),
+                ClientIp::hops(2).unwrap().trust_any_peer().forwarded(),
+                ClientIp::header("forwarded").unwrap().trust_any_peer(),
             ];
             for c in &extractors {
                 for name in ["x-forwarded-for", "forwarded"] {
@@ -644,16 +752,49 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        #![proptest_config(crate::fuzz::config())]
+
+        #[test]
+        fn every_strategy_keys_64k_headers_briefly_and_within_budget(
+            lines in proptest::collection::vec(crate::fuzz::header_bytes(), 1..3),
+        ) {
+            let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+            let extractors = [
+                ClientIp::trusted_proxies(PROXIES).unwrap(),
+                ClientIp::trusted_proxies(PROXIES).unwrap().forwarded(),
+                ClientIp::hops(3).unwrap().only_from(PROXIES).unwrap(),
+                ClientIp::hops(MAX_HOPS).unwrap().trust_any_peer().forwarded(),
+                ClientIp::header("x-forwarded-for").unwrap().trust_any_peer(),
+            ];
+            for c in &extractors {
+                for name in ["x-forwarded-for", "forwarded"] {
+                    let headers: Vec<_> = lines.iter().map(|l| (name, l.as_slice())).collect();
+                    let k = crate::fuzz::within_budget(name, || {
+                        rt.block_on(key(c, "10.0.0.2", &headers))
+                    });
+                    let k = k.unwrap_or_default();
+                    proptest::prop_assert!(!k.is_empty() && k.len() <= 43, "{}", k);
+                }
+            }
+        }
+    }
+
     #[test]
     fn configuration_mistakes_are_errors() {
-        let bad: [Result<ClientIp, ConfigError>; 7] = [
+        let bad: [Result<ClientIp, ConfigError>; 10] = [
             ClientIp::trusted_proxies(Vec::<&str>::new()),
             ClientIp::trusted_proxies(["10.0.0.0/33"]),
             ClientIp::trusted_proxies(["10.0.0.1/8"]),
-            ClientIp::hops(0),
-            ClientIp::hops(MAX_HOPS + 1),
-            ClientIp::header("bad header"),
+            ClientIp::hops(0).map(ClientIpBuilder::trust_any_peer),
+            ClientIp::hops(MAX_HOPS + 1).map(ClientIpBuilder::trust_any_peer),
+            ClientIp::header("bad header").map(ClientIpBuilder::trust_any_peer),
             ClientIp::hops(1).and_then(|c| c.only_from(["nope"])),
+            // Trusting nobody is no trust decision, trusting everybody must be
+            // asked for by name.
+            ClientIp::hops(1).and_then(|c| c.only_from(Vec::<&str>::new())),
+            ClientIp::header("x-real-ip").and_then(|c| c.only_from(Vec::<&str>::new())),
+            ClientIp::header("x-real-ip").and_then(|c| c.only_from(["0.0.0.0/0"])),
         ];
         for result in bad {
             assert!(result.is_err(), "{result:?}");

@@ -2,35 +2,40 @@
 //! [`Or`] (the first extractor that finds a key), built with
 //! [`KeyExtractorExt`].
 
-use std::borrow::Cow;
-
 use http::request::Parts;
 
-use super::extractor::KeyExtractor;
+use super::extractor::{KeyExtractor, Kind};
 use crate::store::safe_key;
 
 /// `.and()` and `.or()` on every [`KeyExtractor`].
 ///
 /// ```
+/// use std::net::SocketAddr;
 /// use http::Request;
-/// use tollgate::key::{Header, KeyExtractor, KeyExtractorExt, from_fn};
+/// use tollgate::key::{Extension, KeyExtractor, KeyExtractorExt, PeerIp, from_fn};
+///
+/// /// The signed-in user, put in the request extensions by your auth layer.
+/// #[derive(Clone)]
+/// struct User(u64);
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
-/// let route = from_fn("route", |parts| Some(parts.uri.path().to_owned()));
-/// // verbatim() keeps the (non-secret) header readable in this example.
-/// let per_route_and_key = route.and(Header::new("x-api-key").verbatim());
-/// let key_or_global = Header::new("x-api-key").verbatim().or(tollgate::key::Global);
+/// let user = || Extension::new("user", |u: &User| u.0.to_string());
+/// // One bucket per HTTP method and user (per route: `tollgate::key::Route`).
+/// let method = from_fn("method", |parts| Some(parts.method.to_string()));
+/// let per_method_and_user = method.and(user());
+/// // The user when signed in, else the client address.
+/// let user_or_ip = user().or(PeerIp::new());
 ///
-/// let (parts, ()) = Request::get("/orders").header("x-api-key", "k1")
-///     .body(()).unwrap().into_parts();
-/// assert_eq!(per_route_and_key.kind(), "route+header:x-api-key");
-/// assert_eq!(per_route_and_key.extract(&parts).await.as_deref(), Some("7:/orders:k1"));
-/// assert_eq!(key_or_global.extract(&parts).await.as_deref(), Some("0:k1"));
+/// let (mut parts, ()) = Request::get("/orders").body(()).unwrap().into_parts();
+/// parts.extensions.insert(SocketAddr::from(([203, 0, 113, 7], 40_000)));
+/// assert_eq!(per_method_and_user.extract(&parts).await, None);
+/// assert_eq!(user_or_ip.extract(&parts).await.as_deref(), Some("1:203.0.113.7"));
 ///
-/// let (anonymous, ()) = Request::get("/orders").body(()).unwrap().into_parts();
-/// assert_eq!(per_route_and_key.extract(&anonymous).await, None);
-/// assert_eq!(key_or_global.extract(&anonymous).await.as_deref(), Some("1:global"));
+/// parts.extensions.insert(User(42));
+/// assert_eq!(per_method_and_user.kind(), "custom:method+ext:user");
+/// assert_eq!(per_method_and_user.extract(&parts).await.as_deref(), Some("3:GET:42"));
+/// assert_eq!(user_or_ip.extract(&parts).await.as_deref(), Some("0:42"));
 /// # }
 /// ```
 pub trait KeyExtractorExt: KeyExtractor + Sized {
@@ -70,8 +75,8 @@ impl<A: KeyExtractor, B: KeyExtractor> And<A, B> {
 }
 
 impl<A: KeyExtractor, B: KeyExtractor> KeyExtractor for And<A, B> {
-    fn kind(&self) -> Cow<'static, str> {
-        Cow::Owned(format!("{}+{}", self.first.kind(), self.second.kind()))
+    fn kind(&self) -> Kind {
+        Kind::combined(&self.first.kind(), '+', &self.second.kind())
     }
 
     async fn extract(&self, parts: &Parts) -> Option<String> {
@@ -82,8 +87,13 @@ impl<A: KeyExtractor, B: KeyExtractor> KeyExtractor for And<A, B> {
     }
 }
 
-/// The first key found: `primary`'s, or else `fallback`'s, such as an API key for
-/// callers that send one and the client IP for the rest.
+/// The first key found: `primary`'s, or else `fallback`'s, such as the verified
+/// user for signed-in requests and the client IP for the rest.
+///
+/// The primary key must be one the client cannot mint: with
+/// `Header::new("x-api-key").or(ClientIp::...)` a client skips its address's
+/// bucket by sending any API key, and gets a fresh bucket per new key (see
+/// [the recipes](super#recipes-who-gets-a-bucket)).
 ///
 /// [`KeyExtractor::kind`] is fixed per extractor, so the key itself says which
 /// side answered: `0:` for the primary, `1:` for the fallback. An API key equal
@@ -105,8 +115,8 @@ impl<A: KeyExtractor, B: KeyExtractor> Or<A, B> {
 }
 
 impl<A: KeyExtractor, B: KeyExtractor> KeyExtractor for Or<A, B> {
-    fn kind(&self) -> Cow<'static, str> {
-        Cow::Owned(format!("{}/{}", self.primary.kind(), self.fallback.kind()))
+    fn kind(&self) -> Kind {
+        Kind::combined(&self.primary.kind(), '/', &self.fallback.kind())
     }
 
     async fn extract(&self, parts: &Parts) -> Option<String> {
@@ -143,7 +153,7 @@ mod tests {
         let p = parts(Request::get("/"));
         let ab = constant("a", "x:y").and(constant("b", "z"));
         let ab2 = constant("a", "x").and(constant("b", "y:z"));
-        assert_eq!(ab.kind(), "a+b");
+        assert_eq!(ab.kind(), "custom:a+custom:b");
         assert_eq!(ab.extract(&p).await.as_deref(), Some("3:x:y:z"));
         assert_ne!(ab.extract(&p).await, ab2.extract(&p).await);
         let missing = constant("a", "x").and(Header::new("x-api-key"));
@@ -169,7 +179,7 @@ mod tests {
         let api_or_ip = Header::new("x-api-key")
             .verbatim()
             .or(constant("ip", "203.0.113.7"));
-        assert_eq!(api_or_ip.kind(), "header:x-api-key/ip");
+        assert_eq!(api_or_ip.kind(), "header:x-api-key/custom:ip");
         let with_key = parts(Request::get("/").header("x-api-key", "203.0.113.7"));
         let without = parts(Request::get("/"));
         let by_key = api_or_ip.extract(&with_key).await;
@@ -184,5 +194,38 @@ mod tests {
         assert_eq!(chain.extract(&without).await.as_deref(), Some("1:global"));
         let b = parts(Request::get("/").header("b", "v"));
         assert_eq!(chain.extract(&b).await.as_deref(), Some("0:1:v"));
+    }
+
+    proptest::proptest! {
+        #![proptest_config(crate::fuzz::config())]
+
+        #[test]
+        fn combined_keys_of_64k_parts_stay_short_and_safe(
+            a in crate::fuzz::header_bytes(),
+            b in crate::fuzz::header_bytes(),
+        ) {
+            let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+            let a = String::from_utf8_lossy(&a).into_owned();
+            let b = String::from_utf8_lossy(&b).into_owned();
+            let (a2, b2) = (a.clone(), b.clone());
+            let first = from_fn("a", move |_| Some(a2.clone()));
+            let second = from_fn("b", move |_| Some(b2.clone()));
+            let p = parts(Request::get("/"));
+            let and = first.and(second);
+            let k = crate::fuzz::within_budget("and", || rt.block_on(and.extract(&p)));
+            if let Some(k) = k {
+                proptest::prop_assert!(k.len() <= 2 * crate::store::MAX_RAW_KEY_LEN + 4, "{}", k);
+                proptest::prop_assert_eq!(safe_key(&k).len(), k.len());
+            } else {
+                proptest::prop_assert!(a.is_empty() || b.is_empty());
+            }
+            let (a3, b3) = (a.clone(), b.clone());
+            let or = from_fn("a", move |_| Some(a3.clone())).or(from_fn("b", move |_| Some(b3.clone())));
+            let k = crate::fuzz::within_budget("or", || rt.block_on(or.extract(&p)));
+            if let Some(k) = k {
+                proptest::prop_assert!(k.len() <= crate::store::MAX_RAW_KEY_LEN + 2, "{}", k);
+                proptest::prop_assert_eq!(safe_key(&k).len(), k.len());
+            }
+        }
     }
 }

@@ -7,7 +7,7 @@ use std::marker::PhantomData;
 
 use http::request::Parts;
 
-use super::extractor::KeyExtractor;
+use super::extractor::{KeyExtractor, Kind};
 use crate::store::safe_key;
 
 /// Keys requests by a value of type `T` in the request extensions, put there by an
@@ -21,7 +21,8 @@ use crate::store::safe_key;
 /// made safe with [`safe_key`]: short, plain values stay readable, anything else
 /// is hashed.
 ///
-/// The kind is `ext:` and the name you give, rather than the Rust type name,
+/// The kind is `ext:` and the name you give (escaped as [`Kind`] says), rather
+/// than the Rust type name,
 /// which is not stable across compiler versions and would silently move every
 /// client to a new bucket.
 ///
@@ -49,7 +50,7 @@ use crate::store::safe_key;
 /// ```
 #[must_use]
 pub struct Extension<T, F = fn(&T) -> String> {
-    kind: Cow<'static, str>,
+    kind: Kind,
     f: F,
     // fn() -> T: the extractor holds no T, so it is Send and Sync whatever T is.
     _value: PhantomData<fn() -> T>,
@@ -84,7 +85,7 @@ where
     /// becomes the kind (`ext:name`).
     pub fn new(name: impl Into<Cow<'static, str>>, f: F) -> Self {
         Extension {
-            kind: Cow::Owned(format!("ext:{}", name.into())),
+            kind: Kind::tagged("ext", &name.into()),
             f,
             _value: PhantomData,
         }
@@ -109,7 +110,7 @@ where
     F: Fn(&T) -> R + Send + Sync + 'static,
     R: Into<Option<String>>,
 {
-    fn kind(&self) -> Cow<'static, str> {
+    fn kind(&self) -> Kind {
         self.kind.clone()
     }
 
@@ -164,5 +165,25 @@ mod tests {
             debug.contains("ext:paid") && debug.contains("Tenant"),
             "{debug}"
         );
+    }
+
+    proptest::proptest! {
+        #![proptest_config(crate::fuzz::config())]
+
+        #[test]
+        fn values_of_64k_give_short_safe_keys(value in crate::fuzz::header_bytes()) {
+            let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+            let tenant = String::from_utf8_lossy(&value).into_owned();
+            let e = Extension::<Tenant>::display("tenant");
+            let p = with(&tenant);
+            let k = crate::fuzz::within_budget("extension", || rt.block_on(e.extract(&p)));
+            match k {
+                None => proptest::prop_assert!(tenant.is_empty()),
+                Some(k) => {
+                    proptest::prop_assert!(k.len() <= crate::store::MAX_RAW_KEY_LEN);
+                    proptest::prop_assert_eq!(crate::store::safe_key(&k).len(), k.len());
+                }
+            }
+        }
     }
 }

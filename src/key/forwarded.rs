@@ -405,4 +405,53 @@ mod tests {
         let h = map("x-real-ip", &[b""]);
         assert_eq!(single(&h, &name), Some(Hop::Opaque));
     }
+
+    mod fuzz {
+        use super::*;
+        use crate::fuzz::{config, header_bytes, within_budget};
+        use proptest::prelude::*;
+
+        fn lines(values: &[Vec<u8>], name: &str) -> HeaderMap {
+            let mut h = HeaderMap::new();
+            for v in values {
+                h.append(
+                    HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                    HeaderValue::from_bytes(v).unwrap(),
+                );
+            }
+            h
+        }
+
+        proptest! {
+            #![proptest_config(config())]
+
+            #[test]
+            fn list_headers_of_64k_are_parsed_within_bounds(
+                values in proptest::collection::vec(header_bytes(), 1..3),
+            ) {
+                for (name, header) in [
+                    ("x-forwarded-for", ListHeader::XForwardedFor),
+                    ("forwarded", ListHeader::Forwarded),
+                ] {
+                    let h = lines(&values, name);
+                    let hops = within_budget(name, || hops_from_right(&h, &header));
+                    prop_assert!(hops.len() <= MAX_HOPS);
+                    let single = within_budget(name, || single(&h, &HeaderName::from_static("x-forwarded-for")));
+                    if name == "x-forwarded-for" {
+                        prop_assert!(single.is_some());
+                    }
+                }
+            }
+
+            #[test]
+            fn nodes_of_64k_are_opaque_or_addresses(value in header_bytes()) {
+                let hop = within_budget("parse_node", || parse_node(&value));
+                if let Hop::Ip(ip) = hop {
+                    // Only short, well-formed nodes parse; the address is canonical.
+                    prop_assert!(value.len() <= MAX_NODE_LEN);
+                    prop_assert_eq!(ip, canonical(ip));
+                }
+            }
+        }
+    }
 }

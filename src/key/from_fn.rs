@@ -5,13 +5,13 @@ use std::fmt;
 
 use http::request::Parts;
 
-use super::extractor::KeyExtractor;
+use super::extractor::{KeyExtractor, Kind};
 
 /// A key from a closure over the request head; see [`from_fn`].
 #[derive(Clone)]
 #[must_use]
 pub struct FromFn<F> {
-    kind: Cow<'static, str>,
+    kind: Kind,
     f: F,
 }
 
@@ -22,14 +22,15 @@ impl<F> fmt::Debug for FromFn<F> {
 }
 
 /// A key extractor from a closure: `from_fn("tenant", |parts| ...)`. `kind` names
-/// the key family (see [`KeyExtractor::kind`]). For an asynchronous lookup,
-/// implement [`KeyExtractor`] directly.
+/// the key family; its kind is [`Kind::custom`] of it (`custom:tenant`), so a
+/// closure named `ip` never shares a bucket with [`PeerIp`](super::PeerIp). For
+/// an asynchronous lookup, implement [`KeyExtractor`] directly.
 pub fn from_fn<F>(kind: impl Into<Cow<'static, str>>, f: F) -> FromFn<F>
 where
     F: Fn(&Parts) -> Option<String> + Send + Sync + 'static,
 {
     FromFn {
-        kind: kind.into(),
+        kind: Kind::custom(&kind.into()),
         f,
     }
 }
@@ -38,7 +39,7 @@ impl<F> KeyExtractor for FromFn<F>
 where
     F: Fn(&Parts) -> Option<String> + Send + Sync + 'static,
 {
-    fn kind(&self) -> Cow<'static, str> {
+    fn kind(&self) -> Kind {
         self.kind.clone()
     }
 

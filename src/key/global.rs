@@ -1,10 +1,8 @@
 //! [`Global`]: one bucket shared by every request.
 
-use std::borrow::Cow;
-
 use http::request::Parts;
 
-use super::extractor::KeyExtractor;
+use super::extractor::{KeyExtractor, Kind};
 
 /// One bucket for everything: every request gets the key `global`.
 #[derive(Clone, Copy, Debug, Default)]
@@ -12,8 +10,8 @@ use super::extractor::KeyExtractor;
 pub struct Global;
 
 impl KeyExtractor for Global {
-    fn kind(&self) -> Cow<'static, str> {
-        Cow::Borrowed("global")
+    fn kind(&self) -> Kind {
+        Kind::reserved("global")
     }
 
     async fn extract(&self, _parts: &Parts) -> Option<String> {

@@ -1,14 +1,21 @@
 //! [`Header`]: a key from one request header, such as an API key.
 
-use std::borrow::Cow;
-
 use http::HeaderName;
 use http::request::Parts;
 
-use super::extractor::KeyExtractor;
+use super::extractor::{KeyExtractor, Kind};
 use crate::store::{hashed_key, safe_key_bytes};
 
 /// The value of one request header, such as an API key or a gRPC metadata entry.
+///
+/// **The client chooses this key.** Each new value is a new, full bucket and a
+/// new entry in the store, so on its own `Header` limits only clients that keep
+/// sending the same value: one that sends a random API key per request is never
+/// limited, and fills Redis as it goes. Use it for values the client cannot
+/// vary at will (a header your gateway sets, API keys already checked before
+/// the rate limit), and keep a per-address limit in front; for verified
+/// identities key on what your auth layer stored ([`Extension`](super::Extension)).
+/// See [the recipes](super#recipes-who-gets-a-bucket).
 ///
 /// - **Hashed by default.** Header keys are often credentials, so the value is
 ///   stored as `#` and 128 bits of its SHA-256: an API key never appears in
@@ -19,8 +26,6 @@ use crate::store::{hashed_key, safe_key_bytes};
 /// - **One value.** An empty value, or a header sent more than once, counts as
 ///   missing: with several lines a client could pair the value an auth layer
 ///   checks with a fresh one for every request, and so a fresh bucket.
-/// - For an identity established by authentication, prefer keying on what the
-///   auth layer stored ([`Extension`](super::Extension)).
 #[derive(Clone, Debug)]
 #[must_use]
 pub struct Header {
@@ -62,8 +67,8 @@ impl Header {
 }
 
 impl KeyExtractor for Header {
-    fn kind(&self) -> Cow<'static, str> {
-        Cow::Owned(format!("header:{}", self.name.as_str()))
+    fn kind(&self) -> Kind {
+        Kind::tagged("header", self.name.as_str())
     }
 
     async fn extract(&self, parts: &Parts) -> Option<String> {
@@ -127,5 +132,30 @@ mod tests {
     #[test]
     fn bad_header_names_are_configuration_errors() {
         assert!(Header::try_new("bad header").is_err());
+    }
+
+    proptest::proptest! {
+        #![proptest_config(crate::fuzz::config())]
+
+        #[test]
+        fn values_of_64k_give_short_safe_keys(
+            value in crate::fuzz::header_bytes(),
+            verbatim in proptest::bool::ANY,
+        ) {
+            let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+            let h = if verbatim { Header::new("x-api-key").verbatim() } else { Header::new("x-api-key") };
+            let p = parts(Request::get("/").header("x-api-key", value.as_slice()));
+            let key = crate::fuzz::within_budget("header", || rt.block_on(h.extract(&p)));
+            match key {
+                None => proptest::prop_assert!(value.is_empty()),
+                Some(key) => {
+                    proptest::prop_assert!(key.len() <= crate::store::MAX_RAW_KEY_LEN);
+                    proptest::prop_assert_eq!(crate::store::safe_key(&key).len(), key.len());
+                    if !verbatim {
+                        proptest::prop_assert!(key.starts_with('#') && key.len() == 33);
+                    }
+                }
+            }
+        }
     }
 }

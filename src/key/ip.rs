@@ -178,7 +178,7 @@ where
 
 /// The socket peer's IP, canonicalised, from whichever connection info the server
 /// put in the request extensions: axum's `ConnectInfo<SocketAddr>`, tonic's
-/// `TcpConnectInfo`, or a plain `SocketAddr`. The port and any IPv6 scope id are
+/// `TcpConnectInfo` or `TlsConnectInfo<TcpConnectInfo>`, or a plain `SocketAddr`. The port and any IPv6 scope id are
 /// dropped: neither identifies a client.
 pub(crate) fn peer_ip(extensions: &Extensions) -> Option<IpAddr> {
     peer_socket(extensions).map(|addr| canonical(addr.ip()))
@@ -198,7 +198,29 @@ fn peer_socket(extensions: &Extensions) -> Option<SocketAddr> {
     {
         return Some(addr);
     }
-    extensions.get::<SocketAddr>().copied()
+    if let Some(addr) = extensions.get::<SocketAddr>() {
+        return Some(*addr);
+    }
+    #[cfg(feature = "tonic")]
+    if let Some(addr) = tonic_tls_peer(extensions) {
+        return Some(addr);
+    }
+    None
+}
+
+/// The peer of a TLS tonic server, which stores `TlsConnectInfo<TcpConnectInfo>`.
+///
+/// That type can only be named with one of tonic's TLS features, which tollgate
+/// does not turn on (they would compile rustls for every tonic user). A TLS
+/// server has one on, and cargo builds tonic once with the features of the
+/// whole program, so tonic's own `Request::remote_addr` reads the TLS info
+/// exactly when a server can insert it. It needs an owned request, hence the
+/// clone of the extensions; this runs only when no cheaper peer address was
+/// found, that is on TLS tonic servers (or servers that give no peer at all).
+#[cfg(feature = "tonic")]
+fn tonic_tls_peer(extensions: &Extensions) -> Option<SocketAddr> {
+    let metadata = tonic::metadata::MetadataMap::new();
+    tonic::Request::from_parts(metadata, extensions.clone(), ()).remote_addr()
 }
 
 #[cfg(test)]

@@ -1,10 +1,8 @@
 //! [`PeerIp`]: the address of the connected socket.
 
-use std::borrow::Cow;
-
 use http::request::Parts;
 
-use super::extractor::KeyExtractor;
+use super::extractor::{KeyExtractor, Kind};
 use super::ip::{IpKeying, peer_ip};
 
 /// The IP address of the connected socket (the TCP peer), ignoring every header.
@@ -16,12 +14,12 @@ use super::ip::{IpKeying, peer_ip};
 /// The address comes from the request extensions, where the server puts it:
 /// axum's `ConnectInfo<SocketAddr>` (cargo feature `axum`; serve with
 /// `into_make_service_with_connect_info::<SocketAddr>()`), tonic's
-/// `TcpConnectInfo` (cargo feature `tonic`), or a plain [`std::net::SocketAddr`]
-/// that a bare hyper service inserts itself. With none of them the key is missing
-/// and the layer's missing-key policy applies. A tonic server with TLS stores
-/// `TlsConnectInfo<TcpConnectInfo>` instead, which is not read (it exists only
-/// with tonic's TLS features): copy its remote address into a `SocketAddr`
-/// extension in a tower layer that runs before the rate limit.
+/// `TcpConnectInfo` or, on a TLS server, `TlsConnectInfo<TcpConnectInfo>`
+/// (cargo feature `tonic`; tollgate turns on none of tonic's TLS features, it
+/// reads the TLS info through tonic whenever your server has them on), or a
+/// plain [`std::net::SocketAddr`] that a bare hyper service inserts itself.
+/// With none of them the key is missing and the layer's missing-key policy
+/// applies.
 ///
 /// Keys are canonical: IPv4-mapped IPv6 becomes IPv4 (`203.0.113.7`), and IPv6
 /// clients are keyed by their /64 network (`2001:db8:1:2::/64`), since one
@@ -72,8 +70,8 @@ impl PeerIp {
 }
 
 impl KeyExtractor for PeerIp {
-    fn kind(&self) -> Cow<'static, str> {
-        Cow::Borrowed("ip")
+    fn kind(&self) -> Kind {
+        Kind::reserved("ip")
     }
 
     async fn extract(&self, parts: &Parts) -> Option<String> {

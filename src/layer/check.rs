@@ -39,7 +39,7 @@ pub(crate) async fn check(config: Arc<Config>, mut parts: Parts) -> Checked {
         // service: what would have been answered is forwarded with its report.
         Err(answer) if config.shadow => shadow_report(answer, config.headers),
         Err(answer) => {
-            let res = match grpc::flavor(&parts.headers) {
+            let res = match grpc::flavor(&parts) {
                 Some(kind) => grpc::render(answer, kind, config.headers),
                 None => http_answer::render(answer, config.headers, &config.rejection),
             };
@@ -132,15 +132,10 @@ async fn decide(config: &Config, parts: &Parts) -> Result<After, Answer> {
         }),
         Decided::Failed(Error::CostExceedsCapacity { .. }) => Err(too_costly(cost, policy, kind)),
         // Every other error means no decision could be made; the layer never
-        // turns it into a service error.
+        // turns it into a service error. (A full MemoryStore no longer refuses
+        // new keys, it evicts: no error needs to be answered differently.)
         Decided::Failed(err) => {
-            // A full MemoryStore is a bound, not an outage: letting the new key
-            // through would let a flood of fresh keys pass unlimited.
-            let full = matches!(err, Error::StoreFull { .. });
             let failure = StoreFailure::new(err);
-            if full {
-                return Err(Answer::StoreDown(failure));
-            }
             match config.on_store_error {
                 OnStoreError::Allow | OnStoreError::Fallback(_) => Ok(After {
                     failure: Some(failure),

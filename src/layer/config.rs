@@ -10,7 +10,7 @@ use bytes::Bytes;
 use http::Response;
 use http::request::Parts;
 
-use crate::key::KeyExtractor;
+use crate::key::{KeyExtractor, Kind};
 use crate::{Decision, Policy, RateLimiter};
 
 /// A boxed future, as the object-safe extractor wrapper returns.
@@ -31,7 +31,7 @@ impl<K: KeyExtractor> DynKey for K {
 /// A key extractor with its kind read once, at configuration time.
 #[derive(Clone)]
 pub(crate) struct Extractor {
-    kind: Cow<'static, str>,
+    kind: Kind,
     inner: Arc<dyn DynKey>,
 }
 
@@ -44,7 +44,7 @@ impl Extractor {
     }
 
     pub(crate) fn kind(&self) -> &str {
-        &self.kind
+        self.kind.as_str()
     }
 
     pub(crate) fn extract<'a>(&'a self, parts: &'a Parts) -> BoxFuture<'a, Option<String>> {
@@ -54,7 +54,7 @@ impl Extractor {
 
 impl fmt::Debug for Extractor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.kind)
+        f.write_str(self.kind.as_str())
     }
 }
 
@@ -128,12 +128,6 @@ impl Default for MissingKey {
 /// its timeout, its circuit breaker open, or any other error a store returns,
 /// except [`Error::CostExceedsCapacity`](crate::Error::CostExceedsCapacity),
 /// which is answered as a request that can never be admitted).
-///
-/// [`Error::StoreFull`](crate::Error::StoreFull) (a full
-/// [`MemoryStore`](crate::MemoryStore) refusing a new key) is always answered as
-/// with `Deny`, whatever this says: it is a bound, not an outage, and forwarding
-/// would let a flood of fresh keys through unlimited. Keys the store already
-/// holds keep being limited.
 ///
 /// Whatever the policy, the failure is put into the request and response
 /// extensions as a [`StoreFailure`](crate::layer::StoreFailure) and reported to

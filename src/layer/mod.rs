@@ -3,6 +3,7 @@
 #![doc = include_str!("../docs/layer.md")]
 #![doc = include_str!("../docs/headers.md")]
 #![doc = include_str!("../docs/grpc.md")]
+#![doc = include_str!("../docs/stacking.md")]
 
 // A one-way stack; each file imports only from files to its left:
 // headers -> config -> outcome -> report -> (http_answer | grpc) -> check,

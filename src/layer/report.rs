@@ -12,7 +12,7 @@ use super::headers::{
     ceil_secs, sf_integer,
 };
 use super::outcome::{After, Answer, ShadowRejection};
-use crate::{Decision, Policy, QuotaState};
+use crate::{Decision, Policy, Quota, QuotaState};
 
 /// What a policy advertises, built once per policy (see [`Policy`]'s derived
 /// values): the `RateLimit-Policy` field value and one item name per quota.
@@ -39,7 +39,10 @@ fn advertised(policy: &Policy) -> &Advertised {
         let value = items
             .iter()
             .zip(quotas)
-            .map(|(item, q)| format!("{item};q={};w={}", sf_integer(q.capacity()), window_secs(q)))
+            .map(|(item, q)| {
+                let (q, w) = policy_item(q);
+                format!("{item};q={q};w={w}")
+            })
             .collect::<Vec<_>>()
             .join(", ");
         Advertised {
@@ -55,10 +58,21 @@ pub(crate) fn items(policy: &Policy) -> &[String] {
     &advertised(policy).items
 }
 
-/// The `w` of a quota: seconds for an empty bucket to refill completely, rounded
-/// up (the draft allows no fractions and no zero).
-fn window_secs(q: &crate::Quota) -> u64 {
-    ceil_secs(q.refill_time()).max(1)
+/// The `q` and `w` a quota advertises in `RateLimit-Policy`.
+///
+/// `w` is the time an empty bucket takes to refill completely, in whole seconds
+/// rounded up, at least 1 (the draft allows no fractions and no zero). `q` is
+/// the larger of the capacity (the largest burst) and the tokens refilled in
+/// `w`, rounded up. So `q / w` is never below the real refill rate, however the
+/// period was rounded: `Quota::new(5, 10ms)` refills 500 a second and says
+/// `q=500;w=1`, not `q=5;w=1`; and `q` is never below the burst a full bucket
+/// admits at once.
+fn policy_item(quota: &Quota) -> (u64, u64) {
+    let w = ceil_secs(quota.refill_time()).max(1);
+    let period_us = quota.period().as_micros().max(1);
+    let refilled = (u128::from(quota.tokens()) * u128::from(w) * 1_000_000).div_ceil(period_us);
+    let refilled = u64::try_from(refilled).unwrap_or(u64::MAX);
+    (sf_integer(quota.capacity().max(refilled)), sf_integer(w))
 }
 
 /// `Retry-After` of a 429: the decision's wait rounded up, never 0.
@@ -208,10 +222,59 @@ mod tests {
         )
         .unwrap();
         assert_eq!(header(&two), "\"api.0\";q=20;w=2, \"api.1\";q=1000;w=86400");
-        // A window under a second still says 1, never 0.
-        let fast = Policy::new("f", [Quota::new(5, Duration::from_millis(10)).unwrap()]).unwrap();
-        assert_eq!(header(&fast), "\"f\";q=5;w=1");
         assert_eq!(two.max_cost(), 20);
+    }
+
+    /// `q` and `w` of a quota of `tokens` per `period_ms`, with `burst`.
+    fn advertised_for(tokens: u64, period_ms: u64, burst: Option<u64>) -> String {
+        let mut q = Quota::new(tokens, Duration::from_millis(period_ms)).unwrap();
+        if let Some(b) = burst {
+            q = q.burst(b).unwrap();
+        }
+        let (q, w) = policy_item(&q);
+        format!("q={q};w={w}")
+    }
+
+    #[test]
+    fn the_advertised_rate_never_understates_the_real_one() {
+        // 5 per 10 ms is 500 a second: w cannot go below 1 s, so q grows.
+        assert_eq!(advertised_for(5, 10, None), "q=500;w=1");
+        // 5 per 250 ms is 20 a second.
+        assert_eq!(advertised_for(5, 250, None), "q=20;w=1");
+        // 3 per 1.5 s refills in 1.5 s, said as 2 s: 4 in 2 s is the real 2/s.
+        assert_eq!(advertised_for(3, 1_500, None), "q=4;w=2");
+        // A burst larger than the tokens per period: 10/s with bursts of 25
+        // refills in 2.5 s, said as 3 s, in which 30 tokens come back.
+        assert_eq!(advertised_for(10, 1_000, Some(25)), "q=30;w=3");
+        // Whole seconds need no rounding: q stays the capacity.
+        assert_eq!(advertised_for(10, 1_000, Some(20)), "q=20;w=2");
+        assert_eq!(advertised_for(100, 3_600_000, None), "q=100;w=3600");
+        // A burst far above the refill over w is advertised as it is.
+        assert_eq!(advertised_for(5, 10, Some(1_000)), "q=1000;w=2");
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn advertised_items_never_understate_rate_or_burst(
+            tokens in 1u64..100_000,
+            period_ms in 1u64..10_000_000,
+            extra in 0u64..1_000,
+        ) {
+            let Ok(base) = Quota::new(tokens, Duration::from_millis(period_ms)) else {
+                return Ok(());
+            };
+            let Ok(quota) = base.burst(tokens + extra) else { return Ok(()) };
+            let (q, w) = policy_item(&quota);
+            proptest::prop_assert!(w >= 1 && q >= 1);
+            proptest::prop_assert!(q >= quota.capacity());
+            // q / w >= tokens / period, as exact integers.
+            proptest::prop_assert!(
+                u128::from(q) * u128::from(period_ms) >= u128::from(tokens) * u128::from(w) * 1000
+            );
+            // And not wildly above: rounding w up adds under a second of refill.
+            let refill_ms = quota.refill_time().as_millis();
+            proptest::prop_assert!(u128::from(w) * 1000 < refill_ms + 2000);
+        }
     }
 
     #[tokio::test]

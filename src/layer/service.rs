@@ -95,7 +95,7 @@ mod tests {
     use tower::{Layer, ServiceExt};
 
     use crate::layer::{OnStoreError, RateLimitLayer, ResponseBody, ShadowRejection, StoreFailure};
-    use crate::{Decision, Error, MemoryStore, Quota};
+    use crate::{Decision, MemoryStore, Quota};
 
     fn text(body: impl Into<Bytes>) -> Result<Response<Full<Bytes>>, Infallible> {
         Ok(Response::new(Full::new(body.into())))
@@ -144,31 +144,38 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_full_store_refuses_new_keys_even_when_failing_open() {
-        // One key fits; a second key finds the store full. Forwarding it would let
-        // a flood of fresh keys through unlimited, so even Allow refuses it.
+    async fn a_full_store_keeps_serving_new_clients() {
+        // One key fits. A second key used to find the store full and get 503
+        // even when failing open; the store now makes room, so new clients are
+        // served and limited under either store-error policy.
         let store = MemoryStore::with_max_keys(1).unwrap();
-        let key = crate::key::from_fn("n", |p| Some(p.uri.path().to_owned()));
+        let key = crate::key::from_fn("n", |p| {
+            p.headers
+                .get("x-client")
+                .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+        });
         let inner = tower::service_fn(|req: Request<()>| async move {
             text(req.extensions().get::<StoreFailure>().is_some().to_string())
         });
-        let layer = RateLimitLayer::new(store, Quota::per_hour(5).unwrap()).key(key);
+        let layer = RateLimitLayer::new(store.clone(), Quota::per_hour(1).unwrap()).key(key);
         let allow = layer.clone().layer(inner);
         let deny = layer.on_store_error(OnStoreError::Deny).layer(inner);
-        let res = allow.clone().oneshot(Request::new(())).await.unwrap();
-        assert_eq!(body_text(res).await, "false");
-        let other = || Request::get("/other").body(()).unwrap();
-        let res = allow.clone().oneshot(other()).await.unwrap();
-        assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
-        assert_eq!(res.headers()["retry-after"], "1");
-        let failure = res.extensions().get::<StoreFailure>().unwrap();
-        assert!(matches!(failure.error(), Error::StoreFull { .. }));
-        // The key the store holds is still limited as before.
-        let res = allow.oneshot(Request::new(())).await.unwrap();
-        assert_eq!(res.status(), StatusCode::OK);
-        let res = deny.oneshot(other()).await.unwrap();
-        assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
-        assert_eq!(res.headers()["retry-after"], "1");
+        let from = |client: &str| {
+            Request::get("/")
+                .header("x-client", client)
+                .body(())
+                .unwrap()
+        };
+        for (svc, client) in [(&allow, "a"), (&allow, "b"), (&deny, "c")] {
+            let res = svc.clone().oneshot(from(client)).await.unwrap();
+            assert_eq!(res.status(), StatusCode::OK, "{client}");
+            assert!(res.extensions().get::<StoreFailure>().is_none());
+            assert_eq!(body_text(res).await, "false");
+            // ...and limited from its first request on.
+            let res = svc.clone().oneshot(from(client)).await.unwrap();
+            assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS, "{client}");
+        }
+        assert_eq!(store.len(), 1);
     }
 
     #[tokio::test]
@@ -244,6 +251,43 @@ mod tests {
         assert_eq!(res.headers()["retry-after"], "60");
         let body = res.into_body().collect().await.unwrap().to_bytes();
         assert_eq!(body, "Too Many Requests: retry in 60 s\n");
+    }
+
+    #[tokio::test]
+    async fn kinds_of_different_extractors_never_share_a_bucket() {
+        let store = MemoryStore::new();
+        let inner = tower::service_fn(|_: Request<()>| async { text("ok") });
+        let layer = |key| {
+            RateLimitLayer::new(store.clone(), Quota::per_minute(1).unwrap())
+                .key(key)
+                .layer(inner)
+        };
+        let constant = |kind: &'static str, value: &'static str| {
+            crate::key::from_fn(kind, move |_| Some(value.to_owned()))
+        };
+        let from_peer = || {
+            let mut req = Request::new(());
+            req.extensions_mut()
+                .insert(std::net::SocketAddr::from(([203, 0, 113, 7], 1)));
+            req
+        };
+        // PeerIp spends the bucket of 203.0.113.7...
+        let peer = RateLimitLayer::new(store.clone(), Quota::per_minute(1).unwrap()).layer(inner);
+        let res = peer.clone().oneshot(from_peer()).await.unwrap();
+        assert_eq!(res.status(), StatusCode::OK);
+        assert_eq!(peer.oneshot(from_peer()).await.unwrap().status(), 429);
+        // ...which a closure that calls itself `ip` cannot reach.
+        let lookalike = layer(constant("ip", "203.0.113.7"));
+        let res = lookalike.oneshot(Request::new(())).await.unwrap();
+        assert_eq!(res.status(), StatusCode::OK);
+        // `a:b` with the value `c` and `a` with the value `b:c` are two buckets.
+        let colon_in_kind = layer(constant("a:b", "c"));
+        let colon_in_value = layer(constant("a", "b:c"));
+        for svc in [colon_in_kind, colon_in_value] {
+            let res = svc.oneshot(Request::new(())).await.unwrap();
+            assert_eq!(res.status(), StatusCode::OK);
+        }
+        assert_eq!(store.len(), 4);
     }
 
     #[tokio::test]

@@ -99,4 +99,22 @@ mod tests {
         // A raw key that looks like a hash is hashed itself, so it cannot pose as one.
         assert_ne!(safe_key(&part), part.as_str());
     }
+
+    proptest::proptest! {
+        #![proptest_config(crate::fuzz::config())]
+
+        #[test]
+        fn keys_of_64k_are_made_short_and_safe(value in crate::fuzz::header_bytes()) {
+            let from_bytes = crate::fuzz::within_budget("safe_key_bytes", || safe_key_bytes(&value));
+            let text = String::from_utf8_lossy(&value);
+            let from_text = crate::fuzz::within_budget("safe_key", || safe_key(&text).into_owned());
+            for key in [&from_bytes, &from_text] {
+                proptest::prop_assert!(key.len() <= MAX_RAW_KEY_LEN);
+                let braces = key.contains('{') || key.contains('}');
+                proptest::prop_assert!(!braces, "braces in {}", key);
+                proptest::prop_assert!(key.bytes().all(|b| b.is_ascii_graphic()));
+            }
+            proptest::prop_assert_eq!(hashed_key(&value).len(), 33);
+        }
+    }
 }

@@ -1,7 +1,7 @@
 //! Buckets in this process: for single instances, tests, and as a fallback.
 
-use std::collections::HashMap;
 use std::collections::hash_map::RandomState;
+use std::collections::{BTreeMap, HashMap};
 use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -23,29 +23,46 @@ const MAX_SHARDS: usize = 64;
 
 /// The fewest keys a shard is built for. With one key per shard (the old
 /// `max_keys.clamp(1, 64)` shards) two keys hashing to the same shard made a
-/// store for 100 keys refuse its second key; with at least this many per shard,
-/// stores of fewer than `2 * MIN_PER_SHARD` keys have one shard and an exact
-/// bound, and large stores fill evenly (the fullest of 64 shards of 1024 or more
-/// fills when the store is about 95% full).
+/// store for 100 keys evict at its second key; with at least this many per
+/// shard, stores of fewer than `2 * MIN_PER_SHARD` keys have one shard and an
+/// exact bound, and large stores fill evenly (the fullest of 64 shards of 1024
+/// or more fills when the store is about 95% full).
 const MIN_PER_SHARD: usize = 1024;
 
 /// Token buckets in memory, with the same semantics as
 /// [`RedisStore`](crate::RedisStore) for one process.
 ///
 /// - **Thread-safe without one global lock:** keys are spread over up to 64
-///   shards, each behind its own short-held mutex; the quotas of one key live in
+///   shards (by a hash seeded at random per store, so clients cannot aim at
+///   one), each behind its own short-held mutex; the quotas of one key live in
 ///   one shard, so a multi-quota check is atomic.
 /// - **Bounded memory:** a key is at most [`MAX_RAW_KEY_LEN`](crate::store::MAX_RAW_KEY_LEN)
 ///   bytes (longer keys are hashed), and the store holds at most `max_keys` keys
 ///   (default [`DEFAULT_MAX_KEYS`]). Stores for fewer than 2048 keys use one
 ///   shard and hold exactly `max_keys`; larger ones split them evenly over the
-///   shards, so a new key can be refused a little before the whole store is
-///   full, when its shard is. When a key
-///   arrives at a full shard, the shard first forgets every key whose buckets have
-///   refilled completely (forgetting them changes no decision). If none has, the
-///   check fails with [`Error::StoreFull`], a store error: the HTTP layer then
-///   applies its store-error policy. Existing keys keep being limited; a flood of
-///   new keys cannot evict a limited client and so reset its bucket.
+///   shards, so a shard can be full a little before the whole store is.
+/// - **A full store keeps serving new clients.** When a new key arrives at a
+///   full shard, the shard forgets the one key whose buckets will be full again
+///   soonest: a key that has already refilled completely if there is one
+///   (forgetting it changes no decision), else the key closest to full (on a
+///   tie, the oldest). Each shard keeps its keys ordered by that time, so this
+///   costs a logarithmic step per check, never a scan, however hard a flood of
+///   new keys pushes.
+/// - **What eviction can cost, exactly.** A forgotten client starts over with
+///   full buckets when it comes back, so it may be admitted what it would
+///   otherwise still have waited for: per quota, the tokens its bucket was
+///   missing when it was forgotten. That is never more than one capacity per
+///   quota per eviction, there is at most one eviction per new key arriving at
+///   a full shard, and the forgotten key is the one of its shard that would have
+///   been full again soonest, so it was missing no more refill time than any
+///   other key there. Over any interval, then, the store admits at most
+///   `capacity x (new keys that arrived at full shards)` more tokens per quota
+///   than an unbounded store would. A flood of fresh keys, each one spend
+///   away from full, therefore evicts its own earlier keys before a client that
+///   has drained its bucket: limited clients stay limited, and every new client
+///   is served and limited from its first request. Clients limited by the same
+///   store under policies of very different rates compare by time: a key a
+///   few seconds from full goes before one hours from full.
 /// - **Clock:** tokio's [`Instant`], so tests can pause and advance time.
 ///
 /// Clones share the same buckets.
@@ -71,37 +88,127 @@ pub struct MemoryStore {
 struct Inner {
     shards: Box<[Mutex<Shard>]>,
     per_shard: usize,
-    max_keys: usize,
     hasher: RandomState,
     epoch: Instant,
 }
 
-/// One shard's keys, and when sweeping it can next free anything.
+/// One key's buckets, the microsecond at which all of them are full again, and
+/// the key's number in its shard (its place in `order` among equal times).
+#[derive(Debug)]
+struct Entry {
+    buckets: Vec<(Quota, Level)>,
+    full_at: u64,
+    id: u64,
+}
+
+/// One shard's keys, also ordered by when they are full again (then by age).
+///
+/// Invariant: `order` maps exactly `(entry.full_at, entry.id)` to the key of
+/// every entry of `map`, so both have the same length, at most the shard's
+/// share of `max_keys`. The order is keyed by two integers, so moving a key in
+/// it compares integers and touches no reference count.
 #[derive(Debug, Default)]
 struct Shard {
-    map: HashMap<Box<str>, Vec<(Quota, Level)>>,
-    /// No key of this shard is forgettable before this microsecond: a full
-    /// shard under a flood of new keys answers `StoreFull` without rescanning.
-    /// A sweep sets it to the earliest time a kept key is full; every write
-    /// lowers it to the written key's (spending only moves a key's time later).
-    quiet_until: u64,
+    map: HashMap<Arc<str>, Entry>,
+    order: BTreeMap<(u64, u64), Arc<str>>,
+    next_id: u64,
+    /// Keys forgotten to make room before they had refilled.
     #[cfg(test)]
-    sweeps: u64,
+    evicted: u64,
+    /// Keys forgotten because they had refilled (free to forget).
+    #[cfg(test)]
+    forgotten: u64,
 }
 
 impl Shard {
+    /// Forgets the key that is full again soonest (first of `order`).
+    fn forget_first(&mut self, now: u64) {
+        if let Some(((full_at, _), key)) = self.order.pop_first() {
+            self.map.remove(&key);
+            self.count(full_at <= now);
+        }
+    }
+
+    #[cfg(test)]
+    fn count(&mut self, refilled: bool) {
+        if refilled {
+            self.forgotten += 1;
+        } else {
+            self.evicted += 1;
+        }
+    }
+
+    #[cfg(not(test))]
+    fn count(&mut self, _refilled: bool) {}
+
     /// Forgets every key whose buckets are full at `now`.
     fn sweep(&mut self, now: u64) {
-        let mut next = u64::MAX;
-        self.map.retain(|_, buckets| {
-            let at = full_at(buckets);
-            next = if at <= now { next } else { next.min(at) };
-            at > now
-        });
-        self.quiet_until = next;
-        #[cfg(test)]
+        while self
+            .order
+            .first_key_value()
+            .is_some_and(|((at, _), _)| *at <= now)
         {
-            self.sweeps += 1;
+            self.forget_first(now);
+        }
+    }
+
+    /// Writes the `levels` of `quotas` into `key`'s buckets (a new key when it
+    /// has none yet) and moves the key to its place in `order`.
+    fn write(&mut self, key: &str, quotas: &[Quota], levels: Vec<Level>) {
+        if let Some(entry) = self.map.get_mut(key) {
+            set_levels(&mut entry.buckets, quotas, levels);
+            let new = full_at(&entry.buckets);
+            if new != entry.full_at {
+                let place = (entry.full_at, entry.id);
+                entry.full_at = new;
+                if let Some(name) = self.order.remove(&place) {
+                    self.order.insert((new, entry.id), name);
+                }
+            }
+            return;
+        }
+        let mut buckets = Vec::with_capacity(quotas.len());
+        set_levels(&mut buckets, quotas, levels);
+        let entry = Entry {
+            full_at: full_at(&buckets),
+            buckets,
+            id: self.next_id,
+        };
+        self.next_id += 1;
+        let name: Arc<str> = Arc::from(key);
+        self.order
+            .insert((entry.full_at, entry.id), Arc::clone(&name));
+        self.map.insert(name, entry);
+    }
+
+    /// Forgets the buckets of `quotas` for `key`, and the key when it has no
+    /// bucket left.
+    fn reset(&mut self, key: &str, quotas: &[Quota]) {
+        let Some(entry) = self.map.get_mut(key) else {
+            return;
+        };
+        entry.buckets.retain(|(q, _)| !quotas.contains(q));
+        let place = (entry.full_at, entry.id);
+        if entry.buckets.is_empty() {
+            self.order.remove(&place);
+            self.map.remove(key);
+            return;
+        }
+        let new = full_at(&entry.buckets);
+        entry.full_at = new;
+        if let Some(name) = self.order.remove(&place) {
+            self.order.insert((new, entry.id), name);
+        }
+    }
+}
+
+/// Stores each of `levels` in the bucket of its quota, adding the buckets a
+/// key did not have yet.
+fn set_levels(buckets: &mut Vec<(Quota, Level)>, quotas: &[Quota], levels: Vec<Level>) {
+    for (q, level) in quotas.iter().zip(levels) {
+        match buckets.iter_mut().find(|(bq, _)| bq == q) {
+            Some(slot) => slot.1 = level,
+            None => buckets.push((*q, level)),
         }
     }
 }
@@ -138,7 +245,6 @@ impl MemoryStore {
             inner: Arc::new(Inner {
                 shards: (0..shards).map(|_| Mutex::new(Shard::default())).collect(),
                 per_shard: max_keys / shards,
-                max_keys,
                 hasher: RandomState::new(),
                 epoch: Instant::now(),
             }),
@@ -155,8 +261,9 @@ impl MemoryStore {
         self.len() == 0
     }
 
-    /// Forgets every key whose buckets have refilled completely. Checks do this by
-    /// themselves when a shard fills up; call it to release memory sooner.
+    /// Forgets every key whose buckets have refilled completely (forgetting
+    /// them changes no decision). A full shard forgets such keys first anyway
+    /// when it needs room; call this to release memory sooner.
     pub fn sweep(&self) {
         let now = self.now();
         for shard in self.inner.shards.iter() {
@@ -225,43 +332,26 @@ impl MemoryStore {
         };
         let key = safe_key(key);
         let mut shard = self.shard(&key);
-        if !shard.map.contains_key(key.as_ref()) {
-            if cost == 0 {
-                // A peek at an unknown key sees full buckets and stores nothing.
-                let mut levels: Vec<Level> =
-                    quotas.iter().map(|q| Level::full(q, now_us)).collect();
-                return Ok(spend(quotas, &mut levels, 0, now_us, &debts));
-            }
-            if shard.map.len() >= self.inner.per_shard {
-                if now_us >= shard.quiet_until {
-                    shard.sweep(now_us);
-                }
-                if shard.map.len() >= self.inner.per_shard {
-                    return Err(Error::StoreFull {
-                        max_keys: self.inner.max_keys,
-                    });
-                }
-            }
-        }
-        let buckets = shard.map.entry(Box::from(key.as_ref())).or_default();
+        let stored = shard.map.get(key.as_ref()).map(|e| e.buckets.as_slice());
         let mut levels: Vec<Level> = quotas
             .iter()
-            .map(|q| match buckets.iter().find(|(bq, _)| bq == q) {
-                Some((_, level)) => level.refilled(q, now_us),
-                None => Level::full(q, now_us),
-            })
+            .map(
+                |q| match stored.and_then(|b| b.iter().find(|(bq, _)| bq == q)) {
+                    Some((_, level)) => level.refilled(q, now_us),
+                    None => Level::full(q, now_us),
+                },
+            )
             .collect();
         let (decision, wait) = spend(quotas, &mut levels, cost, now_us, &debts);
-        if decision.allowed() && cost > 0 {
-            for (q, level) in quotas.iter().zip(levels) {
-                match buckets.iter_mut().find(|(bq, _)| bq == q) {
-                    Some(slot) => slot.1 = level,
-                    None => buckets.push((*q, level)),
-                }
-            }
-            let at = full_at(buckets);
-            shard.quiet_until = shard.quiet_until.min(at);
+        // A denial or a peek changes nothing, and a peek at an unknown key
+        // stores nothing.
+        if !decision.allowed() || cost == 0 {
+            return Ok((decision, wait));
         }
+        if !shard.map.contains_key(key.as_ref()) && shard.map.len() >= self.inner.per_shard {
+            shard.forget_first(now_us);
+        }
+        shard.write(&key, quotas, levels);
         Ok((decision, wait))
     }
 }
@@ -286,15 +376,8 @@ impl Store for MemoryStore {
     }
 
     async fn reset(&self, key: &str, policy: &Policy) -> Result<(), Error> {
-        let quotas = policy.quotas();
         let key = safe_key(key);
-        let mut shard = self.shard(&key);
-        if let Some(buckets) = shard.map.get_mut(key.as_ref()) {
-            buckets.retain(|(q, _)| !quotas.contains(q));
-            if buckets.is_empty() {
-                shard.map.remove(key.as_ref());
-            }
-        }
+        self.shard(&key).reset(&key, policy.quotas());
         Ok(())
     }
 }
@@ -323,48 +406,110 @@ fn unreachable_empty() -> ! {
 mod tests {
     use super::*;
 
+    /// (evicted, forgotten after refilling), summed over the shards.
+    fn counts(store: &MemoryStore) -> (u64, u64) {
+        store.inner.shards.iter().fold((0, 0), |(e, f), s| {
+            let s = lock(s);
+            assert_eq!(s.map.len(), s.order.len(), "map and order out of step");
+            (e + s.evicted, f + s.forgotten)
+        })
+    }
+
     #[test]
-    fn full_store_forgets_refilled_keys_then_refuses() {
+    fn a_full_store_forgets_refilled_keys_first_then_the_nearest_to_full() {
         let store = MemoryStore::with_max_keys(2).unwrap();
         let q = Policy::from(Quota::per_second(1).unwrap());
         // A small store is one shard: exactly two keys fit.
         let _ = store.decide_at("k0", &q, 1, 0).unwrap();
-        let _ = store.decide_at("k1", &q, 1, 0).unwrap();
-        let refused = store.decide_at("k2", &q, 1, 0);
-        assert!(matches!(refused, Err(Error::StoreFull { max_keys: 2 })));
+        let _ = store.decide_at("k1", &q, 1, 500_000).unwrap();
+        // k0 is full again at 1 s, k1 at 1.5 s. At 1.2 s k0 is free to forget.
+        assert!(store.decide_at("k2", &q, 1, 1_200_000).unwrap().allowed());
+        assert_eq!(counts(&store), (0, 1));
+        // Now k1 (full at 1.5 s) is nearer to full than k2 (2.2 s): it goes.
+        assert!(store.decide_at("k3", &q, 1, 1_300_000).unwrap().allowed());
+        assert_eq!(counts(&store), (1, 1));
         assert_eq!(store.len(), 2);
-        // A second after each spend every bucket is full again: new keys fit.
-        for i in 1..10 {
-            let _ = store
-                .decide_at(&format!("new{i}"), &q, 1, i * 1_000_000)
-                .unwrap();
-        }
-        assert!(store.len() <= 2);
+        // k2 is still known and empty; k1 comes back full, with the 0.2 s of
+        // refill it was still missing (less than one token) given back.
+        assert!(!store.decide_at("k2", &q, 1, 1_300_000).unwrap().allowed());
+        assert!(store.decide_at("k1", &q, 1, 1_300_000).unwrap().allowed());
     }
 
     #[test]
-    fn a_flood_of_new_keys_into_a_full_shard_sweeps_once_until_something_refills() {
-        let store = MemoryStore::with_max_keys(3).unwrap();
-        let q = Policy::from(Quota::per_second(1).unwrap());
-        for i in 0..3 {
-            let _ = store
-                .decide_at(&format!("k{i}"), &q, 1, i * 100_000)
+    fn a_flood_of_new_keys_costs_one_step_each_and_spares_drained_clients() {
+        let store = MemoryStore::with_max_keys(100).unwrap();
+        let q = Policy::from(Quota::per_hour(100).unwrap());
+        // 100 clients, each drained (full again in an hour).
+        for i in 0..100 {
+            let _ = store.decide_at(&format!("client{i}"), &q, 100, i).unwrap();
+        }
+        // 10 000 new keys, one request each (each full again 36 s later).
+        for i in 0..10_000 {
+            let d = store
+                .decide_at(&format!("flood{i}"), &q, 1, 1_000 + i)
                 .unwrap();
+            assert!(d.allowed(), "new clients are served");
         }
-        // k0 is full again at 1 s: until then no sweep can free anything.
-        for i in 0..1_000 {
-            let refused = store.decide_at(&format!("flood{i}"), &q, 1, 300_000 + i);
-            assert!(matches!(refused, Err(Error::StoreFull { .. })));
-        }
-        let sweeps = |store: &MemoryStore| -> u64 {
-            store.inner.shards.iter().map(|s| lock(s).sweeps).sum()
+        // One key forgotten per new key and no more: no scan, no sweep. The
+        // first flood key took the place of the client nearest to full; every
+        // later one took the place of the previous flood key.
+        assert_eq!(counts(&store), (10_000, 0));
+        assert_eq!(store.len(), 100);
+        let still_limited = (0..100)
+            .filter(|i| {
+                !store
+                    .decide_at(&format!("client{i}"), &q, 1, 20_000)
+                    .unwrap()
+                    .allowed()
+            })
+            .count();
+        assert_eq!(still_limited, 99);
+        assert!(store.decide_at("client0", &q, 1, 20_000).unwrap().allowed());
+    }
+
+    #[test]
+    fn reset_keeps_the_order_in_step() {
+        let store = MemoryStore::with_max_keys(4).unwrap();
+        let a = Quota::per_second(1).unwrap();
+        let b = Quota::per_hour(1).unwrap();
+        let both = Policy::new("p", [a, b]).unwrap();
+        let _ = store.decide_at("k", &both, 1, 0).unwrap();
+        let _ = store.decide_at("other", &Policy::from(a), 1, 0).unwrap();
+        let shard_full_at = |store: &MemoryStore| {
+            let s = store.shard("k");
+            s.map.get("k").map(|e| e.full_at)
         };
-        assert_eq!(sweeps(&store), 1, "one sweep for the whole flood");
-        assert!(store.decide_at("late", &q, 1, 999_999).is_err());
-        // At 1 s k0 is forgettable: the next new key sweeps and fits.
-        let _ = store.decide_at("late", &q, 1, 1_000_000).unwrap();
-        assert_eq!(sweeps(&store), 2);
-        assert_eq!(store.len(), 3);
+        assert_eq!(shard_full_at(&store), Some(3_600_000_000));
+        // Forgetting the hourly bucket leaves the per-second one, full at 1 s.
+        reset_blocking(&store, "k", &Policy::from(b));
+        assert_eq!(shard_full_at(&store), Some(1_000_000));
+        reset_blocking(&store, "k", &Policy::from(a));
+        assert_eq!(shard_full_at(&store), None);
+        assert_eq!(store.len(), 1);
+        assert_eq!(counts(&store), (0, 0));
+    }
+
+    fn reset_blocking(store: &MemoryStore, key: &str, policy: &Policy) {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        rt.block_on(store.reset(key, policy)).unwrap();
+    }
+
+    #[test]
+    fn sweep_forgets_only_refilled_keys() {
+        let store = MemoryStore::new();
+        let fast = Policy::from(Quota::per_second(1_000).unwrap());
+        let slow = Policy::from(Quota::per_hour(1).unwrap());
+        for i in 0..50 {
+            let _ = store.decide_at(&format!("f{i}"), &fast, 1, 0).unwrap();
+        }
+        let _ = store.decide_at("s", &slow, 1, 0).unwrap();
+        for shard in store.inner.shards.iter() {
+            lock(shard).sweep(1_000);
+        }
+        assert_eq!(store.len(), 1);
+        assert_eq!(counts(&store), (0, 50));
     }
 
     #[test]

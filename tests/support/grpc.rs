@@ -12,7 +12,9 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tollgate::layer::RateLimitLayer;
 use tonic::transport::server::TcpIncoming;
-use tonic::transport::{Channel, Endpoint, Server};
+use tonic::transport::{
+    Certificate, Channel, ClientTlsConfig, Endpoint, Identity, Server, ServerTlsConfig,
+};
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::server::HealthReporter;
@@ -23,6 +25,8 @@ pub const CHECK: &str = "/grpc.health.v1.Health/Check";
 /// A tonic server task on a free loopback port.
 pub struct GrpcServer {
     addr: SocketAddr,
+    /// The PEM certificate a TLS server presents (`None` without TLS).
+    tls: Option<String>,
     /// Changes what the health service reports (and so what `Watch` streams).
     pub reporter: HealthReporter,
     shutdown: Option<oneshot::Sender<()>>,
@@ -33,12 +37,90 @@ impl GrpcServer {
     /// Serves the health service with `Server::builder().layer(layer)`: the
     /// layer as it is, no body configuration.
     pub async fn start(layer: RateLimitLayer) -> Self {
+        Self::serve(layer, None).await
+    }
+
+    /// The same over tonic's own TLS (`Server::builder().tls_config`), with a
+    /// self-signed certificate for `localhost` made now. Connect with
+    /// [`GrpcServer::client`].
+    pub async fn start_tls(layer: RateLimitLayer) -> Self {
+        let cert = self_signed();
+        let identity = (cert.cert.pem(), cert.signing_key.serialize_pem());
+        Self::serve(layer, Some(identity)).await
+    }
+
+    /// Over TLS that the application terminates itself, as servers that reload
+    /// certificates or pick them by SNI do: tokio-rustls streams handed to
+    /// `serve_with_incoming`. Each request then carries only
+    /// `TlsConnectInfo<TcpConnectInfo>`, no `TcpConnectInfo`.
+    pub async fn start_tls_incoming(layer: RateLimitLayer) -> Self {
+        use tokio_rustls::TlsAcceptor;
+        use tokio_rustls::rustls::ServerConfig;
+        use tokio_rustls::rustls::pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
+
+        let cert = self_signed();
+        let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(cert.signing_key.serialize_der()));
+        let mut config = ServerConfig::builder_with_provider(std::sync::Arc::new(
+            tokio_rustls::rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .expect("TLS versions")
+        .with_no_client_auth()
+        .with_single_cert(vec![cert.cert.der().clone()], key)
+        .expect("server certificate");
+        config.alpn_protocols = vec![b"h2".to_vec()];
+        let acceptor = TlsAcceptor::from(std::sync::Arc::new(config));
+
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("local addr");
+        let (streams, incoming) = tokio::sync::mpsc::channel(16);
+        let accepting = tokio::spawn(async move {
+            loop {
+                let Ok((tcp, _)) = listener.accept().await else {
+                    continue;
+                };
+                let acceptor = acceptor.clone();
+                let streams = streams.clone();
+                tokio::spawn(async move {
+                    let tls = acceptor.accept(tcp).await;
+                    let _ = streams.send(tls).await;
+                });
+            }
+        });
+        let incoming = tokio_stream::wrappers::ReceiverStream::new(incoming);
         let (reporter, health) = tonic_health::server::health_reporter();
         let (tx, rx) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {
             let _ = Server::builder()
+                .layer(layer)
+                .add_service(health)
+                .serve_with_incoming_shutdown(incoming, async {
+                    let _ = rx.await;
+                })
+                .await;
+            accepting.abort();
+        });
+        GrpcServer {
+            addr,
+            tls: Some(cert.cert.pem()),
+            reporter,
+            shutdown: Some(tx),
+            task,
+        }
+    }
+
+    async fn serve(layer: RateLimitLayer, identity: Option<(String, String)>) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("local addr");
+        let (reporter, health) = tonic_health::server::health_reporter();
+        let (tx, rx) = oneshot::channel::<()>();
+        let mut builder = Server::builder();
+        if let Some((cert, key)) = &identity {
+            let tls = ServerTlsConfig::new().identity(Identity::from_pem(cert, key));
+            builder = builder.tls_config(tls).expect("server TLS configuration");
+        }
+        let task = tokio::spawn(async move {
+            let _ = builder
                 .layer(layer)
                 .add_service(health)
                 .serve_with_incoming_shutdown(TcpIncoming::from(listener), async {
@@ -48,6 +130,7 @@ impl GrpcServer {
         });
         GrpcServer {
             addr,
+            tls: identity.map(|(cert, _)| cert),
             reporter,
             shutdown: Some(tx),
             task,
@@ -59,9 +142,13 @@ impl GrpcServer {
         self.addr
     }
 
-    /// A health client on a new HTTP/2 connection.
+    /// A health client on a new HTTP/2 connection (over TLS to a TLS server,
+    /// trusting its certificate).
     pub async fn client(&self) -> HealthClient<Channel> {
-        HealthClient::new(channel(self.addr).await)
+        match &self.tls {
+            None => HealthClient::new(channel(self.addr).await),
+            Some(cert) => HealthClient::new(tls_channel(self.addr, cert).await),
+        }
     }
 }
 
@@ -83,6 +170,27 @@ pub async fn channel(addr: SocketAddr) -> Channel {
         .connect()
         .await
         .expect("connect to the test server")
+}
+
+/// A self-signed certificate and key for `localhost`.
+fn self_signed() -> rcgen::CertifiedKey<rcgen::KeyPair> {
+    rcgen::generate_simple_self_signed(vec!["localhost".to_owned()])
+        .expect("self-signed certificate")
+}
+
+/// An HTTP/2 connection over TLS to `addr`, trusting `cert` for `localhost`.
+pub async fn tls_channel(addr: SocketAddr, cert: &str) -> Channel {
+    let tls = ClientTlsConfig::new()
+        .domain_name("localhost")
+        .ca_certificate(Certificate::from_pem(cert));
+    Endpoint::from_shared(format!("https://{addr}"))
+        .expect("endpoint")
+        .tls_config(tls)
+        .expect("client TLS configuration")
+        .connect_timeout(Duration::from_secs(10))
+        .connect()
+        .await
+        .expect("TLS connection to the test server")
 }
 
 /// A `Check` request for the whole server, with `metadata` added.

@@ -173,7 +173,15 @@ impl Client {
 
     /// `GET url` with raw header values (any bytes a header may carry).
     pub async fn get_with(&self, url: &str, headers: &[(&str, &[u8])]) -> Reply {
-        let mut req = Request::get(url)
+        self.send("GET", url, headers).await
+    }
+
+    /// A request of any method, with raw header values and an empty body, over
+    /// HTTP/1.1.
+    pub async fn send(&self, method: &str, url: &str, headers: &[(&str, &[u8])]) -> Reply {
+        let mut req = Request::builder()
+            .method(method)
+            .uri(url)
             .body(Full::new(Bytes::new()))
             .expect("request");
         for (name, value) in headers {

@@ -31,22 +31,40 @@ pub use status::GRPC_RETRY_PUSHBACK_MS;
 use status::{Code, Pushback, trailers_only};
 pub(crate) use status::{Grpc, flavor};
 
-/// True when `parts` is a gRPC call: its `content-type` starts with
-/// `application/grpc` (any case), which covers `application/grpc+proto` and
-/// gRPC-Web. The layer answers such calls with gRPC statuses instead of HTTP
-/// errors.
+/// True when `parts` is a gRPC call: a `POST` with a gRPC media type,
+/// `application/grpc`, `application/grpc-web` or `application/grpc-web-text`
+/// (each optionally with `+proto` or another suffix; case and parameters do
+/// not matter), over any HTTP version. The layer answers such calls with gRPC
+/// statuses (HTTP 200 trailers-only) instead of HTTP errors.
+///
+/// Anything else is an ordinary HTTP request, whatever its `content-type`: a
+/// `GET` that claims `application/grpc` gets the HTTP answer (429 and so on).
+/// Otherwise a client could turn a limited `GET /popular` into an empty 200,
+/// which a cache in front of the service would keep and serve to every user.
+/// The version is not asked for: gRPC-Web runs over HTTP/1.1, and tonic-web
+/// hands it on as `application/grpc` in that version; a `POST` answer marked
+/// `no-store`, as every answer of the layer is, is not cached.
 ///
 /// ```
-/// use http::Request;
+/// use http::{Request, Version};
 /// use tollgate::layer::is_grpc;
 ///
-/// let (parts, ()) = Request::post("/grpc.health.v1.Health/Check")
-///     .header("content-type", "application/grpc+proto")
-///     .body(()).unwrap().into_parts();
-/// assert!(is_grpc(&parts));
+/// let call = |method: &str, version, content_type| {
+///     let (parts, ()) = Request::builder()
+///         .method(method)
+///         .version(version)
+///         .uri("/grpc.health.v1.Health/Check")
+///         .header("content-type", content_type)
+///         .body(()).unwrap().into_parts();
+///     is_grpc(&parts)
+/// };
+/// assert!(call("POST", Version::HTTP_2, "application/grpc+proto"));
+/// assert!(call("POST", Version::HTTP_11, "application/grpc-web+proto"));
+/// assert!(!call("GET", Version::HTTP_2, "application/grpc"));
+/// assert!(!call("POST", Version::HTTP_2, "application/json"));
 /// ```
 pub fn is_grpc(parts: &Parts) -> bool {
-    flavor(&parts.headers).is_some()
+    flavor(parts).is_some()
 }
 
 /// The service and method a gRPC path names: `/package.Service/Method` gives
@@ -192,7 +210,7 @@ mod tests {
     use http::{Request, StatusCode};
 
     fn parts(path: &str, content_type: Option<&str>) -> Parts {
-        let mut req = Request::post(path);
+        let mut req = Request::post(path).version(http::Version::HTTP_2);
         if let Some(ct) = content_type {
             req = req.header(CONTENT_TYPE, ct);
         }
@@ -203,6 +221,7 @@ mod tests {
     fn is_grpc_reads_the_content_type() {
         assert!(!is_grpc(&parts("/", None)));
         assert!(is_grpc(&parts("/", Some("application/grpc"))));
+        assert!(!is_grpc(&parts("/", Some("application/grpcx"))));
     }
 
     #[test]
@@ -238,6 +257,7 @@ mod tests {
         assert!(res.body().is_empty());
         let h = res.headers();
         assert_eq!(h[CONTENT_TYPE], "application/grpc");
+        assert_eq!(h[http::header::CACHE_CONTROL], "no-store");
         assert_eq!(h[GRPC_STATUS], "8");
         assert_eq!(
             h[GRPC_MESSAGE],
@@ -268,5 +288,29 @@ mod tests {
         assert_eq!(res.headers()[GRPC_STATUS], "14");
         assert_eq!(res.headers()[GRPC_RETRY_PUSHBACK_MS], "1000");
         assert!(res.extensions().get::<StoreFailure>().is_some());
+    }
+
+    /// The bytes a URI path may hold, and a path made of them.
+    const PATH_BYTES: &[u8] = b"/////abc.XYZ019-_~%:@!$&'()*+,;=";
+
+    proptest::proptest! {
+        #![proptest_config(crate::fuzz::config())]
+
+        #[test]
+        fn any_path_splits_into_a_method_or_none_within_budget(
+            path in crate::fuzz::motif(PATH_BYTES, 60 * 1024),
+        ) {
+            let path = format!("/{}", String::from_utf8(path).unwrap());
+            let Ok(uri) = http::Uri::try_from(path.as_str()) else {
+                return Ok(());
+            };
+            let (p, ()) = Request::post(uri).body(()).unwrap().into_parts();
+            let method = crate::fuzz::within_budget("grpc_method", || grpc_method(&p));
+            if let Some((service, method)) = method {
+                proptest::prop_assert!(!service.is_empty() && !method.is_empty());
+                proptest::prop_assert!(!method.contains('/'));
+                proptest::prop_assert_eq!(format!("/{service}/{method}"), p.uri.path());
+            }
+        }
     }
 }

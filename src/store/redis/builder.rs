@@ -237,10 +237,12 @@ fn host_of(addr: &ConnectionAddr) -> Arc<str> {
 }
 
 /// `url` with any password replaced by `***`, for messages: a URL is
-/// configuration, and its userinfo may hold a secret.
+/// configuration, and its userinfo, or the `pass=` / `password=` / `user=`
+/// query parameters redis-rs reads for unix sockets, may hold a secret.
 pub(crate) fn redact(url: &str) -> String {
+    let url = redact_query(url);
     let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
+        return url;
     };
     // The last '@' ends the userinfo, even when an unencoded password holds
     // '@' or '/' (Redis URLs have no '@' after the host).
@@ -252,8 +254,28 @@ pub(crate) fn redact(url: &str) -> String {
             };
             format!("{scheme}://{user}@{host}")
         }
-        None => url.to_owned(),
+        None => url.clone(),
     }
+}
+
+/// `url` with the values of secret-bearing query parameters replaced by `***`.
+fn redact_query(url: &str) -> String {
+    let Some((base, query)) = url.split_once('?') else {
+        return url.to_owned();
+    };
+    let params: Vec<String> = query
+        .split('&')
+        .map(|param| match param.split_once('=') {
+            Some((name, _))
+                if ["pass", "password", "user", "username"]
+                    .contains(&name.to_ascii_lowercase().as_str()) =>
+            {
+                format!("{name}=***")
+            }
+            _ => param.to_owned(),
+        })
+        .collect();
+    format!("{base}?{}", params.join("&"))
 }
 
 #[cfg(test)]
@@ -272,6 +294,10 @@ mod tests {
         );
         assert_eq!(redact("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
         assert_eq!(redact("not a url"), "not a url");
+        assert_eq!(
+            redact("redis+unix:///tmp/r.sock?db=x&pass=s3cret"),
+            "redis+unix:///tmp/r.sock?db=x&pass=***"
+        );
         // A password holding '@' or '/' is still hidden.
         let url = "redis://app:p@ss/w0rd@cache:6379/1";
         assert!(!redact(url).contains("w0rd"), "{}", redact(url));
@@ -280,6 +306,8 @@ mod tests {
             "redis://:s3cret@host:notaport",
             "redis://u:s3cret@[::1",
             "redis://u:s3cret@host:6379/notadb",
+            "redis+unix:///tmp/r.sock?db=x&pass=s3cret",
+            "redis+unix:///tmp/r.sock?password=s3cret&db=nope",
         ] {
             if let Err(e) = RedisStore::from_url(bad) {
                 assert!(!e.to_string().contains("s3cret"), "{e}");
