@@ -159,6 +159,14 @@ pub(crate) enum BreakerDetail {
     ProbeFailed { probe_in: Duration },
 }
 
+/// A denial answered from the local deny cache, without the store.
+pub(crate) fn deny_cache_hit(store: &'static str) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!("tollgate_deny_cache_hits_total", "store" => store).increment(1);
+    #[cfg(not(feature = "metrics"))]
+    let _ = store;
+}
+
 /// The in-process fallback started deciding (`active`) or stopped.
 pub(crate) fn fallback(active: bool, error: Option<&Error>) {
     #[cfg(feature = "metrics")]

@@ -54,6 +54,8 @@ mod any;
 mod breaker;
 pub(crate) mod bucket;
 mod contract;
+#[cfg(feature = "redis")]
+mod deny_cache;
 mod key;
 mod memory;
 #[cfg(feature = "redis")]
@@ -65,6 +67,8 @@ pub use breaker::{
     CircuitBreaker, DEFAULT_BREAKER_FAILURES, DEFAULT_FIRST_PROBE, DEFAULT_MAX_COOLDOWN,
 };
 pub use contract::Store;
+#[cfg(feature = "redis")]
+pub use deny_cache::DEFAULT_DENY_CACHE;
 pub use key::{MAX_RAW_KEY_LEN, hashed_key, safe_key, safe_key_bytes};
 pub use memory::{DEFAULT_MAX_KEYS, MemoryStore};
 #[cfg(feature = "redis")]

@@ -17,9 +17,11 @@
 use std::sync::{Mutex, MutexGuard};
 
 use tokio::sync::oneshot;
+use tokio::time::Instant;
 
 use super::script::Batch;
 use crate::error::Error;
+use crate::store::deny_cache::DenyCache;
 use crate::{Decision, Policy};
 
 /// Script calls of one store in flight at once before checks start to queue:
@@ -32,6 +34,8 @@ pub(crate) struct Pending {
     pub(crate) policy: Policy,
     pub(crate) cost: u64,
     pub(crate) max_wait_us: u64,
+    /// When the check was queued: before Redis decides it.
+    pub(crate) sent: Instant,
     pub(crate) reply: oneshot::Sender<Result<(Decision, u64), Error>>,
 }
 
@@ -100,11 +104,22 @@ pub(crate) fn batch_of(checks: &[Pending]) -> Batch {
     batch
 }
 
-/// Hands every check its answer: `outcomes` in order, or a copy of `error`.
-pub(crate) fn answer(checks: Vec<Pending>, outcomes: Result<Vec<(Decision, u64)>, Error>) {
+/// Hands every check its answer: `outcomes` in order, or a copy of `error`;
+/// denials of plain checks go into `denials` first.
+pub(crate) fn answer(
+    checks: Vec<Pending>,
+    outcomes: Result<Vec<(Decision, u64)>, Error>,
+    denials: Option<&DenyCache>,
+) {
     match outcomes {
         Ok(outcomes) => {
             for (check, outcome) in checks.into_iter().zip(outcomes) {
+                if let Some(cache) = denials
+                    && !outcome.0.allowed()
+                    && check.max_wait_us == 0
+                {
+                    cache.insert(check.keys, check.cost, &outcome.0, check.sent);
+                }
                 // A caller that gave up (timed out) no longer listens.
                 let _ = check.reply.send(Ok(outcome));
             }

@@ -12,6 +12,7 @@ use super::connection::{Link, Source};
 use super::store::{Parts, RedisStore};
 use crate::ConfigError;
 use crate::store::breaker::{Breaker, CircuitBreaker};
+use crate::store::deny_cache::DEFAULT_DENY_CACHE;
 
 /// Default key prefix of [`RedisStore`].
 pub const DEFAULT_PREFIX: &str = "tollgate:";
@@ -43,6 +44,7 @@ pub struct RedisStoreBuilder {
     connect_timeout: Duration,
     breaker: CircuitBreaker,
     max_batch: usize,
+    deny_cache: usize,
 }
 
 impl fmt::Debug for RedisStoreBuilder {
@@ -59,6 +61,7 @@ impl fmt::Debug for RedisStoreBuilder {
             .field("connect_timeout", &self.connect_timeout)
             .field("breaker", &self.breaker)
             .field("max_batch", &self.max_batch)
+            .field("deny_cache", &self.deny_cache)
             .finish()
     }
 }
@@ -98,6 +101,7 @@ impl RedisStore {
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             breaker: CircuitBreaker::new(),
             max_batch: DEFAULT_MAX_BATCH,
+            deny_cache: DEFAULT_DENY_CACHE,
         }
     }
 }
@@ -149,6 +153,20 @@ impl RedisStoreBuilder {
     /// the script decides a batch's checks in order.
     pub fn max_batch(mut self, checks: usize) -> Self {
         self.max_batch = checks;
+        self
+    }
+
+    /// How many denials to remember in process ([`DEFAULT_DENY_CACHE`]
+    /// otherwise; 0 turns the cache off). When Redis denies a client, later
+    /// checks of the same cost or more on the same buckets are denied here,
+    /// without a Redis call, until the wait Redis gave has passed: a flooded
+    /// key costs Redis about one call per refill instead of one per request.
+    /// This never denies what Redis would admit (other instances only spend
+    /// tokens), except after a `reset` made on another instance or Redis
+    /// losing the key, which are not seen until the wait has passed. Peeks and
+    /// reservations always ask Redis.
+    pub fn deny_cache(mut self, denials: usize) -> Self {
+        self.deny_cache = denials;
         self
     }
 
@@ -221,6 +239,7 @@ impl RedisStoreBuilder {
             timeout: self.timeout,
             connect_timeout: self.connect_timeout,
             max_batch: self.max_batch,
+            deny_cache: self.deny_cache,
         }))
     }
 }

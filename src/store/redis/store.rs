@@ -16,6 +16,7 @@ use crate::error::Error;
 use crate::observe::{self, LogThrottle};
 use crate::store::breaker::{Admit, Breaker};
 use crate::store::contract::{Store, validate};
+use crate::store::deny_cache::DenyCache;
 use crate::store::key::safe_key;
 use crate::store::sealed::Sealed;
 use crate::{Decision, Policy, Quota};
@@ -89,6 +90,8 @@ struct Inner {
     errors: LogThrottle,
     /// `None` when the store sends every check on its own.
     batcher: Option<Batcher>,
+    /// `None` when every check asks Redis.
+    denials: Option<DenyCache>,
 }
 
 impl fmt::Debug for RedisStore {
@@ -111,6 +114,8 @@ pub(crate) struct Parts {
     pub(crate) connect_timeout: Duration,
     /// The most checks in one script call; 1 turns batching off.
     pub(crate) max_batch: usize,
+    /// Denials kept in process; 0 turns the deny cache off.
+    pub(crate) deny_cache: usize,
 }
 
 impl RedisStore {
@@ -127,6 +132,7 @@ impl RedisStore {
                 test_script: Script::with_test_clock(),
                 errors: LogThrottle::default(),
                 batcher: (parts.max_batch > 1).then(|| Batcher::new(parts.max_batch)),
+                denials: (parts.deny_cache > 0).then(|| DenyCache::new(parts.deny_cache)),
             }),
         }
     }
@@ -241,11 +247,21 @@ impl RedisStore {
             .iter()
             .map(|q| self.bucket_key(key, q))
             .collect();
+        let cacheable = clock.is_none() && max_wait_us == 0 && cost > 0;
+        if cacheable
+            && let Some(cache) = &self.inner.denials
+            && let Some(decision) = cache.lookup(&keys, cost)
+        {
+            observe::deny_cache_hit(STORE);
+            return Ok((decision, 0));
+        }
         if clock.is_none()
             && let Some(batcher) = &self.inner.batcher
         {
             return self.batched(batcher, keys, policy, cost, max_wait_us).await;
         }
+        let remembered = (cacheable && self.inner.denials.is_some()).then(|| keys.clone());
+        let sent = Instant::now();
         let mut batch = Batch::new(clock);
         batch.push(keys, policy, cost, max_wait_us);
         let script = self.script_for(clock);
@@ -253,10 +269,16 @@ impl RedisStore {
         let reply = self
             .guarded(|mut conn| async move { batch.run(&mut conn, script).await })
             .await?;
-        batch
+        let outcome = batch
             .outcomes(&reply)?
             .pop()
-            .ok_or_else(|| Error::store(crate::ErrorKind::Server, "empty reply from the script"))
+            .ok_or_else(|| Error::store(crate::ErrorKind::Server, "empty reply from the script"))?;
+        if let (Some(cache), Some(keys)) = (&self.inner.denials, remembered)
+            && !outcome.0.allowed()
+        {
+            cache.insert(keys, cost, &outcome.0, sent);
+        }
+        Ok(outcome)
     }
 
     /// Several checks in one script call, decided in order at the microsecond
@@ -317,6 +339,7 @@ impl RedisStore {
             policy: policy.clone(),
             cost,
             max_wait_us,
+            sent: Instant::now(),
             reply,
         };
         if let Some(checks) = batcher.enqueue(check) {
@@ -346,7 +369,7 @@ impl RedisStore {
                 .guarded(|mut conn| async move { call.run(&mut conn, script).await })
                 .await
                 .and_then(|reply| batch.outcomes(&reply));
-            answer(checks, outcomes);
+            answer(checks, outcomes, self.inner.denials.as_ref());
             match batcher.next() {
                 Some(next) => checks = next,
                 None => return,
@@ -463,10 +486,16 @@ impl Store for RedisStore {
     }
 
     async fn reset(&self, key: &str, policy: &Policy) -> Result<(), Error> {
-        let mut del = redis::cmd("DEL");
-        for q in policy.quotas() {
-            del.arg(self.bucket_key(key, q));
+        let keys: Vec<String> = policy
+            .quotas()
+            .iter()
+            .map(|q| self.bucket_key(key, q))
+            .collect();
+        if let Some(cache) = &self.inner.denials {
+            cache.forget(&keys);
         }
+        let mut del = redis::cmd("DEL");
+        del.arg(&keys);
         let del = &del;
         self.guarded(|mut conn| async move { del.query_async::<Value>(&mut conn).await })
             .await
