@@ -2,14 +2,15 @@
 //! is built.
 
 use std::fmt;
-use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_redis::Pool;
-use redis::{ConnectionAddr, IntoConnectionInfo};
 
-use super::connection::{Link, Source};
+use super::connection::Link;
 use super::store::{Parts, RedisStore};
+#[cfg(feature = "sentinel")]
+use super::target::Credentials;
+use super::target::{Settings, Target};
 use crate::ConfigError;
 use crate::store::breaker::{Breaker, CircuitBreaker};
 
@@ -22,12 +23,6 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
 /// Default connect timeout of [`RedisStore`].
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// Where a [`RedisStoreBuilder`] gets its connections.
-enum Target {
-    Url(String),
-    Pool(Pool),
-}
-
 /// Configures a [`RedisStore`]; made by [`RedisStore::builder`].
 ///
 /// Setters take the builder by value and never fail; [`build`](Self::build)
@@ -39,22 +34,25 @@ pub struct RedisStoreBuilder {
     timeout: Duration,
     connect_timeout: Duration,
     breaker: CircuitBreaker,
+    #[cfg(feature = "tls")]
+    root_certificates: Option<Vec<u8>>,
+    #[cfg(feature = "sentinel")]
+    primary_auth: Option<Credentials>,
 }
 
 impl fmt::Debug for RedisStoreBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let target = match &self.target {
-            None => "none".to_owned(),
-            Some(Target::Url(url)) => redact(url),
-            Some(Target::Pool(_)) => "application pool".to_owned(),
-        };
-        f.debug_struct("RedisStoreBuilder")
-            .field("target", &target)
+        let mut f = f.debug_struct("RedisStoreBuilder");
+        f.field("target", &self.target)
             .field("prefix", &self.prefix)
             .field("timeout", &self.timeout)
             .field("connect_timeout", &self.connect_timeout)
-            .field("breaker", &self.breaker)
-            .finish()
+            .field("breaker", &self.breaker);
+        #[cfg(feature = "tls")]
+        f.field("root_certificates", &self.root_certificates.is_some());
+        #[cfg(feature = "sentinel")]
+        f.field("primary_auth", &self.primary_auth);
+        f.finish()
     }
 }
 
@@ -92,12 +90,89 @@ impl RedisStore {
             timeout: DEFAULT_TIMEOUT,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             breaker: CircuitBreaker::new(),
+            #[cfg(feature = "tls")]
+            root_certificates: None,
+            #[cfg(feature = "sentinel")]
+            primary_auth: None,
         }
+    }
+
+    /// A store for the Redis Cluster that the nodes at `seed_urls` belong to
+    /// (cargo feature `cluster`), with the default settings. One seed that
+    /// answers is enough; the others are tried when it does not. Nothing is
+    /// connected until the first check (or [`ping`](Self::ping)).
+    ///
+    /// ```no_run
+    /// # fn run() -> Result<(), tollgate::ConfigError> {
+    /// let store = tollgate::RedisStore::from_cluster_urls([
+    ///     "redis://10.0.0.1:6379",
+    ///     "redis://10.0.0.2:6379",
+    ///     "redis://10.0.0.3:6379",
+    /// ])?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] when there is no seed, a URL cannot be parsed or
+    /// selects a database other than 0, or the seeds disagree on TLS or
+    /// credentials; URLs are shown without their password.
+    #[cfg(feature = "cluster")]
+    pub fn from_cluster_urls<I, S>(seed_urls: I) -> Result<Self, ConfigError>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Self::builder().cluster(seed_urls).build()
+    }
+
+    /// A store over the application's own deadpool-redis cluster pool
+    /// (`deadpool_redis::cluster::Pool`, cargo feature `cluster`), with the
+    /// default settings. It takes one cluster connection from the pool and
+    /// keeps it.
+    #[cfg(feature = "cluster")]
+    pub fn from_cluster_pool(pool: deadpool_redis::cluster::Pool) -> Self {
+        match Self::builder().cluster_pool(pool).build() {
+            Ok(store) => store,
+            // The defaults with a pool cannot fail to build.
+            Err(e) => unreachable!("{e}"),
+        }
+    }
+
+    /// A store for the primary that the Sentinels at `sentinel_urls` know as
+    /// `master_name` (cargo feature `sentinel`), with the default settings.
+    /// Every connect asks the sentinels which server is the primary, so a
+    /// failover is followed. Nothing is connected until the first check.
+    ///
+    /// ```no_run
+    /// # fn run() -> Result<(), tollgate::ConfigError> {
+    /// let store = tollgate::RedisStore::from_sentinel(
+    ///     ["redis://10.0.0.1:26379", "redis://10.0.0.2:26379", "redis://10.0.0.3:26379"],
+    ///     "mymaster",
+    /// )?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] when there is no sentinel URL, a URL cannot be
+    /// parsed, the URLs disagree on TLS, credentials or database, or the
+    /// master name is empty.
+    #[cfg(feature = "sentinel")]
+    pub fn from_sentinel<I, S>(sentinel_urls: I, master_name: &str) -> Result<Self, ConfigError>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Self::builder().sentinel(sentinel_urls, master_name).build()
     }
 }
 
 impl RedisStoreBuilder {
-    /// Connects to the Redis at `url` (`redis://[user:password@]host:port/db`).
+    /// Connects to the Redis at `url` (`redis://[user:password@]host:port/db`,
+    /// or `rediss://` for TLS with the `tls` feature).
     pub fn url(mut self, url: impl Into<String>) -> Self {
         self.target = Some(Target::Url(url.into()));
         self
@@ -107,6 +182,77 @@ impl RedisStoreBuilder {
     /// keeps it (see [`RedisStore`]).
     pub fn pool(mut self, pool: Pool) -> Self {
         self.target = Some(Target::Pool(pool));
+        self
+    }
+
+    /// Connects to the Redis Cluster that the nodes at `seed_urls` belong to
+    /// (cargo feature `cluster`). Each check is one script call, sent to the
+    /// primary of its client's slot; redis-rs follows `MOVED` and `ASK`,
+    /// refreshes the slot map and reconnects nodes after a failover. The
+    /// store's timeouts apply to every node.
+    #[cfg(feature = "cluster")]
+    pub fn cluster<I, S>(mut self, seed_urls: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let seeds = seed_urls.into_iter().map(Into::into).collect();
+        self.target = Some(Target::Cluster(seeds));
+        self
+    }
+
+    /// Takes one cluster connection from the application's own deadpool-redis
+    /// cluster pool and keeps it (cargo feature `cluster`). The pool's own
+    /// client settings (redis-rs's timeouts and retries among them) stay as the
+    /// application made them; the store's timeout still bounds every check.
+    #[cfg(feature = "cluster")]
+    pub fn cluster_pool(mut self, pool: deadpool_redis::cluster::Pool) -> Self {
+        self.target = Some(Target::ClusterPool(pool));
+        self
+    }
+
+    /// Connects to the primary that the Sentinels at `sentinel_urls` know as
+    /// `master_name` (cargo feature `sentinel`), asking them again on every
+    /// connect: after a failover, the connection to the old primary breaks
+    /// (or answers `READONLY`), and the next connect finds the new one.
+    ///
+    /// The sentinels' own credentials go into their URLs (the same for all);
+    /// the primary's into [`sentinel_primary_auth`](Self::sentinel_primary_auth).
+    /// `rediss://` sentinel URLs mean TLS to the sentinels and the primary
+    /// alike; a database in the URLs is the primary's.
+    #[cfg(feature = "sentinel")]
+    pub fn sentinel<I, S>(mut self, sentinel_urls: I, master_name: impl Into<String>) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.target = Some(Target::Sentinel {
+            urls: sentinel_urls.into_iter().map(Into::into).collect(),
+            master: master_name.into(),
+        });
+        self
+    }
+
+    /// Credentials for the primary the sentinels name, sent with `AUTH`
+    /// (`username` `None` for the default user). Only for a store built with
+    /// [`sentinel`](Self::sentinel). The password never appears in messages or
+    /// in `Debug` output.
+    #[cfg(feature = "sentinel")]
+    pub fn sentinel_primary_auth(mut self, username: Option<&str>, password: &str) -> Self {
+        self.primary_auth = Some(Credentials {
+            username: username.map(str::to_owned),
+            password: password.to_owned(),
+        });
+        self
+    }
+
+    /// Verifies servers against these CA certificates (PEM, one or more)
+    /// instead of the system's roots (cargo feature `tls`). Needs `rediss://`
+    /// URLs; a server whose certificate does not verify is refused when
+    /// connecting, with an error naming it.
+    #[cfg(feature = "tls")]
+    pub fn tls_root_certificates(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.root_certificates = Some(pem.into());
         self
     }
 
@@ -171,26 +317,21 @@ impl RedisStoreBuilder {
             }
         }
         self.breaker.validate()?;
-        let (source, host) = match self.target {
-            None => {
-                return Err(ConfigError::store(
-                    "RedisStore needs a URL or a pool: call .url(..) or .pool(..)",
-                ));
-            }
-            Some(Target::Pool(pool)) => (Source::Pool(pool), "the application's pool".into()),
-            Some(Target::Url(url)) => {
-                let invalid = |why: String| {
-                    ConfigError::store(format!("Redis URL {}: {}", redact(&url), redact(&why)))
-                };
-                let info = url
-                    .as_str()
-                    .into_connection_info()
-                    .map_err(|e| invalid(e.to_string()))?;
-                let host = host_of(info.addr());
-                let client = redis::Client::open(info).map_err(|e| invalid(e.to_string()))?;
-                (Source::Client(client), host)
-            }
+        let Some(target) = self.target else {
+            return Err(ConfigError::store(
+                "RedisStore needs a URL or a pool: call .url(..) or .pool(..) (or .cluster(..), .sentinel(..))",
+            ));
         };
+        let (source, host) = target.source(&Settings {
+            #[cfg(feature = "cluster")]
+            call_timeout: self.timeout,
+            #[cfg(feature = "cluster")]
+            connect_timeout: self.connect_timeout,
+            #[cfg(feature = "tls")]
+            root_certificates: self.root_certificates,
+            #[cfg(feature = "sentinel")]
+            primary_auth: self.primary_auth,
+        })?;
         Ok(RedisStore::assemble(Parts {
             link: Link::new(source, host, self.timeout, self.connect_timeout),
             breaker: Breaker::new(self.breaker, "redis"),
@@ -201,39 +342,9 @@ impl RedisStoreBuilder {
     }
 }
 
-/// `host:port` (or the socket path) of an address, for messages.
-fn host_of(addr: &ConnectionAddr) -> Arc<str> {
-    match addr {
-        ConnectionAddr::Tcp(host, port) | ConnectionAddr::TcpTls { host, port, .. } => {
-            format!("{host}:{port}").into()
-        }
-        ConnectionAddr::Unix(path) => path.display().to_string().into(),
-        other => other.to_string().into(),
-    }
-}
-
-/// `url` with any password replaced by `***`, for messages: a URL is
-/// configuration, and its userinfo may hold a secret.
-pub(crate) fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    // The last '@' ends the userinfo, even when an unencoded password holds
-    // '@' or '/' (Redis URLs have no '@' after the host).
-    match rest.rsplit_once('@') {
-        Some((userinfo, host)) => {
-            let user = match userinfo.split_once(':') {
-                Some((user, _)) => format!("{user}:***"),
-                None => String::from("***"),
-            };
-            format!("{scheme}://{user}@{host}")
-        }
-        None => url.to_owned(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use super::super::target::redact;
     use super::*;
 
     #[test]

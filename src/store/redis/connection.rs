@@ -17,6 +17,14 @@
 //! - **redis-rs's own response timeout** is set to four times the store's
 //!   timeout (at least one second): it never decides before the store's
 //!   timeout does, and only frees the replies that never come.
+//! - **A cluster connection repairs itself.** redis-rs follows `MOVED`/`ASK`,
+//!   reconnects a node that went away and refreshes the slot map, one node at
+//!   a time; so a timeout never drops it (no `PING` to every primary either,
+//!   which would fail while any one of them is failing over). Only an error
+//!   redis-rs gave up on drops it, as for a single node.
+//! - **Sentinel** is asked for the primary on every connect, so the connect
+//!   after a failover (a broken socket, `READONLY` from the demoted primary)
+//!   finds the new one.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -39,12 +47,29 @@ const MAX_BACKOFF: Duration = Duration::from_millis(500);
 /// the background `PING`.
 const TIMEOUTS_BEFORE_RECONNECT: u32 = 2;
 
+/// redis-rs's response timeout for a store whose calls time out after
+/// `call_timeout`: four times as long, at least one second, so that it never
+/// decides before the store does.
+pub(crate) fn response_timeout(call_timeout: Duration) -> Duration {
+    (call_timeout * 4).max(Duration::from_secs(1))
+}
+
 /// Where connections come from.
 pub(crate) enum Source {
     /// A client for one server, from a URL.
     Client(Client),
     /// The application's deadpool-redis pool; one connection is taken and kept.
     Pool(Pool),
+    /// A Redis Cluster client, from seed URLs (its timeouts set by the builder).
+    #[cfg(feature = "cluster")]
+    Cluster(redis::cluster::ClusterClient),
+    /// The application's deadpool-redis cluster pool; one cluster connection
+    /// is taken and kept.
+    #[cfg(feature = "cluster")]
+    ClusterPool(deadpool_redis::cluster::Pool),
+    /// Sentinels, asked for the primary on every connect.
+    #[cfg(feature = "sentinel")]
+    Sentinel(tokio::sync::Mutex<redis::sentinel::SentinelClient>),
 }
 
 impl Source {
@@ -61,6 +86,25 @@ impl Source {
                 })?;
                 Ok(Conn::Multiplexed(deadpool_redis::Connection::take(pooled)))
             }
+            #[cfg(feature = "cluster")]
+            Source::Cluster(client) => client.get_async_connection().await.map(Conn::Cluster),
+            #[cfg(feature = "cluster")]
+            Source::ClusterPool(pool) => {
+                let pooled = pool.get().await.map_err(|e| match e {
+                    deadpool_redis::cluster::PoolError::Backend(e) => e,
+                    other => RedisError::from(std::io::Error::other(other.to_string())),
+                })?;
+                Ok(Conn::Cluster(deadpool_redis::cluster::Connection::take(
+                    pooled,
+                )))
+            }
+            #[cfg(feature = "sentinel")]
+            Source::Sentinel(client) => client
+                .lock()
+                .await
+                .get_async_connection_with_config(config)
+                .await
+                .map(Conn::Multiplexed),
         }
     }
 }
@@ -69,12 +113,44 @@ impl Source {
 #[derive(Clone)]
 pub(crate) enum Conn {
     Multiplexed(MultiplexedConnection),
+    /// Routes each command to the primary of its first key's slot.
+    #[cfg(feature = "cluster")]
+    Cluster(redis::cluster_async::ClusterConnection),
 }
 
 impl Conn {
+    /// Whether every key of one call must be in one hash slot (a cluster:
+    /// otherwise `CROSSSLOT`). One client's keys always share a slot (the
+    /// `{hash tag}`); a call that mixes clients must be split by slot.
+    #[allow(
+        dead_code,
+        reason = "for calls that check several clients at once (batching)"
+    )]
+    pub(crate) fn single_slot_calls(&self) -> bool {
+        match self {
+            Conn::Multiplexed(_) => false,
+            #[cfg(feature = "cluster")]
+            Conn::Cluster(_) => true,
+        }
+    }
+
+    /// Whether the connection reconnects its parts by itself (a cluster),
+    /// so that a timeout says nothing about the whole of it.
+    fn repairs_itself(&self) -> bool {
+        match self {
+            Conn::Multiplexed(_) => false,
+            #[cfg(feature = "cluster")]
+            Conn::Cluster(_) => true,
+        }
+    }
+
     fn set_response_timeout(&mut self, timeout: Duration) {
         match self {
             Conn::Multiplexed(c) => c.set_response_timeout(timeout),
+            // Set on the cluster client when the store builds it; an
+            // application's cluster pool keeps the application's settings.
+            #[cfg(feature = "cluster")]
+            Conn::Cluster(_) => {}
         }
     }
 }
@@ -83,6 +159,8 @@ impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
             Conn::Multiplexed(c) => c.req_packed_command(cmd),
+            #[cfg(feature = "cluster")]
+            Conn::Cluster(c) => c.req_packed_command(cmd),
         }
     }
 
@@ -94,12 +172,16 @@ impl ConnectionLike for Conn {
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
             Conn::Multiplexed(c) => c.req_packed_commands(pipeline, offset, count),
+            #[cfg(feature = "cluster")]
+            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
         }
     }
 
     fn get_db(&self) -> i64 {
         match self {
             Conn::Multiplexed(c) => c.get_db(),
+            #[cfg(feature = "cluster")]
+            Conn::Cluster(c) => c.get_db(),
         }
     }
 }
@@ -149,7 +231,7 @@ impl Link {
         call_timeout: Duration,
         connect_timeout: Duration,
     ) -> Self {
-        let response_timeout = (call_timeout * 4).max(Duration::from_secs(1));
+        let response_timeout = response_timeout(call_timeout);
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(connect_timeout))
             .set_response_timeout(Some(response_timeout));
@@ -238,6 +320,11 @@ impl Link {
     /// the connection is dead (half-open): a second timeout in a row drops it,
     /// and a background `PING` decides before that.
     pub(crate) fn timed_out(&self, held: &Held) {
+        if held.conn.repairs_itself() {
+            // A slow or failing node of a cluster is redis-rs's to repair; the
+            // other nodes' checks keep the connection.
+            return;
+        }
         let timeouts = held.timeouts.fetch_add(1, Ordering::AcqRel) + 1;
         if timeouts >= TIMEOUTS_BEFORE_RECONNECT {
             self.forget(held.id);
