@@ -17,11 +17,15 @@
 //! - **redis-rs's own response timeout** is set to four times the store's
 //!   timeout (at least one second): it never decides before the store's
 //!   timeout does, and only frees the replies that never come.
-//! - **A cluster connection repairs itself.** redis-rs follows `MOVED`/`ASK`,
-//!   reconnects a node that went away and refreshes the slot map, one node at
-//!   a time; so a timeout never drops it (no `PING` to every primary either,
-//!   which would fail while any one of them is failing over). Only an error
-//!   redis-rs gave up on drops it, as for a single node.
+//! - **A cluster connection is replaced, never dropped.** redis-rs follows
+//!   `MOVED`/`ASK`, reconnects a node whose socket closed and refreshes the
+//!   slot map; but a node that stops answering without closing its sockets
+//!   (a dead host, a partition) keeps its slots' calls timing out, since a
+//!   timeout makes redis-rs neither reconnect nor ask for the slot map. So
+//!   after a timeout or an error redis-rs gave up on, a new cluster
+//!   connection (new sockets, a fresh slot map from the seeds) is made in the
+//!   background, at most once a second, while the old one keeps serving the
+//!   other nodes' calls; it takes over once it is up.
 //! - **Sentinel** is asked for the primary on every connect, so the connect
 //!   after a failover (a broken socket, `READONLY` from the demoted primary)
 //!   finds the new one.
@@ -46,6 +50,8 @@ const MAX_BACKOFF: Duration = Duration::from_millis(500);
 /// Consecutive timeouts on one connection that drop it without waiting for
 /// the background `PING`.
 const TIMEOUTS_BEFORE_RECONNECT: u32 = 2;
+/// At most one replacement of a cluster connection per this interval.
+const RENEW_INTERVAL: Duration = Duration::from_secs(1);
 
 /// redis-rs's response timeout for a store whose calls time out after
 /// `call_timeout`: four times as long, at least one second, so that it never
@@ -134,9 +140,10 @@ impl Conn {
         }
     }
 
-    /// Whether the connection reconnects its parts by itself (a cluster),
-    /// so that a timeout says nothing about the whole of it.
-    fn repairs_itself(&self) -> bool {
+    /// Whether the connection is many connections (a cluster): one failing
+    /// node says nothing about the others, so it is replaced in the background
+    /// instead of dropped.
+    fn is_composite(&self) -> bool {
         match self {
             Conn::Multiplexed(_) => false,
             #[cfg(feature = "cluster")]
@@ -222,6 +229,8 @@ struct State {
     retry_at: Option<Instant>,
     backoff: Duration,
     last_error: Option<(ErrorKind, Arc<str>)>,
+    /// When a cluster connection was last replaced in the background.
+    renewed_at: Option<Instant>,
 }
 
 impl Link {
@@ -308,21 +317,28 @@ impl Link {
         }
     }
 
-    /// A call on connection `id` broke it: drop it if it is still the one held.
+    /// A call on connection `id` broke it: drop it if it is still the one
+    /// held (a cluster connection: replace it in the background).
     pub(crate) fn forget(&self, id: u64) {
         let mut state = self.inner.lock();
-        if state.held.as_ref().is_some_and(|h| h.id == id) {
-            state.held = None;
+        match &state.held {
+            Some(h) if h.id == id && h.conn.is_composite() => self.renew(&mut state),
+            Some(h) if h.id == id => state.held = None,
+            _ => {}
         }
     }
 
     /// A call on `held` ran out of time. Maybe the call was just slow, maybe
     /// the connection is dead (half-open): a second timeout in a row drops it,
-    /// and a background `PING` decides before that.
+    /// and a background `PING` decides before that. A cluster connection is
+    /// replaced in the background instead (a `PING` would go to every
+    /// primary, and fail while any one of them fails over).
     pub(crate) fn timed_out(&self, held: &Held) {
-        if held.conn.repairs_itself() {
-            // A slow or failing node of a cluster is redis-rs's to repair; the
-            // other nodes' checks keep the connection.
+        if held.conn.is_composite() {
+            let mut state = self.inner.lock();
+            if state.held.as_ref().is_some_and(|h| h.id == held.id) {
+                self.renew(&mut state);
+            }
             return;
         }
         let timeouts = held.timeouts.fetch_add(1, Ordering::AcqRel) + 1;
@@ -352,6 +368,23 @@ impl Link {
             }
             inner.pinging.store(false, Ordering::Release);
         });
+    }
+
+    /// Starts a connect that replaces the held connection when it succeeds,
+    /// unless one runs, one ran within [`RENEW_INTERVAL`] or connects are
+    /// backing off. Calls keep the held connection meanwhile.
+    fn renew(&self, state: &mut State) {
+        let now = Instant::now();
+        let due = state
+            .renewed_at
+            .is_none_or(|at| now.duration_since(at) >= RENEW_INTERVAL);
+        let backing_off = state.retry_at.is_some_and(|at| now < at);
+        if state.connecting || !due || backing_off {
+            return;
+        }
+        state.connecting = true;
+        state.renewed_at = Some(now);
+        tokio::spawn(connect(Arc::clone(&self.inner)));
     }
 }
 

@@ -225,8 +225,11 @@ fn cluster(
         "cluster",
         infos.iter().map(|i| host_of(i.addr()).to_string()),
     );
+    // A cluster connect waits for every seed, then asks one for the slot
+    // map, all within the store's connect timeout: a seed that accepts and
+    // never answers (a frozen or partitioned node) may take half of it.
     let mut builder = redis::cluster::ClusterClientBuilder::new(infos)
-        .connection_timeout(settings.connect_timeout)
+        .connection_timeout(settings.connect_timeout / 2)
         .response_timeout(super::connection::response_timeout(settings.call_timeout));
     if tls {
         tls_provider();
