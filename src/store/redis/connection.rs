@@ -61,6 +61,10 @@ pub(crate) fn response_timeout(call_timeout: Duration) -> Duration {
 }
 
 /// Where connections come from.
+#[allow(
+    clippy::large_enum_variant,
+    reason = "one per store, made once at start-up and never moved after"
+)]
 pub(crate) enum Source {
     /// A client for one server, from a URL.
     Client(Client),
