@@ -45,7 +45,9 @@ const STORE: &str = "redis";
 ///   [observability docs](crate#observability)).
 ///
 /// Build it with [`RedisStore::from_url`], [`RedisStore::from_pool`] or, to
-/// change the defaults, [`RedisStore::builder`]; check it at start-up with
+/// change the defaults, [`RedisStore::builder`] (which also connects to a Redis
+/// Cluster, to the primary that Sentinels name, and over TLS, with the cargo
+/// features `cluster`, `sentinel` and `tls`); check it at start-up with
 /// [`ping`](Self::ping). Clones share the connection and the breaker.
 ///
 /// ```no_run
@@ -129,7 +131,8 @@ impl RedisStore {
         self.inner.timeout
     }
 
-    /// The server this store talks to, as `host:port` (never a password).
+    /// The server this store talks to, as `host:port` (for a cluster or
+    /// sentinels, the first few of their addresses); never a password.
     pub fn host(&self) -> &str {
         self.inner.link.host()
     }
