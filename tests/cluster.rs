@@ -203,7 +203,8 @@ async fn script_flush_on_every_node_between_calls(cluster: &RedisCluster) {
 
 /// Two quotas of one client share a slot (the `{hash tag}`), so one script
 /// call decides both, on whichever primary owns the client, without
-/// `CROSSSLOT`; a denial by one quota spends nothing from the other.
+/// `CROSSSLOT`; a denial by one quota spends nothing from the other; a reset
+/// deletes both.
 async fn several_quotas_are_all_or_nothing_on_every_node(cluster: &RedisCluster) {
     // Refills of under a token an hour: the counts below are exact.
     let day = Duration::from_secs(24 * 3600);
@@ -233,8 +234,15 @@ async fn several_quotas_are_all_or_nothing_on_every_node(cluster: &RedisCluster)
         let d = store.check(client, &policy, 0).await.unwrap();
         assert_eq!(d.states()[0].remaining(), 997, "{:?}", d.states());
         let node = cluster.node(*owner);
-        let keys: Vec<String> = node.cmd(&["KEYS", &format!("pair:{{{client}}}:*")]);
+        let pattern = format!("pair:{{{client}}}:*");
+        let keys: Vec<String> = node.cmd(&["KEYS", &pattern]);
         assert_eq!(keys.len(), 2, "{client}'s buckets on {node:?}: {keys:?}");
+        // A reset deletes both buckets with one DEL on that node.
+        store.reset(client, &policy).await.unwrap();
+        let keys: Vec<String> = node.cmd(&["KEYS", &pattern]);
+        assert!(keys.is_empty(), "{keys:?}");
+        let d = store.check(client, &policy, 1).await.unwrap();
+        assert_eq!(d.states()[1].remaining(), 2, "{:?}", d.states());
     }
 }
 
