@@ -1,7 +1,7 @@
 //! The test harness itself, against real servers: ports handed out without
 //! races, Redis Cluster, Sentinel and TLS. Only redis-cli and plain synchronous
-//! redis-rs connections: the crate enables no cluster, sentinel or TLS support
-//! in redis-rs.
+//! redis-rs connections: the harness needs none of redis-rs's cluster,
+//! sentinel or TLS support (the store's own tests use those features).
 #![cfg(feature = "redis")]
 
 mod support;

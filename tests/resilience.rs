@@ -87,18 +87,22 @@ async fn a_frozen_redis_costs_one_timeout_per_probe_not_per_check() {
     let t0 = Instant::now();
     let calls = hammer(&store, 16, Duration::from_millis(2_500), t0).await;
 
+    // The breaker is open from its first answer on; checks already waiting
+    // then (in flight, or queued for the next batch) may have waited up to the
+    // timeout, every check sent after that must not, but the probes.
     let opened = calls
         .iter()
-        .find(|c| c.failure == Some(ErrorKind::CircuitOpen))
-        .expect("the breaker never opened")
-        .start;
+        .filter(|c| c.failure == Some(ErrorKind::CircuitOpen))
+        .map(|c| c.end)
+        .min()
+        .expect("the breaker never opened");
     let slow: Vec<&Call> = calls
         .iter()
         .filter(|c| c.failure == Some(ErrorKind::Timeout))
         .collect();
     let instant: Vec<Duration> = calls
         .iter()
-        .filter(|c| c.failure == Some(ErrorKind::CircuitOpen))
+        .filter(|c| c.failure == Some(ErrorKind::CircuitOpen) && c.start >= opened)
         .map(|c| c.end - c.start)
         .collect();
     let mut sorted = instant.clone();
@@ -119,6 +123,8 @@ async fn a_frozen_redis_costs_one_timeout_per_probe_not_per_check() {
     // Only calls already under way when the breaker opened (at most two per
     // task: the one in flight at the freeze and the next), and the probes, waited.
     assert!(slow.len() <= 2 * 16 + probes.len(), "{slow:?}");
+    let early = calls.iter().filter(|c| c.start < opened).count();
+    assert!(early <= 2 * 16, "{early} checks before the breaker opened");
     // 2.5 s of cool-downs of at least 125 ms, then at least 250 ms: a handful.
     assert!(
         (1..=12).contains(&probes.len()),

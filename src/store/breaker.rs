@@ -219,10 +219,16 @@ impl Breaker {
 
     /// A call (not a probe) failed.
     pub(crate) fn failure(&self) {
+        self.failures_of(1);
+    }
+
+    /// A call that carried `checks` checks (a batch) failed: each of them
+    /// counts, as if they had failed one by one.
+    pub(crate) fn failures_of(&self, checks: u32) {
         if !self.config.enabled {
             return;
         }
-        let failures = self.failures.fetch_add(1, Ordering::AcqRel) + 1;
+        let failures = self.failures.fetch_add(checks.max(1), Ordering::AcqRel) + checks.max(1);
         if failures >= self.config.failures
             && self
                 .state

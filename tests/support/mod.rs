@@ -380,7 +380,9 @@ impl Drop for Proxy {
 }
 
 pub mod cluster;
+pub mod failover;
 pub mod grpc;
+pub mod hammer;
 pub mod http;
 pub mod node;
 pub mod ports;

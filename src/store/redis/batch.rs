@@ -82,14 +82,18 @@ impl Batcher {
     /// it back.
     pub(crate) fn next(&self) -> Option<Vec<Pending>> {
         let mut queue = self.lock();
-        if queue.pending.is_empty() {
+        let batch = self.take(&mut queue);
+        if batch.is_empty() {
             queue.in_flight -= 1;
             return None;
         }
-        Some(self.take(&mut queue))
+        Some(batch)
     }
 
+    /// The next batch: checks whose caller gave up (timed out, went away)
+    /// are dropped rather than sent, so they spend nothing.
     fn take(&self, queue: &mut Queue) -> Vec<Pending> {
+        queue.pending.retain(|p| !p.reply.is_closed());
         let n = queue.pending.len().min(self.max_batch);
         queue.pending.drain(..n).collect()
     }

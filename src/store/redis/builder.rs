@@ -2,14 +2,15 @@
 //! is built.
 
 use std::fmt;
-use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_redis::Pool;
-use redis::{ConnectionAddr, IntoConnectionInfo};
 
-use super::connection::{Link, Source};
+use super::connection::Link;
 use super::store::{Parts, RedisStore};
+#[cfg(feature = "sentinel")]
+use super::target::Credentials;
+use super::target::{Settings, Target};
 use crate::ConfigError;
 use crate::store::breaker::{Breaker, CircuitBreaker};
 use crate::store::deny_cache::DEFAULT_DENY_CACHE;
@@ -26,12 +27,6 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// Default largest batch of checks in one script call of [`RedisStore`].
 pub const DEFAULT_MAX_BATCH: usize = 32;
 
-/// Where a [`RedisStoreBuilder`] gets its connections.
-enum Target {
-    Url(String),
-    Pool(Pool),
-}
-
 /// Configures a [`RedisStore`]; made by [`RedisStore::builder`].
 ///
 /// Setters take the builder by value and never fail; [`build`](Self::build)
@@ -45,24 +40,27 @@ pub struct RedisStoreBuilder {
     breaker: CircuitBreaker,
     max_batch: usize,
     deny_cache: usize,
+    #[cfg(feature = "tls")]
+    root_certificates: Option<Vec<u8>>,
+    #[cfg(feature = "sentinel")]
+    primary_auth: Option<Credentials>,
 }
 
 impl fmt::Debug for RedisStoreBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let target = match &self.target {
-            None => "none".to_owned(),
-            Some(Target::Url(url)) => redact(url),
-            Some(Target::Pool(_)) => "application pool".to_owned(),
-        };
-        f.debug_struct("RedisStoreBuilder")
-            .field("target", &target)
+        let mut f = f.debug_struct("RedisStoreBuilder");
+        f.field("target", &self.target)
             .field("prefix", &self.prefix)
             .field("timeout", &self.timeout)
             .field("connect_timeout", &self.connect_timeout)
             .field("breaker", &self.breaker)
             .field("max_batch", &self.max_batch)
-            .field("deny_cache", &self.deny_cache)
-            .finish()
+            .field("deny_cache", &self.deny_cache);
+        #[cfg(feature = "tls")]
+        f.field("root_certificates", &self.root_certificates.is_some());
+        #[cfg(feature = "sentinel")]
+        f.field("primary_auth", &self.primary_auth);
+        f.finish()
     }
 }
 
@@ -102,12 +100,89 @@ impl RedisStore {
             breaker: CircuitBreaker::new(),
             max_batch: DEFAULT_MAX_BATCH,
             deny_cache: DEFAULT_DENY_CACHE,
+            #[cfg(feature = "tls")]
+            root_certificates: None,
+            #[cfg(feature = "sentinel")]
+            primary_auth: None,
         }
+    }
+
+    /// A store for the Redis Cluster that the nodes at `seed_urls` belong to
+    /// (cargo feature `cluster`), with the default settings. One seed that
+    /// answers is enough; the others are tried when it does not. Nothing is
+    /// connected until the first check (or [`ping`](Self::ping)).
+    ///
+    /// ```no_run
+    /// # fn run() -> Result<(), tollgate::ConfigError> {
+    /// let store = tollgate::RedisStore::from_cluster_urls([
+    ///     "redis://10.0.0.1:6379",
+    ///     "redis://10.0.0.2:6379",
+    ///     "redis://10.0.0.3:6379",
+    /// ])?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] when there is no seed, a URL cannot be parsed or
+    /// selects a database other than 0, or the seeds disagree on TLS or
+    /// credentials; URLs are shown without their password.
+    #[cfg(feature = "cluster")]
+    pub fn from_cluster_urls<I, S>(seed_urls: I) -> Result<Self, ConfigError>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Self::builder().cluster(seed_urls).build()
+    }
+
+    /// A store over the application's own deadpool-redis cluster pool
+    /// (`deadpool_redis::cluster::Pool`, cargo feature `cluster`), with the
+    /// default settings. It takes one cluster connection from the pool and
+    /// keeps it.
+    #[cfg(feature = "cluster")]
+    pub fn from_cluster_pool(pool: deadpool_redis::cluster::Pool) -> Self {
+        match Self::builder().cluster_pool(pool).build() {
+            Ok(store) => store,
+            // The defaults with a pool cannot fail to build.
+            Err(e) => unreachable!("{e}"),
+        }
+    }
+
+    /// A store for the primary that the Sentinels at `sentinel_urls` know as
+    /// `master_name` (cargo feature `sentinel`), with the default settings.
+    /// Every connect asks the sentinels which server is the primary, so a
+    /// failover is followed. Nothing is connected until the first check.
+    ///
+    /// ```no_run
+    /// # fn run() -> Result<(), tollgate::ConfigError> {
+    /// let store = tollgate::RedisStore::from_sentinel(
+    ///     ["redis://10.0.0.1:26379", "redis://10.0.0.2:26379", "redis://10.0.0.3:26379"],
+    ///     "mymaster",
+    /// )?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] when there is no sentinel URL, a URL cannot be
+    /// parsed, the URLs disagree on TLS, credentials or database, or the
+    /// master name is empty.
+    #[cfg(feature = "sentinel")]
+    pub fn from_sentinel<I, S>(sentinel_urls: I, master_name: &str) -> Result<Self, ConfigError>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Self::builder().sentinel(sentinel_urls, master_name).build()
     }
 }
 
 impl RedisStoreBuilder {
-    /// Connects to the Redis at `url` (`redis://[user:password@]host:port/db`).
+    /// Connects to the Redis at `url` (`redis://[user:password@]host:port/db`,
+    /// or `rediss://` for TLS with the `tls` feature).
     pub fn url(mut self, url: impl Into<String>) -> Self {
         self.target = Some(Target::Url(url.into()));
         self
@@ -117,6 +192,77 @@ impl RedisStoreBuilder {
     /// keeps it (see [`RedisStore`]).
     pub fn pool(mut self, pool: Pool) -> Self {
         self.target = Some(Target::Pool(pool));
+        self
+    }
+
+    /// Connects to the Redis Cluster that the nodes at `seed_urls` belong to
+    /// (cargo feature `cluster`). Each check is one script call, sent to the
+    /// primary of its client's slot; redis-rs follows `MOVED` and `ASK`,
+    /// refreshes the slot map and reconnects nodes after a failover. The
+    /// store's timeouts apply to every node.
+    #[cfg(feature = "cluster")]
+    pub fn cluster<I, S>(mut self, seed_urls: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let seeds = seed_urls.into_iter().map(Into::into).collect();
+        self.target = Some(Target::Cluster(seeds));
+        self
+    }
+
+    /// Takes one cluster connection from the application's own deadpool-redis
+    /// cluster pool and keeps it (cargo feature `cluster`). The pool's own
+    /// client settings (redis-rs's timeouts and retries among them) stay as the
+    /// application made them; the store's timeout still bounds every check.
+    #[cfg(feature = "cluster")]
+    pub fn cluster_pool(mut self, pool: deadpool_redis::cluster::Pool) -> Self {
+        self.target = Some(Target::ClusterPool(pool));
+        self
+    }
+
+    /// Connects to the primary that the Sentinels at `sentinel_urls` know as
+    /// `master_name` (cargo feature `sentinel`), asking them again on every
+    /// connect: after a failover, the connection to the old primary breaks
+    /// (or answers `READONLY`), and the next connect finds the new one.
+    ///
+    /// The sentinels' own credentials go into their URLs (the same for all);
+    /// the primary's into [`sentinel_primary_auth`](Self::sentinel_primary_auth).
+    /// `rediss://` sentinel URLs mean TLS to the sentinels and the primary
+    /// alike; a database in the URLs is the primary's.
+    #[cfg(feature = "sentinel")]
+    pub fn sentinel<I, S>(mut self, sentinel_urls: I, master_name: impl Into<String>) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.target = Some(Target::Sentinel {
+            urls: sentinel_urls.into_iter().map(Into::into).collect(),
+            master: master_name.into(),
+        });
+        self
+    }
+
+    /// Credentials for the primary the sentinels name, sent with `AUTH`
+    /// (`username` `None` for the default user). Only for a store built with
+    /// [`sentinel`](Self::sentinel). The password never appears in messages or
+    /// in `Debug` output.
+    #[cfg(feature = "sentinel")]
+    pub fn sentinel_primary_auth(mut self, username: Option<&str>, password: &str) -> Self {
+        self.primary_auth = Some(Credentials {
+            username: username.map(str::to_owned),
+            password: password.to_owned(),
+        });
+        self
+    }
+
+    /// Verifies servers against these CA certificates (PEM, one or more)
+    /// instead of the system's roots (cargo feature `tls`). Needs `rediss://`
+    /// URLs; a server whose certificate does not verify is refused when
+    /// connecting, with an error naming it.
+    #[cfg(feature = "tls")]
+    pub fn tls_root_certificates(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.root_certificates = Some(pem.into());
         self
     }
 
@@ -146,7 +292,9 @@ impl RedisStoreBuilder {
     }
 
     /// The most checks sent in one script call ([`DEFAULT_MAX_BATCH`]
-    /// otherwise, 1 to 1024; 1 sends every check on its own). Checks are
+    /// otherwise, 1 to 1024; 1 sends every check on its own; a store on a Redis
+    /// Cluster never batches, since a batch mixes clients and a cluster runs
+    /// every key of one call on one node). Checks are
     /// batched only while other calls are in flight, so this adds no latency at
     /// low load; under load it cuts Redis's cost per decision (one call, one
     /// `TIME`, one reply for the batch). The answers are the same as unbatched:
@@ -212,25 +360,27 @@ impl RedisStoreBuilder {
                 self.max_batch
             )));
         }
-        let (source, host) = match self.target {
-            None => {
-                return Err(ConfigError::store(
-                    "RedisStore needs a URL or a pool: call .url(..) or .pool(..)",
-                ));
-            }
-            Some(Target::Pool(pool)) => (Source::Pool(pool), "the application's pool".into()),
-            Some(Target::Url(url)) => {
-                let invalid = |why: String| {
-                    ConfigError::store(format!("Redis URL {}: {}", redact(&url), redact(&why)))
-                };
-                let info = url
-                    .as_str()
-                    .into_connection_info()
-                    .map_err(|e| invalid(e.to_string()))?;
-                let host = host_of(info.addr());
-                let client = redis::Client::open(info).map_err(|e| invalid(e.to_string()))?;
-                (Source::Client(client), host)
-            }
+        let Some(target) = self.target else {
+            return Err(ConfigError::store(
+                "RedisStore needs a URL or a pool: call .url(..) or .pool(..) (or .cluster(..), .sentinel(..))",
+            ));
+        };
+        let (source, host) = target.source(&Settings {
+            #[cfg(feature = "cluster")]
+            call_timeout: self.timeout,
+            #[cfg(feature = "cluster")]
+            connect_timeout: self.connect_timeout,
+            #[cfg(feature = "tls")]
+            root_certificates: self.root_certificates,
+            #[cfg(feature = "sentinel")]
+            primary_auth: self.primary_auth,
+        })?;
+        // Every key of one call must be in one slot of a cluster, and a batch
+        // mixes clients: a cluster store sends each check on its own.
+        let max_batch = if source.single_slot_calls() {
+            1
+        } else {
+            self.max_batch
         };
         Ok(RedisStore::assemble(Parts {
             link: Link::new(source, host, self.timeout, self.connect_timeout),
@@ -238,67 +388,15 @@ impl RedisStoreBuilder {
             prefix: self.prefix,
             timeout: self.timeout,
             connect_timeout: self.connect_timeout,
-            max_batch: self.max_batch,
+            max_batch,
             deny_cache: self.deny_cache,
         }))
     }
 }
 
-/// `host:port` (or the socket path) of an address, for messages.
-fn host_of(addr: &ConnectionAddr) -> Arc<str> {
-    match addr {
-        ConnectionAddr::Tcp(host, port) | ConnectionAddr::TcpTls { host, port, .. } => {
-            format!("{host}:{port}").into()
-        }
-        ConnectionAddr::Unix(path) => path.display().to_string().into(),
-        other => other.to_string().into(),
-    }
-}
-
-/// `url` with any password replaced by `***`, for messages: a URL is
-/// configuration, and its userinfo, or the `pass=` / `password=` / `user=`
-/// query parameters redis-rs reads for unix sockets, may hold a secret.
-pub(crate) fn redact(url: &str) -> String {
-    let url = redact_query(url);
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url;
-    };
-    // The last '@' ends the userinfo, even when an unencoded password holds
-    // '@' or '/' (Redis URLs have no '@' after the host).
-    match rest.rsplit_once('@') {
-        Some((userinfo, host)) => {
-            let user = match userinfo.split_once(':') {
-                Some((user, _)) => format!("{user}:***"),
-                None => String::from("***"),
-            };
-            format!("{scheme}://{user}@{host}")
-        }
-        None => url.clone(),
-    }
-}
-
-/// `url` with the values of secret-bearing query parameters replaced by `***`.
-fn redact_query(url: &str) -> String {
-    let Some((base, query)) = url.split_once('?') else {
-        return url.to_owned();
-    };
-    let params: Vec<String> = query
-        .split('&')
-        .map(|param| match param.split_once('=') {
-            Some((name, _))
-                if ["pass", "password", "user", "username"]
-                    .contains(&name.to_ascii_lowercase().as_str()) =>
-            {
-                format!("{name}=***")
-            }
-            _ => param.to_owned(),
-        })
-        .collect();
-    format!("{base}?{}", params.join("&"))
-}
-
 #[cfg(test)]
 mod tests {
+    use super::super::target::redact;
     use super::*;
 
     #[test]

@@ -19,6 +19,18 @@
 //! - **redis-rs's own response timeout** is set to four times the store's
 //!   timeout (at least one second): it never decides before the store's
 //!   timeout does, and only frees the replies that never come.
+//! - **A cluster connection is replaced, never dropped.** redis-rs follows
+//!   `MOVED`/`ASK`, reconnects a node whose socket closed and refreshes the
+//!   slot map; but a node that stops answering without closing its sockets
+//!   (a dead host, a partition) keeps its slots' calls timing out, since a
+//!   timeout makes redis-rs neither reconnect nor ask for the slot map. So
+//!   after a timeout or an error redis-rs gave up on, a new cluster
+//!   connection (new sockets, a fresh slot map from the seeds) is made in the
+//!   background, at most once a second, while the old one keeps serving the
+//!   other nodes' calls; it takes over once it is up.
+//! - **Sentinel** is asked for the primary on every connect, so the connect
+//!   after a failover (a broken socket, `READONLY` from the demoted primary)
+//!   finds the new one.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -40,13 +52,36 @@ const MAX_BACKOFF: Duration = Duration::from_millis(250);
 /// Consecutive timeouts on one connection that drop it without waiting for
 /// the background `PING`.
 const TIMEOUTS_BEFORE_RECONNECT: u32 = 2;
+/// At most one replacement of a cluster connection per this interval.
+const RENEW_INTERVAL: Duration = Duration::from_secs(1);
+
+/// redis-rs's response timeout for a store whose calls time out after
+/// `call_timeout`: four times as long, at least one second, so that it never
+/// decides before the store does.
+pub(crate) fn response_timeout(call_timeout: Duration) -> Duration {
+    (call_timeout * 4).max(Duration::from_secs(1))
+}
 
 /// Where connections come from.
+#[allow(
+    clippy::large_enum_variant,
+    reason = "one per store, made once at start-up and never moved after"
+)]
 pub(crate) enum Source {
     /// A client for one server, from a URL.
     Client(Client),
     /// The application's deadpool-redis pool; one connection is taken and kept.
     Pool(Pool),
+    /// A Redis Cluster client, from seed URLs (its timeouts set by the builder).
+    #[cfg(feature = "cluster")]
+    Cluster(redis::cluster::ClusterClient),
+    /// The application's deadpool-redis cluster pool; one cluster connection
+    /// is taken and kept.
+    #[cfg(feature = "cluster")]
+    ClusterPool(deadpool_redis::cluster::Pool),
+    /// Sentinels, asked for the primary on every connect.
+    #[cfg(feature = "sentinel")]
+    Sentinel(tokio::sync::Mutex<redis::sentinel::SentinelClient>),
 }
 
 impl Source {
@@ -63,6 +98,25 @@ impl Source {
                 })?;
                 Ok(Conn::Multiplexed(deadpool_redis::Connection::take(pooled)))
             }
+            #[cfg(feature = "cluster")]
+            Source::Cluster(client) => client.get_async_connection().await.map(Conn::Cluster),
+            #[cfg(feature = "cluster")]
+            Source::ClusterPool(pool) => {
+                let pooled = pool.get().await.map_err(|e| match e {
+                    deadpool_redis::cluster::PoolError::Backend(e) => e,
+                    other => RedisError::from(std::io::Error::other(other.to_string())),
+                })?;
+                Ok(Conn::Cluster(deadpool_redis::cluster::Connection::take(
+                    pooled,
+                )))
+            }
+            #[cfg(feature = "sentinel")]
+            Source::Sentinel(client) => client
+                .lock()
+                .await
+                .get_async_connection_with_config(config)
+                .await
+                .map(Conn::Multiplexed),
         }
     }
 }
@@ -71,12 +125,43 @@ impl Source {
 #[derive(Clone)]
 pub(crate) enum Conn {
     Multiplexed(MultiplexedConnection),
+    /// Routes each command to the primary of its first key's slot.
+    #[cfg(feature = "cluster")]
+    Cluster(redis::cluster_async::ClusterConnection),
+}
+
+impl Source {
+    /// Whether every key of one call must be in one hash slot (a cluster:
+    /// otherwise `CROSSSLOT`). One client's keys always share a slot (the
+    /// `{hash tag}`), but a batch mixes clients: a cluster store does not batch.
+    pub(crate) fn single_slot_calls(&self) -> bool {
+        match self {
+            #[cfg(feature = "cluster")]
+            Source::Cluster(_) | Source::ClusterPool(_) => true,
+            _ => false,
+        }
+    }
 }
 
 impl Conn {
+    /// Whether the connection is many connections (a cluster): one failing
+    /// node says nothing about the others, so it is replaced in the background
+    /// instead of dropped.
+    fn is_composite(&self) -> bool {
+        match self {
+            Conn::Multiplexed(_) => false,
+            #[cfg(feature = "cluster")]
+            Conn::Cluster(_) => true,
+        }
+    }
+
     fn set_response_timeout(&mut self, timeout: Duration) {
         match self {
             Conn::Multiplexed(c) => c.set_response_timeout(timeout),
+            // Set on the cluster client when the store builds it; an
+            // application's cluster pool keeps the application's settings.
+            #[cfg(feature = "cluster")]
+            Conn::Cluster(_) => {}
         }
     }
 }
@@ -85,6 +170,8 @@ impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
             Conn::Multiplexed(c) => c.req_packed_command(cmd),
+            #[cfg(feature = "cluster")]
+            Conn::Cluster(c) => c.req_packed_command(cmd),
         }
     }
 
@@ -96,12 +183,16 @@ impl ConnectionLike for Conn {
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
             Conn::Multiplexed(c) => c.req_packed_commands(pipeline, offset, count),
+            #[cfg(feature = "cluster")]
+            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
         }
     }
 
     fn get_db(&self) -> i64 {
         match self {
             Conn::Multiplexed(c) => c.get_db(),
+            #[cfg(feature = "cluster")]
+            Conn::Cluster(c) => c.get_db(),
         }
     }
 }
@@ -142,6 +233,8 @@ struct State {
     retry_at: Option<Instant>,
     backoff: Duration,
     last_error: Option<(ErrorKind, Arc<str>)>,
+    /// When a cluster connection was last replaced in the background.
+    renewed_at: Option<Instant>,
 }
 
 impl Link {
@@ -151,7 +244,7 @@ impl Link {
         call_timeout: Duration,
         connect_timeout: Duration,
     ) -> Self {
-        let response_timeout = (call_timeout * 4).max(Duration::from_secs(1));
+        let response_timeout = response_timeout(call_timeout);
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(connect_timeout))
             .set_response_timeout(Some(response_timeout));
@@ -230,18 +323,30 @@ impl Link {
         }
     }
 
-    /// A call on connection `id` broke it: drop it if it is still the one held.
+    /// A call on connection `id` broke it: drop it if it is still the one
+    /// held (a cluster connection: replace it in the background).
     pub(crate) fn forget(&self, id: u64) {
         let mut state = self.inner.lock();
-        if state.held.as_ref().is_some_and(|h| h.id == id) {
-            state.held = None;
+        match &state.held {
+            Some(h) if h.id == id && h.conn.is_composite() => self.renew(&mut state),
+            Some(h) if h.id == id => state.held = None,
+            _ => {}
         }
     }
 
     /// A call on `held` ran out of time. Maybe the call was just slow, maybe
     /// the connection is dead (half-open): a second timeout in a row drops it,
-    /// and a background `PING` decides before that.
+    /// and a background `PING` decides before that. A cluster connection is
+    /// replaced in the background instead (a `PING` would go to every
+    /// primary, and fail while any one of them fails over).
     pub(crate) fn timed_out(&self, held: &Held) {
+        if held.conn.is_composite() {
+            let mut state = self.inner.lock();
+            if state.held.as_ref().is_some_and(|h| h.id == held.id) {
+                self.renew(&mut state);
+            }
+            return;
+        }
         let timeouts = held.timeouts.fetch_add(1, Ordering::AcqRel) + 1;
         if timeouts >= TIMEOUTS_BEFORE_RECONNECT {
             self.forget(held.id);
@@ -269,6 +374,23 @@ impl Link {
             }
             inner.pinging.store(false, Ordering::Release);
         });
+    }
+
+    /// Starts a connect that replaces the held connection when it succeeds,
+    /// unless one runs, one ran within [`RENEW_INTERVAL`] or connects are
+    /// backing off. Calls keep the held connection meanwhile.
+    fn renew(&self, state: &mut State) {
+        let now = Instant::now();
+        let due = state
+            .renewed_at
+            .is_none_or(|at| now.duration_since(at) >= RENEW_INTERVAL);
+        let backing_off = state.retry_at.is_some_and(|at| now < at);
+        if state.connecting || !due || backing_off {
+            return;
+        }
+        state.connecting = true;
+        state.renewed_at = Some(now);
+        tokio::spawn(connect(Arc::clone(&self.inner)));
     }
 }
 

@@ -42,13 +42,20 @@ pub(crate) fn is_connection_error(e: &RedisError) -> bool {
         )
 }
 
-/// What kind of failure a Redis error is.
+/// What kind of failure a Redis error is. Sentinels that name no usable
+/// primary (during a failover) are a connection failure: there is nobody to
+/// connect to yet.
 pub(crate) fn kind_of(e: &RedisError) -> ErrorKind {
     if e.code() == Some("OOM") {
         ErrorKind::OutOfMemory
     } else if e.is_timeout() {
         ErrorKind::Timeout
-    } else if is_connection_error(e) {
+    } else if is_connection_error(e)
+        || matches!(
+            e.kind(),
+            RedisKind::MasterNameNotFoundBySentinel | RedisKind::EmptySentinelList
+        )
+    {
         ErrorKind::Connection
     } else {
         ErrorKind::Server

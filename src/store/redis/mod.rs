@@ -3,8 +3,10 @@
 //!
 //! Files, bottom up: `failure.rs` (what a Redis error means), `script.rs` (the
 //! Lua script, its arguments and its reply), `connection.rs` (the held
-//! connection and its lifecycle), `store.rs` (the store: breaker, timeouts,
-//! retries), `builder.rs` (configuration).
+//! connection and its lifecycle, for one server, a cluster or the primary that
+//! sentinels name), `store.rs` (the store: breaker, timeouts, retries),
+//! `target.rs` (where connections come from, TLS, checked at build time),
+//! `builder.rs` (configuration).
 
 mod batch;
 mod builder;
@@ -12,6 +14,7 @@ mod connection;
 mod failure;
 mod script;
 mod store;
+mod target;
 
 pub use builder::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_MAX_BATCH, DEFAULT_PREFIX, DEFAULT_TIMEOUT, RedisStoreBuilder,

@@ -53,7 +53,9 @@ const STORE: &str = "redis";
 ///   [observability docs](crate#observability)).
 ///
 /// Build it with [`RedisStore::from_url`], [`RedisStore::from_pool`] or, to
-/// change the defaults, [`RedisStore::builder`]; check it at start-up with
+/// change the defaults, [`RedisStore::builder`] (which also connects to a Redis
+/// Cluster, to the primary that Sentinels name, and over TLS, with the cargo
+/// features `cluster`, `sentinel` and `tls`); check it at start-up with
 /// [`ping`](Self::ping). Clones share the connection and the breaker.
 ///
 /// ```no_run
@@ -147,7 +149,8 @@ impl RedisStore {
         self.inner.timeout
     }
 
-    /// The server this store talks to, as `host:port` (never a password).
+    /// The server this store talks to, as `host:port` (for a cluster or
+    /// sentinels, the first few of their addresses); never a password.
     pub fn host(&self) -> &str {
         self.inner.link.host()
     }
@@ -255,8 +258,12 @@ impl RedisStore {
             observe::deny_cache_hit(STORE);
             return Ok((decision, 0));
         }
+        // Batch only while the breaker is closed: when it is open, a check is
+        // answered at once (or is the probe) instead of queueing behind calls
+        // that may hang.
         if clock.is_none()
             && let Some(batcher) = &self.inner.batcher
+            && self.inner.breaker.is_closed()
         {
             return self.batched(batcher, keys, policy, cost, max_wait_us).await;
         }
@@ -346,13 +353,32 @@ impl RedisStore {
             let store = self.clone();
             tokio::spawn(async move { store.drain(checks).await });
         }
+        // Each check counts towards the breaker by what its caller saw: an
+        // answer, a failure, or its own timeout (waiting in the queue or in
+        // the call), once.
         match tokio::time::timeout(self.inner.timeout, answered).await {
-            Ok(Ok(outcome)) => outcome,
+            Ok(Ok(Ok(outcome))) => {
+                self.inner.breaker.success();
+                Ok(outcome)
+            }
+            Ok(Ok(Err(err))) => {
+                if !matches!(err, Error::CircuitOpen { .. }) {
+                    self.inner.breaker.failure();
+                }
+                Err(err)
+            }
             Ok(Err(_)) => Err(Error::store(
                 crate::ErrorKind::Server,
                 "the batch of this check was dropped",
             )),
-            Err(_) => Err(Error::Timeout(self.inner.timeout)),
+            Err(_) => {
+                // The caller waited the whole timeout (in the queue or in the
+                // call): for the breaker, as for the caller, a timeout.
+                self.inner.breaker.failure();
+                let err = Error::Timeout(self.inner.timeout);
+                observe::store_error(STORE, &err, &self.inner.errors);
+                Err(err)
+            }
         }
     }
 
@@ -366,7 +392,10 @@ impl RedisStore {
             let script = &self.inner.script;
             let call = &batch;
             let outcomes = self
-                .guarded(|mut conn| async move { call.run(&mut conn, script).await })
+                .guarded_checks(
+                    0,
+                    |mut conn| async move { call.run(&mut conn, script).await },
+                )
                 .await
                 .and_then(|reply| batch.outcomes(&reply));
             answer(checks, outcomes, self.inner.denials.as_ref());
@@ -396,6 +425,17 @@ impl RedisStore {
         F: Fn(Conn) -> Fut,
         Fut: Future<Output = Result<T, RedisError>>,
     {
+        self.guarded_checks(1, op).await
+    }
+
+    /// [`guarded`](Self::guarded) for a call that carries `checks` checks: a
+    /// failure counts once per check towards opening the breaker. With 0 the
+    /// callers count their own outcomes (a batch's checks, see `batched`).
+    async fn guarded_checks<T, F, Fut>(&self, checks: usize, op: F) -> Result<T, Error>
+    where
+        F: Fn(Conn) -> Fut,
+        Fut: Future<Output = Result<T, RedisError>>,
+    {
         let admit = self.inner.breaker.admit();
         if let Admit::Reject(retry_in) = admit {
             let err = Error::CircuitOpen { retry_in };
@@ -408,8 +448,12 @@ impl RedisStore {
         observe::store_call(STORE, started.elapsed(), failure.map(Error::kind));
         match (admit, failure) {
             (Admit::Probe(probe), failure) => probe.done(failure.is_none()),
+            _ if checks == 0 => {}
             (_, None) => self.inner.breaker.success(),
-            (_, Some(_)) => self.inner.breaker.failure(),
+            (_, Some(_)) => self
+                .inner
+                .breaker
+                .failures_of(u32::try_from(checks).unwrap_or(u32::MAX)),
         }
         if let Some(err) = failure {
             observe::store_error(STORE, err, &self.inner.errors);

@@ -1,0 +1,539 @@
+//! Decisions per second and Redis CPU per decision: `RedisStore` on a 3-primary
+//! Redis Cluster (3 replicas) against `RedisStore` on a single node, in one
+//! run, same machine, same load.
+//!
+//! Each run: 50 tokio tasks (a 2-worker runtime) over 10 000 client keys at
+//! `Quota::per_second(10)` (admissions, which write, and denials), 4 s. Four
+//! setups alternate, three rounds each:
+//!
+//! - a single node;
+//! - a single node with a replica (a primary feeds its replica every write,
+//!   as each cluster primary does);
+//! - a cluster of one node that owns every slot, through the cluster client:
+//!   what cluster mode costs a node (slot checks, the cluster bus) and the
+//!   client (routing), with as many processes as the single node;
+//! - the cluster: 3 primaries and 3 replicas.
+//!
+//! Printed per run:
+//!
+//! - decisions/s;
+//! - Redis CPU per decision: `used_cpu_user + used_cpu_sys` (`INFO cpu`) of the
+//!   server(s) over the run, divided by decisions: for the cluster, summed over
+//!   the 3 primaries (what serves decisions), with the replicas' CPU (applying
+//!   the primaries' writes) apart;
+//! - the benchmark process's own CPU per decision (`/proc/self/stat`: the
+//!   client, routing included, and the tokio runtime);
+//! - per primary: its share of the decisions (its `EVALSHA` count) and its CPU
+//!   per decision it served;
+//! - `usec_per_call` of `evalsha` (the script's execution, wall time);
+//! - commands the clients sent per decision (all but the `GET`/`SET`/`TIME`
+//!   the script runs inside Redis).
+//!
+//! Then the same `EVALSHA` sent by `redis-benchmark` (50 connections, 16-deep
+//! pipelines, 10 000 keys) to the single node, the one-node cluster, and each
+//! primary of the cluster in turn (keys whose hash tag the primary owns;
+//! `redis-benchmark --cluster` cannot route random keys): each server's CPU
+//! per call with the client's batching taken out of the picture.
+//!
+//! On 2 cores the cluster cannot show its scale: 6 redis-servers and the
+//! client share the 2 cores. What transfers to a real deployment is the CPU per
+//! decision per node (see BENCHMARKS.md for the model).
+//!
+//! Run: `cargo bench --bench cluster --features cluster` (about 40 s).
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use support::RedisServer;
+use support::cluster::RedisCluster;
+use support::node::Node;
+use tollgate::{Quota, RateLimiter, RedisStore};
+
+const TASKS: usize = 50;
+const KEYS: u64 = 10_000;
+const RUN: Duration = Duration::from_secs(4);
+/// Upper bound on decisions per task and run, so a run ends even if time stalls.
+const MAX_PER_TASK: u64 = 200_000;
+const ROUNDS: usize = 3;
+
+fn quota() -> Quota {
+    Quota::per_second(10).expect("quota")
+}
+
+fn client(task: usize, n: u64) -> String {
+    let k = (task as u64 * 7_919 + n).wrapping_mul(2_654_435_761) % KEYS;
+    format!("user:{k:012}")
+}
+
+/// One redis-server as the benchmark sees it.
+trait Server {
+    fn info(&self, section: &str) -> String;
+    fn reset(&self);
+    fn script_load(&self, script: &str) -> String;
+}
+
+impl Server for RedisServer {
+    fn info(&self, section: &str) -> String {
+        self.cmd(&["INFO", section])
+    }
+    fn reset(&self) {
+        self.reset_stats();
+    }
+    fn script_load(&self, script: &str) -> String {
+        self.cmd(&["SCRIPT", "LOAD", script])
+    }
+}
+
+impl Server for Node {
+    fn info(&self, section: &str) -> String {
+        self.cmd(&["INFO", section])
+    }
+    fn reset(&self) {
+        self.reset_stats();
+    }
+    fn script_load(&self, script: &str) -> String {
+        self.cmd(&["SCRIPT", "LOAD", script])
+    }
+}
+
+fn field(info: &str, name: &str) -> f64 {
+    info.lines()
+        .filter_map(|l| l.split_once(':'))
+        .find(|(k, _)| *k == name)
+        .and_then(|(_, v)| v.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// CPU seconds (user + system) of this process so far.
+fn own_cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command name (which ends with ')'): utime and stime
+    // are the 12th and 13th, in clock ticks (100 a second on Linux).
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+fn cpu_seconds(s: &dyn Server) -> f64 {
+    let info = s.info("cpu");
+    field(&info, "used_cpu_user") + field(&info, "used_cpu_sys")
+}
+
+/// `INFO commandstats` as command -> (calls, usec).
+fn commandstats(s: &dyn Server) -> BTreeMap<String, (u64, f64)> {
+    s.info("commandstats")
+        .lines()
+        .filter_map(|l| l.strip_prefix("cmdstat_"))
+        .filter_map(|l| {
+            let (name, fields) = l.split_once(':')?;
+            let get = |k: &str| {
+                fields
+                    .split(',')
+                    .filter_map(|kv| kv.split_once('='))
+                    .find(|(key, _)| *key == k)
+                    .and_then(|(_, v)| v.trim().parse::<f64>().ok())
+            };
+            Some((name.to_string(), (get("calls")? as u64, get("usec")?)))
+        })
+        .collect()
+}
+
+struct Node1 {
+    name: String,
+    evalsha: u64,
+    cpu_s: f64,
+    usec: f64,
+}
+
+struct Run {
+    decisions: u64,
+    secs: f64,
+    /// Per server that decides (one, or the 3 primaries).
+    nodes: Vec<Node1>,
+    /// CPU seconds of the replicas (cluster only).
+    replica_cpu_s: f64,
+    /// Commands the clients sent, all servers together.
+    sent: u64,
+    /// CPU seconds of this process (the client).
+    client_cpu_s: f64,
+}
+
+impl Run {
+    fn rate(&self) -> f64 {
+        self.decisions as f64 / self.secs
+    }
+    fn cpu_us_per_decision(&self) -> f64 {
+        self.nodes.iter().map(|n| n.cpu_s).sum::<f64>() * 1e6 / self.decisions as f64
+    }
+    fn client_cpu_us_per_decision(&self) -> f64 {
+        self.client_cpu_s * 1e6 / self.decisions as f64
+    }
+    fn usec_per_call(&self) -> f64 {
+        let calls: u64 = self.nodes.iter().map(|n| n.evalsha).sum();
+        self.nodes.iter().map(|n| n.usec).sum::<f64>() / calls as f64
+    }
+}
+
+/// Runs `TASKS` tasks checking through `limiter` for `RUN`, measuring
+/// `deciding` (and `replicas`, whose CPU is reported apart).
+async fn drive(
+    limiter: RateLimiter,
+    deciding: &[(String, &dyn Server)],
+    replicas: &[&dyn Server],
+) -> Run {
+    for (_, s) in deciding {
+        s.reset();
+    }
+    let cpu_before: Vec<f64> = deciding.iter().map(|(_, s)| cpu_seconds(*s)).collect();
+    let replica_before: f64 = replicas.iter().map(|s| cpu_seconds(*s)).sum();
+    let client_before = own_cpu_seconds();
+    let start = Instant::now();
+    let deadline = start + RUN;
+    let limiter = Arc::new(limiter);
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|task| {
+            let limiter = Arc::clone(&limiter);
+            tokio::spawn(async move {
+                let mut n = 0;
+                while n < MAX_PER_TASK && Instant::now() < deadline {
+                    let _ = limiter.check(&client(task, n), 1).await.expect("check");
+                    n += 1;
+                }
+                n
+            })
+        })
+        .collect();
+    let mut decisions = 0;
+    for t in tasks {
+        decisions += t.await.expect("task");
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let client_cpu_s = own_cpu_seconds() - client_before;
+    let mut nodes = Vec::new();
+    let mut sent = 0;
+    for ((name, s), before) in deciding.iter().zip(cpu_before) {
+        let cpu_s = cpu_seconds(*s) - before;
+        let mut stats = commandstats(*s);
+        let (evalsha, usec) = stats.get("evalsha").copied().unwrap_or((0, 0.0));
+        for inside in ["get", "set", "time", "info", "config|resetstat", "replconf"] {
+            stats.remove(inside);
+        }
+        sent += stats.values().map(|(calls, _)| calls).sum::<u64>();
+        nodes.push(Node1 {
+            name: name.clone(),
+            evalsha,
+            cpu_s,
+            usec,
+        });
+    }
+    let replica_cpu_s = replicas.iter().map(|s| cpu_seconds(*s)).sum::<f64>() - replica_before;
+    Run {
+        decisions,
+        secs,
+        nodes,
+        replica_cpu_s,
+        sent,
+        client_cpu_s,
+    }
+}
+
+const SCRIPT: &str = include_str!("../lua/token_bucket.lua");
+
+/// `redis-benchmark` sending our `EVALSHA` (50 clients, 16-deep pipelines)
+/// with keys `key` (`__rand_int__` replaced by one of 10 000 numbers) to the
+/// server `node` on `port`; returns calls per second and its CPU µs and
+/// `usec` per call.
+fn redis_benchmark(port: u16, key: &str, node: &dyn Server) -> (f64, f64, f64) {
+    let sha = script_load(node);
+    node.reset();
+    let cpu_before = cpu_seconds(node);
+    let requests = 300_000u64;
+    let out = std::process::Command::new("timeout")
+        .args(["120", "redis-benchmark", "-h", "127.0.0.1", "-p"])
+        .arg(port.to_string())
+        .args(["-c", "50", "-P", "16", "-r", &KEYS.to_string(), "--csv"])
+        .args(["-n", &requests.to_string()])
+        .args(["EVALSHA", &sha, "1", key])
+        .args(["1", "", "10", "1", "100000"])
+        .output()
+        .expect("redis-benchmark (from the redis-tools package)");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let rps: f64 = stdout
+        .lines()
+        .nth(1)
+        .and_then(|l| l.split(',').nth(1))
+        .map(|v| v.trim_matches('"'))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("redis-benchmark output: {stdout}"));
+    let cpu_s = cpu_seconds(node) - cpu_before;
+    let (calls, usec) = commandstats(node)
+        .get("evalsha")
+        .copied()
+        .unwrap_or((0, 0.0));
+    (rps, cpu_s * 1e6 / calls as f64, usec / calls as f64)
+}
+
+fn script_load(s: &dyn Server) -> String {
+    s.script_load(SCRIPT)
+}
+
+/// One `redis-benchmark` run.
+struct BenchRow {
+    name: String,
+    rps: f64,
+    cpu: f64,
+    usec: f64,
+}
+
+impl BenchRow {
+    fn new(name: &str, rps: f64, cpu: f64, usec: f64) -> Self {
+        BenchRow {
+            name: name.to_string(),
+            rps,
+            cpu,
+            usec,
+        }
+    }
+}
+
+/// A store and the servers it decides on (and their replicas).
+struct Setup<'a> {
+    name: &'static str,
+    limiter: RateLimiter,
+    deciding: Vec<(String, &'a dyn Server)>,
+    replicas: Vec<&'a dyn Server>,
+}
+
+fn main() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let single = RedisServer::start();
+    let replicated = RedisServer::start();
+    let replica =
+        RedisServer::start_with(&["--replicaof", "127.0.0.1", &replicated.port().to_string()]);
+    let one = RedisServer::start_with(&["--cluster-enabled", "yes"]);
+    let _: () = one.cmd(&["CLUSTER", "ADDSLOTSRANGE", "0", "16383"]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !one
+        .cmd::<String>(&["CLUSTER", "INFO"])
+        .contains("cluster_state:ok")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the one-node cluster never got ready"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let cluster = RedisCluster::start();
+    let primaries = cluster.primaries();
+    let replicas = cluster.replicas();
+    println!(
+        "cluster bench: {TASKS} tasks, 2 tokio workers, {} s per run, {KEYS} keys at {}",
+        RUN.as_secs(),
+        quota()
+    );
+    let limiter = |builder: tollgate::store::RedisStoreBuilder| {
+        let store = builder
+            .timeout(Duration::from_secs(5))
+            .build()
+            .expect("store");
+        RateLimiter::new(store, quota())
+    };
+    let setups: Vec<Setup> = vec![
+        Setup {
+            name: "single node",
+            limiter: limiter(RedisStore::builder().url(single.url())),
+            deciding: vec![(format!("single :{}", single.port()), &single as &dyn Server)],
+            replicas: vec![],
+        },
+        Setup {
+            name: "single node + replica",
+            limiter: limiter(RedisStore::builder().url(replicated.url())),
+            deciding: vec![(
+                format!("primary :{}", replicated.port()),
+                &replicated as &dyn Server,
+            )],
+            replicas: vec![&replica as &dyn Server],
+        },
+        Setup {
+            name: "cluster of 1 node, all slots",
+            limiter: limiter(RedisStore::builder().cluster([one.url()])),
+            deciding: vec![(format!("node :{}", one.port()), &one as &dyn Server)],
+            replicas: vec![],
+        },
+        Setup {
+            name: "cluster, 3 primaries (summed)",
+            limiter: limiter(RedisStore::builder().cluster(cluster.seed_urls())),
+            deciding: primaries
+                .iter()
+                .map(|p| (format!("primary :{}", p.port()), p as &dyn Server))
+                .collect(),
+            replicas: replicas.iter().map(|r| r as &dyn Server).collect(),
+        },
+    ];
+    // Connect everywhere and load the script on every node before measuring.
+    runtime.block_on(async {
+        for setup in &setups {
+            for n in 0..300 {
+                let _ = setup
+                    .limiter
+                    .check(&client(0, n), 1)
+                    .await
+                    .expect("warm-up");
+            }
+        }
+    });
+
+    let mut runs: Vec<Vec<Run>> = setups.iter().map(|_| Vec::new()).collect();
+    for round in 1..=ROUNDS {
+        println!("round {round}/{ROUNDS}");
+        for (setup, runs) in setups.iter().zip(&mut runs) {
+            let limiter = setup.limiter.clone();
+            runs.push(runtime.block_on(drive(limiter, &setup.deciding, &setup.replicas)));
+        }
+    }
+
+    println!();
+    println!(
+        "| {:<30} | {:>11} | {:>14} | {:>13} | {:>17} | {:>16} | {:>15} |",
+        "store",
+        "decisions/s",
+        "Redis CPU µs/d",
+        "Redis µs/call",
+        "commands/decision",
+        "replica CPU µs/d",
+        "client CPU µs/d"
+    );
+    println!(
+        "|{:-<32}|{:->13}|{:->16}|{:->15}|{:->19}|{:->18}|{:->17}|",
+        "", "", "", "", "", "", ""
+    );
+    for (setup, runs) in setups.iter().zip(&runs) {
+        let name = setup.name;
+        for r in runs {
+            let replica = if setup.replicas.is_empty() {
+                "-".to_string()
+            } else {
+                format!("{:.2}", r.replica_cpu_s * 1e6 / r.decisions as f64)
+            };
+            println!(
+                "| {name:<30} | {:>11.0} | {:>14.2} | {:>13.2} | {:>17.3} | {replica:>16} | {:>15.2} |",
+                r.rate(),
+                r.cpu_us_per_decision(),
+                r.usec_per_call(),
+                r.sent as f64 / r.decisions as f64,
+                r.client_cpu_us_per_decision(),
+            );
+        }
+    }
+    let clusters = &runs[3];
+    println!();
+    println!("Per primary (cluster runs): share of decisions, CPU µs per decision it served");
+    for (i, r) in clusters.iter().enumerate() {
+        let line: Vec<String> = r
+            .nodes
+            .iter()
+            .map(|n| {
+                format!(
+                    "{} {:.1}% {:.2} µs/d",
+                    n.name,
+                    100.0 * n.evalsha as f64 / r.decisions as f64,
+                    n.cpu_s * 1e6 / n.evalsha.max(1) as f64
+                )
+            })
+            .collect();
+        println!("  run {}: {}", i + 1, line.join(", "));
+    }
+    let mean =
+        |runs: &[Run], f: fn(&Run) -> f64| runs.iter().map(f).sum::<f64>() / runs.len() as f64;
+    println!();
+    for (of, to) in [(3, 0), (3, 1), (2, 0)] {
+        let (a, b) = (&runs[of], &runs[to]);
+        println!(
+            "{} / {}, means of the runs: Redis CPU per decision {:.2}x, \
+             decisions/s {:.2}x, client CPU per decision {:.2}x",
+            setups[of].name,
+            setups[to].name,
+            mean(a, Run::cpu_us_per_decision) / mean(b, Run::cpu_us_per_decision),
+            mean(a, Run::rate) / mean(b, Run::rate),
+            mean(a, Run::client_cpu_us_per_decision) / mean(b, Run::client_cpu_us_per_decision),
+        );
+    }
+    println!();
+    println!("redis-benchmark EVALSHA, 50 clients, -P 16 (no tollgate client):");
+    println!(
+        "| {:<30} | {:>11} | {:>14} | {:>13} |",
+        "servers", "calls/s", "Redis CPU µs/c", "Redis µs/call"
+    );
+    println!("|{:-<32}|{:->13}|{:->16}|{:->15}|", "", "", "", "");
+    // A hash tag each primary owns, so that its keys stay on it.
+    let tags: Vec<String> = primaries
+        .iter()
+        .map(|p| {
+            (0..)
+                .map(|i| format!("t{i}"))
+                .find(|t| cluster.primary_for_key(&format!("{{{t}}}")) == *p)
+                .expect("a tag")
+        })
+        .collect();
+    let random_key = "tollgate:{user:__rand_int__}:10/1s:10";
+    let mut rows: Vec<BenchRow> = Vec::new();
+    for _ in 0..2 {
+        let (rps, cpu, usec) = redis_benchmark(single.port(), random_key, &single);
+        rows.push(BenchRow::new("single node", rps, cpu, usec));
+        let (rps, cpu, usec) = redis_benchmark(one.port(), random_key, &one);
+        rows.push(BenchRow::new(
+            "cluster of 1 node, all slots",
+            rps,
+            cpu,
+            usec,
+        ));
+        for (p, tag) in primaries.iter().zip(&tags) {
+            let key = format!("tollgate:{{{tag}}}:user:__rand_int__:10/1s:10");
+            let (rps, cpu, usec) = redis_benchmark(p.port(), &key, p);
+            rows.push(BenchRow::new(
+                &format!("cluster primary :{}", p.port()),
+                rps,
+                cpu,
+                usec,
+            ));
+        }
+    }
+    for r in &rows {
+        println!(
+            "| {:<30} | {:>11.0} | {:>14.2} | {:>13.2} |",
+            r.name, r.rps, r.cpu, r.usec
+        );
+    }
+    let mean_cpu = |prefix: &str| {
+        let cpus: Vec<f64> = rows
+            .iter()
+            .filter(|r| r.name.starts_with(prefix))
+            .map(|r| r.cpu)
+            .collect();
+        cpus.iter().sum::<f64>() / cpus.len() as f64
+    };
+    println!(
+        "redis-benchmark, Redis CPU per call: cluster of 1 node / single node {:.2}x, \
+         a cluster primary / single node {:.2}x",
+        mean_cpu("cluster of 1") / mean_cpu("single"),
+        mean_cpu("cluster primary") / mean_cpu("single")
+    );
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    println!("load average: {}", load.trim());
+}

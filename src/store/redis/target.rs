@@ -1,0 +1,502 @@
+//! Where a store's connections come from (one server's URL, an application's
+//! pool, cluster seeds, sentinels) and how they are secured (TLS), checked
+//! when the store is built and turned into a connection source and a label
+//! for messages. Nothing here connects.
+
+use std::fmt;
+use std::sync::Arc;
+#[cfg(feature = "cluster")]
+use std::time::Duration;
+
+use deadpool_redis::Pool;
+use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo};
+
+use super::connection::Source;
+use crate::ConfigError;
+
+/// Where a store gets its connections.
+pub(crate) enum Target {
+    Url(String),
+    Pool(Pool),
+    #[cfg(feature = "cluster")]
+    Cluster(Vec<String>),
+    #[cfg(feature = "cluster")]
+    ClusterPool(deadpool_redis::cluster::Pool),
+    #[cfg(feature = "sentinel")]
+    Sentinel {
+        urls: Vec<String>,
+        master: String,
+    },
+}
+
+impl fmt::Debug for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Target::Url(url) => write!(f, "{}", redact(url)),
+            Target::Pool(_) => write!(f, "application pool"),
+            #[cfg(feature = "cluster")]
+            Target::Cluster(seeds) => write!(f, "cluster {:?}", redacted(seeds)),
+            #[cfg(feature = "cluster")]
+            Target::ClusterPool(_) => write!(f, "application cluster pool"),
+            #[cfg(feature = "sentinel")]
+            Target::Sentinel { urls: u, master } => {
+                write!(f, "primary {master:?} via sentinels {:?}", redacted(u))
+            }
+        }
+    }
+}
+
+/// URLs without their passwords, for messages.
+#[cfg(any(feature = "cluster", feature = "sentinel"))]
+fn redacted(urls: &[String]) -> Vec<String> {
+    urls.iter().map(|u| redact(u)).collect()
+}
+
+/// Credentials for the primary that sentinels name.
+#[cfg(feature = "sentinel")]
+#[derive(Clone)]
+pub(crate) struct Credentials {
+    pub(crate) username: Option<String>,
+    pub(crate) password: String,
+}
+
+#[cfg(feature = "sentinel")]
+impl fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Credentials")
+            .field("username", &self.username)
+            .field("password", &"***")
+            .finish()
+    }
+}
+
+/// What besides the target decides how connections are made.
+pub(crate) struct Settings {
+    #[cfg(feature = "cluster")]
+    pub(crate) call_timeout: Duration,
+    #[cfg(feature = "cluster")]
+    pub(crate) connect_timeout: Duration,
+    #[cfg(feature = "tls")]
+    pub(crate) root_certificates: Option<Vec<u8>>,
+    #[cfg(feature = "sentinel")]
+    pub(crate) primary_auth: Option<Credentials>,
+}
+
+impl Target {
+    /// The connection source, and the label messages name it by (never with
+    /// a password); or the first configuration mistake.
+    #[cfg_attr(
+        not(any(feature = "cluster", feature = "sentinel", feature = "tls")),
+        allow(unused_variables)
+    )]
+    pub(crate) fn source(self, settings: &Settings) -> Result<(Source, Arc<str>), ConfigError> {
+        #[cfg(feature = "sentinel")]
+        if settings.primary_auth.is_some() && !matches!(self, Target::Sentinel { .. }) {
+            return Err(ConfigError::store(
+                "sentinel_primary_auth applies to a store built with .sentinel(..) only",
+            ));
+        }
+        #[cfg(feature = "tls")]
+        let certificates = certificates(settings.root_certificates.as_deref())?;
+        #[cfg(not(feature = "tls"))]
+        let certificates: Option<Certificates> = None;
+        if certificates.is_some() && self.is_pool() {
+            return Err(ConfigError::store(
+                "tls_root_certificates cannot apply to an application's pool: \
+                 configure TLS on the pool itself",
+            ));
+        }
+        match self {
+            Target::Url(url) => {
+                let info = parse(&url)?;
+                let host = host_of(info.addr());
+                let client = client(&url, info, certificates)?;
+                Ok((Source::Client(client), host))
+            }
+            Target::Pool(pool) => Ok((Source::Pool(pool), "the application's pool".into())),
+            #[cfg(feature = "cluster")]
+            Target::Cluster(seeds) => cluster(&seeds, settings, certificates),
+            #[cfg(feature = "cluster")]
+            Target::ClusterPool(pool) => Ok((
+                Source::ClusterPool(pool),
+                "the application's cluster pool".into(),
+            )),
+            #[cfg(feature = "sentinel")]
+            Target::Sentinel { urls, master } => sentinel(&urls, &master, settings, certificates),
+        }
+    }
+
+    fn is_pool(&self) -> bool {
+        #[cfg(feature = "cluster")]
+        if let Target::ClusterPool(_) = self {
+            return true;
+        }
+        matches!(self, Target::Pool(_))
+    }
+}
+
+/// A URL parsed, with the mistakes redis-rs would only find when connecting
+/// (or would describe in its own terms) found now.
+fn parse(url: &str) -> Result<ConnectionInfo, ConfigError> {
+    let invalid =
+        |why: &str| ConfigError::store(format!("Redis URL {}: {}", redact(url), redact(why)));
+    let scheme = url.split_once("://").map_or("", |(scheme, _)| scheme);
+    let tls = ["rediss", "valkeys"]
+        .iter()
+        .any(|s| s.eq_ignore_ascii_case(scheme));
+    if tls && !cfg!(feature = "tls") {
+        return Err(invalid(
+            "TLS (rediss://) needs tollgate's `tls` cargo feature",
+        ));
+    }
+    let info = url
+        .into_connection_info()
+        .map_err(|e| invalid(&e.to_string()))?;
+    if let ConnectionAddr::TcpTls { insecure: true, .. } = info.addr() {
+        return Err(invalid(
+            "#insecure (no certificate verification) is not supported: \
+             give the server's CA with tls_root_certificates instead",
+        ));
+    }
+    Ok(info)
+}
+
+fn is_tls(info: &ConnectionInfo) -> bool {
+    matches!(info.addr(), ConnectionAddr::TcpTls { .. })
+}
+
+/// The client for one server, trusting `certificates` when given.
+fn client(
+    url: &str,
+    info: ConnectionInfo,
+    certificates: Option<Certificates>,
+) -> Result<redis::Client, ConfigError> {
+    let invalid =
+        |why: String| ConfigError::store(format!("Redis URL {}: {}", redact(url), redact(&why)));
+    if is_tls(&info) {
+        tls_provider();
+    }
+    match certificates {
+        None => redis::Client::open(info).map_err(|e| invalid(e.to_string())),
+        Some(certificates) => {
+            if !is_tls(&info) {
+                return Err(invalid(
+                    "tls_root_certificates needs a rediss:// URL".to_owned(),
+                ));
+            }
+            certificates.client(info).map_err(invalid)
+        }
+    }
+}
+
+#[cfg(feature = "cluster")]
+fn cluster(
+    seeds: &[String],
+    settings: &Settings,
+    certificates: Option<Certificates>,
+) -> Result<(Source, Arc<str>), ConfigError> {
+    let infos = seeds
+        .iter()
+        .map(|url| {
+            let info = parse(url)?;
+            if info.redis_settings().db() != 0 {
+                return Err(ConfigError::store(format!(
+                    "Redis URL {}: Redis Cluster has only database 0",
+                    redact(url)
+                )));
+            }
+            Ok(info)
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let tls = infos.first().is_some_and(is_tls);
+    let listed = || seeds.iter().map(|u| redact(u)).collect::<Vec<_>>();
+    if infos.is_empty() {
+        return Err(ConfigError::store(
+            "a Redis Cluster store needs at least one seed URL",
+        ));
+    }
+    if infos.iter().any(|i| is_tls(i) != tls) {
+        return Err(ConfigError::store(format!(
+            "Redis Cluster seeds {:?} mix rediss:// and redis://",
+            listed()
+        )));
+    }
+    let host = label(
+        "cluster",
+        infos.iter().map(|i| host_of(i.addr()).to_string()),
+    );
+    // A cluster connect waits for every seed, then asks one for the slot
+    // map, all within the store's connect timeout: a seed that accepts and
+    // never answers (a frozen or partitioned node) may take half of it.
+    let mut builder = redis::cluster::ClusterClientBuilder::new(infos)
+        .connection_timeout(settings.connect_timeout / 2)
+        .response_timeout(super::connection::response_timeout(settings.call_timeout));
+    if tls {
+        tls_provider();
+    }
+    if let Some(certificates) = certificates {
+        if !tls {
+            return Err(ConfigError::store(
+                "tls_root_certificates needs rediss:// seed URLs",
+            ));
+        }
+        builder = certificates.cluster(builder);
+    }
+    let client = builder.build().map_err(|e| {
+        ConfigError::store(format!(
+            "Redis Cluster seeds {:?}: {}",
+            listed(),
+            redact(&e.to_string())
+        ))
+    })?;
+    Ok((Source::Cluster(client), host))
+}
+
+#[cfg(feature = "sentinel")]
+fn sentinel(
+    urls: &[String],
+    master: &str,
+    settings: &Settings,
+    certificates: Option<Certificates>,
+) -> Result<(Source, Arc<str>), ConfigError> {
+    use redis::sentinel::{SentinelClientBuilder, SentinelServerType};
+
+    if master.is_empty() {
+        return Err(ConfigError::store(
+            "the Sentinel master name must not be empty",
+        ));
+    }
+    let infos = urls
+        .iter()
+        .map(|u| parse(u))
+        .collect::<Result<Vec<_>, _>>()?;
+    let listed = || urls.iter().map(|u| redact(u)).collect::<Vec<_>>();
+    let Some(first) = infos.first() else {
+        return Err(ConfigError::store(
+            "a Sentinel store needs at least one sentinel URL",
+        ));
+    };
+    // One set of credentials and one TLS mode for all sentinels: that is
+    // what redis-rs's Sentinel client takes.
+    let same = |i: &ConnectionInfo| {
+        is_tls(i) == is_tls(first)
+            && i.redis_settings().username() == first.redis_settings().username()
+            && i.redis_settings().password() == first.redis_settings().password()
+            && i.redis_settings().db() == first.redis_settings().db()
+    };
+    if !infos.iter().all(same) {
+        return Err(ConfigError::store(format!(
+            "sentinel URLs {:?} must all use the same scheme, credentials and database",
+            listed()
+        )));
+    }
+    let tls = is_tls(first);
+    let (username, password, db) = (
+        first.redis_settings().username().map(str::to_owned),
+        first.redis_settings().password().map(str::to_owned),
+        first.redis_settings().db(),
+    );
+    let host = label(
+        &format!("primary {master:?} via sentinels"),
+        infos.iter().map(|i| host_of(i.addr()).to_string()),
+    );
+    let addrs: Vec<ConnectionAddr> = infos.into_iter().map(|i| i.addr().clone()).collect();
+    let mut builder = SentinelClientBuilder::new(addrs, master, SentinelServerType::Master)
+        .map_err(|e| ConfigError::store(redact(&e.to_string())))?;
+    if let Some(username) = username {
+        builder = builder.set_client_to_sentinel_username(username);
+    }
+    if let Some(password) = password {
+        builder = builder.set_client_to_sentinel_password(password);
+    }
+    // Sentinels have no databases: a database in their URLs is the primary's.
+    if db != 0 {
+        builder = builder.set_client_to_redis_db(db);
+    }
+    if let Some(auth) = &settings.primary_auth {
+        if let Some(username) = &auth.username {
+            builder = builder.set_client_to_redis_username(username);
+        }
+        builder = builder.set_client_to_redis_password(&auth.password);
+    }
+    if tls {
+        tls_provider();
+        builder = builder.set_client_to_redis_tls_mode(redis::TlsMode::Secure);
+    }
+    if let Some(certificates) = certificates {
+        if !tls {
+            return Err(ConfigError::store(
+                "tls_root_certificates needs rediss:// sentinel URLs",
+            ));
+        }
+        builder = certificates.sentinel(builder);
+    }
+    let client = builder.build().map_err(|e| {
+        ConfigError::store(format!(
+            "sentinels {:?}: {}",
+            listed(),
+            redact(&e.to_string())
+        ))
+    })?;
+    Ok((Source::Sentinel(tokio::sync::Mutex::new(client)), host))
+}
+
+/// `what a,b,c +N more`: a few addresses, for messages.
+#[cfg(any(feature = "cluster", feature = "sentinel"))]
+fn label(what: &str, addrs: impl Iterator<Item = String>) -> Arc<str> {
+    const SHOWN: usize = 3;
+    let addrs: Vec<String> = addrs.collect();
+    let shown = addrs
+        .iter()
+        .take(SHOWN)
+        .cloned()
+        .collect::<Vec<_>>()
+        .join(",");
+    match addrs.len().saturating_sub(SHOWN) {
+        0 => format!("{what} {shown}").into(),
+        more => format!("{what} {shown} +{more} more").into(),
+    }
+}
+
+/// Root certificates checked at build time, to verify servers with instead of
+/// the system's roots.
+#[cfg(feature = "tls")]
+struct Certificates(redis::TlsCertificates);
+
+#[cfg(feature = "tls")]
+fn certificates(pem: Option<&[u8]>) -> Result<Option<Certificates>, ConfigError> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+
+    let Some(pem) = pem else { return Ok(None) };
+    let parsed = CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| ConfigError::store(format!("tls_root_certificates: not PEM: {e}")))?;
+    if parsed.is_empty() {
+        return Err(ConfigError::store(
+            "tls_root_certificates: no certificate in the PEM \
+             (expected -----BEGIN CERTIFICATE----- blocks)",
+        ));
+    }
+    Ok(Some(Certificates(redis::TlsCertificates {
+        client_tls: None,
+        root_cert: Some(pem.to_vec()),
+    })))
+}
+
+/// Without the `tls` feature there are never certificates.
+#[cfg(not(feature = "tls"))]
+enum Certificates {}
+
+#[cfg(feature = "tls")]
+impl Certificates {
+    fn client(self, info: ConnectionInfo) -> Result<redis::Client, String> {
+        redis::Client::build_with_tls(info, self.0).map_err(|e| e.to_string())
+    }
+
+    #[cfg(feature = "cluster")]
+    fn cluster(
+        self,
+        builder: redis::cluster::ClusterClientBuilder,
+    ) -> redis::cluster::ClusterClientBuilder {
+        builder.certs(self.0)
+    }
+
+    #[cfg(feature = "sentinel")]
+    fn sentinel(
+        self,
+        builder: redis::sentinel::SentinelClientBuilder,
+    ) -> redis::sentinel::SentinelClientBuilder {
+        builder
+            .set_client_to_sentinel_certificates(self.0.clone())
+            .set_client_to_redis_certificates(self.0)
+    }
+}
+
+#[cfg(not(feature = "tls"))]
+impl Certificates {
+    fn client(self, _: ConnectionInfo) -> Result<redis::Client, String> {
+        match self {}
+    }
+
+    #[cfg(feature = "cluster")]
+    fn cluster(
+        self,
+        _: redis::cluster::ClusterClientBuilder,
+    ) -> redis::cluster::ClusterClientBuilder {
+        match self {}
+    }
+
+    #[cfg(feature = "sentinel")]
+    fn sentinel(
+        self,
+        _: redis::sentinel::SentinelClientBuilder,
+    ) -> redis::sentinel::SentinelClientBuilder {
+        match self {}
+    }
+}
+
+/// Makes sure rustls has a crypto provider before a TLS connection needs
+/// one: ring, unless the application installed one. rustls picks ring by
+/// itself when it is the only provider compiled in, but panics when the
+/// application's dependencies compile in another one too.
+fn tls_provider() {
+    #[cfg(feature = "tls")]
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        // Err: another thread installed one first, which serves as well.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+}
+
+/// `host:port` (or the socket path) of an address, for messages.
+pub(crate) fn host_of(addr: &ConnectionAddr) -> Arc<str> {
+    match addr {
+        ConnectionAddr::Tcp(host, port) | ConnectionAddr::TcpTls { host, port, .. } => {
+            format!("{host}:{port}").into()
+        }
+        ConnectionAddr::Unix(path) => path.display().to_string().into(),
+        other => other.to_string().into(),
+    }
+}
+
+/// `url` with any password replaced by `***`, for messages: a URL is
+/// configuration, and its userinfo, or the `pass=` / `password=` / `user=`
+/// query parameters redis-rs reads for unix sockets, may hold a secret.
+pub(crate) fn redact(url: &str) -> String {
+    let url = redact_query(url);
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url;
+    };
+    // The last '@' ends the userinfo, even when an unencoded password holds
+    // '@' or '/' (Redis URLs have no '@' after the host).
+    match rest.rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let user = match userinfo.split_once(':') {
+                Some((user, _)) => format!("{user}:***"),
+                None => String::from("***"),
+            };
+            format!("{scheme}://{user}@{host}")
+        }
+        None => url.clone(),
+    }
+}
+
+/// `url` with the values of secret-bearing query parameters replaced by `***`.
+fn redact_query(url: &str) -> String {
+    let Some((base, query)) = url.split_once('?') else {
+        return url.to_owned();
+    };
+    let params: Vec<String> = query
+        .split('&')
+        .map(|param| match param.split_once('=') {
+            Some((name, _))
+                if ["pass", "password", "user", "username"]
+                    .contains(&name.to_ascii_lowercase().as_str()) =>
+            {
+                format!("{name}=***")
+            }
+            _ => param.to_owned(),
+        })
+        .collect();
+    format!("{base}?{}", params.join("&"))
+}

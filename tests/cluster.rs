@@ -1,0 +1,503 @@
+//! `RedisStore` on a real Redis Cluster (3 primaries, 3 replicas, started by
+//! the harness): routing, exactness, `NOSCRIPT` per node, one round trip per
+//! decision, and a primary killed under load.
+//!
+//! Starting a cluster takes a few seconds, so one test runs the scenarios
+//! that need a healthy cluster one after another on one cluster, each with a
+//! key prefix of its own; the failover has a cluster of its own. The two run
+//! one at a time (a 2-core machine runs twelve redis-servers at best slowly).
+#![cfg(feature = "cluster")]
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use support::cluster::RedisCluster;
+use support::node::Node;
+use support::{failover, hammer};
+use tollgate::{ConfigErrorKind, Policy, Quota, RateLimiter, RedisStore, Store};
+
+/// One cluster at a time in this process (each test has its own runtime;
+/// tokio's mutex works across them).
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// A store on the cluster with its own connection, a key prefix and a
+/// timeout generous for a busy 2-core machine.
+fn store(cluster: &RedisCluster, prefix: &str) -> RedisStore {
+    store_with_timeout(cluster, prefix, Duration::from_secs(5))
+}
+
+fn store_with_timeout(cluster: &RedisCluster, prefix: &str, timeout: Duration) -> RedisStore {
+    RedisStore::builder()
+        .cluster(cluster.seed_urls())
+        .prefix(prefix)
+        .timeout(timeout)
+        .build()
+        .expect("cluster store")
+}
+
+fn time_us(node: &Node) -> u64 {
+    let t: Vec<u64> = node.cmd(&["TIME"]);
+    t[0] * 1_000_000 + t[1]
+}
+
+/// Clients whose buckets (for `quota`) together live on every primary, at
+/// least `per_primary` on each, and the port of the primary of each.
+fn clients_on_every_primary(
+    cluster: &RedisCluster,
+    store: &RedisStore,
+    quota: &Quota,
+    name: &str,
+    per_primary: usize,
+) -> Vec<(String, u16)> {
+    let primaries: BTreeSet<u16> = cluster.primaries().iter().map(Node::port).collect();
+    let mut count: BTreeMap<u16, usize> = BTreeMap::new();
+    let mut out = Vec::new();
+    for i in 0.. {
+        let client = format!("{name}:{i}");
+        let owner = cluster
+            .primary_for_key(&store.bucket_key(&client, quota))
+            .port();
+        let n = count.entry(owner).or_default();
+        if *n < per_primary {
+            *n += 1;
+            out.push((client, owner));
+        }
+        if primaries.iter().all(|p| count.get(p) == Some(&per_primary)) {
+            return out;
+        }
+    }
+    unreachable!()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_scenarios_on_one_shared_cluster() {
+    let _serial = SERIAL.lock().await;
+    let cluster = RedisCluster::start();
+    // The round-trip count needs a cluster nobody else talks to: first.
+    one_round_trip_per_decision_summed_over_the_primaries(&cluster).await;
+    script_flush_on_every_node_between_calls(&cluster).await;
+    several_quotas_are_all_or_nothing_on_every_node(&cluster).await;
+    ten_thousand_keys_spread_over_all_primaries(&cluster).await;
+    four_limiters_on_one_hot_key_never_exceed_the_quota(&cluster).await;
+    the_applications_cluster_pool_works_as_seeds_do(&cluster).await;
+}
+
+/// After warm-up, K decisions are K `EVALSHA`s summed over the primaries;
+/// everything else the primaries count is what the script runs inside Redis
+/// (one `TIME`, a `GET` per quota, a `SET` per admitted quota). The replicas
+/// serve nothing: they only apply the primaries' writes.
+async fn one_round_trip_per_decision_summed_over_the_primaries(cluster: &RedisCluster) {
+    let policy = Policy::new(
+        "trips",
+        [
+            Quota::per_second(1000).unwrap(),
+            Quota::per_hour(100_000).unwrap(),
+        ],
+    )
+    .unwrap();
+    let store = store(cluster, "trips:");
+    let limiter = RateLimiter::new(store.clone(), policy.clone());
+    let clients = clients_on_every_primary(cluster, &store, &policy.quotas()[0], "c", 10);
+    // Warm-up: the connections to every primary, the script on every primary.
+    for (client, _) in &clients {
+        let _ = limiter.check(client, 1).await.unwrap();
+    }
+    // Asked now: the harness's own CLUSTER NODES would count otherwise.
+    let (primaries, replicas) = (cluster.primaries(), cluster.replicas());
+    cluster.reset_stats_all();
+
+    const K: u64 = 300;
+    for i in 0..K / 2 {
+        let (client, _) = &clients[i as usize % clients.len()];
+        let _ = limiter.check(client, 1).await.unwrap();
+    }
+    let tasks: Vec<_> = (0..10)
+        .map(|t| {
+            let (limiter, clients) = (limiter.clone(), clients.clone());
+            tokio::spawn(async move {
+                for i in 0..K / 20 {
+                    let (client, _) = &clients[(t * 7 + i as usize) % clients.len()];
+                    let _ = limiter.check(client, 1).await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+
+    let mut summed: BTreeMap<String, u64> = BTreeMap::new();
+    for p in &primaries {
+        let mut calls = p.all_calls();
+        // The replicas' acknowledgements (REPLCONF ACK, once a second) come
+        // over the replication link, not from the store.
+        calls.remove("replconf");
+        assert!(
+            calls.get("evalsha").is_some_and(|n| *n > 0),
+            "{p:?} decided nothing: {calls:?}"
+        );
+        for (command, n) in calls {
+            *summed.entry(command).or_default() += n;
+        }
+    }
+    println!("cluster: commands on the primaries for {K} decisions: {summed:?}");
+    // Inside the script: one TIME per decision, a GET per quota, a SET per
+    // quota of an admitted decision. They are not round trips.
+    assert_eq!(summed.remove("time"), Some(K));
+    assert_eq!(summed.remove("get"), Some(2 * K));
+    assert!(summed.remove("set").is_some_and(|set| set <= 2 * K));
+    assert_eq!(
+        summed,
+        BTreeMap::from([("evalsha".to_string(), K)]),
+        "commands sent to the primaries for {K} decisions"
+    );
+    for r in &replicas {
+        let calls = r.all_calls();
+        for command in ["evalsha", "eval", "get", "time"] {
+            assert!(
+                !calls.contains_key(command),
+                "replica {r:?} served {command}: {calls:?}"
+            );
+        }
+    }
+}
+
+/// Each node has its own script cache. After `SCRIPT FLUSH` on every node,
+/// the first call on each primary gets `NOSCRIPT` and is answered with
+/// `EVAL` on the same keys, routed to the same node, which caches the script
+/// there: one `EVAL` per primary, never `SCRIPT LOAD`, and the buckets are
+/// intact.
+async fn script_flush_on_every_node_between_calls(cluster: &RedisCluster) {
+    let quota = Quota::new(100, Duration::from_secs(24 * 3600)).unwrap();
+    let store = store(cluster, "flush:");
+    let limiter = RateLimiter::new(store.clone(), quota);
+    let clients = clients_on_every_primary(cluster, &store, &quota, "f", 4);
+    for round in 1..=3u64 {
+        for n in cluster.nodes() {
+            let _: () = n.cmd(&["SCRIPT", "FLUSH"]);
+        }
+        cluster.reset_stats_all();
+        // One by one: two calls racing on one node would both see NOSCRIPT.
+        for (client, _) in &clients {
+            let d = limiter.check(client, 1).await.unwrap();
+            assert!(d.allowed());
+            assert_eq!(d.remaining(), 100 - round, "{client} lost its bucket");
+        }
+        for p in cluster.primaries() {
+            let calls = p.all_calls();
+            assert_eq!(
+                calls.get("eval"),
+                Some(&1),
+                "round {round}: {p:?} should reload the script once: {calls:?}"
+            );
+            assert!(!calls.contains_key("script|load"), "{calls:?}");
+        }
+        for r in cluster.replicas() {
+            assert_eq!(r.calls("eval"), 0, "{r:?}");
+        }
+    }
+}
+
+/// Two quotas of one client share a slot (the `{hash tag}`), so one script
+/// call decides both, on whichever primary owns the client, without
+/// `CROSSSLOT`; a denial by one quota spends nothing from the other; a reset
+/// deletes both.
+async fn several_quotas_are_all_or_nothing_on_every_node(cluster: &RedisCluster) {
+    // Refills of under a token an hour: the counts below are exact.
+    let day = Duration::from_secs(24 * 3600);
+    let policy = Policy::new(
+        "pair",
+        [Quota::new(1000, day).unwrap(), Quota::new(3, day).unwrap()],
+    )
+    .unwrap();
+    let store = store(cluster, "pair:");
+    let clients = clients_on_every_primary(cluster, &store, &policy.quotas()[0], "m", 5);
+    for (client, owner) in &clients {
+        for quota in policy.quotas() {
+            let key = store.bucket_key(client, quota);
+            assert_eq!(cluster.primary_for_key(&key).port(), *owner, "{key}");
+        }
+        for i in 1..=3u64 {
+            let d = store.check(client, &policy, 1).await.unwrap();
+            assert!(d.allowed(), "{client} check {i}");
+            assert_eq!(d.states()[0].remaining(), 1000 - i);
+            assert_eq!(d.states()[1].remaining(), 3 - i);
+        }
+        let d = store.check(client, &policy, 1).await.unwrap();
+        assert!(!d.allowed(), "{client}: the second quota is spent");
+        // The denial charged neither bucket.
+        assert_eq!(d.states()[0].remaining(), 997, "{:?}", d.states());
+        assert_eq!(d.states()[1].remaining(), 0, "{:?}", d.states());
+        let d = store.check(client, &policy, 0).await.unwrap();
+        assert_eq!(d.states()[0].remaining(), 997, "{:?}", d.states());
+        let node = cluster.node(*owner);
+        let pattern = format!("pair:{{{client}}}:*");
+        let keys: Vec<String> = node.cmd(&["KEYS", &pattern]);
+        assert_eq!(keys.len(), 2, "{client}'s buckets on {node:?}: {keys:?}");
+        // A reset deletes both buckets with one DEL on that node.
+        store.reset(client, &policy).await.unwrap();
+        let keys: Vec<String> = node.cmd(&["KEYS", &pattern]);
+        assert!(keys.is_empty(), "{keys:?}");
+        let d = store.check(client, &policy, 1).await.unwrap();
+        assert_eq!(d.states()[1].remaining(), 2, "{:?}", d.states());
+    }
+}
+
+/// 10 000 clients land on all three primaries, about a third each.
+async fn ten_thousand_keys_spread_over_all_primaries(cluster: &RedisCluster) {
+    const CLIENTS: usize = 10_000;
+    let store = store(cluster, "spread:");
+    let limiter = RateLimiter::new(store, Quota::per_hour(10).unwrap());
+    let tasks: Vec<_> = (0..50)
+        .map(|t| {
+            let limiter = limiter.clone();
+            tokio::spawn(async move {
+                for i in (t..CLIENTS).step_by(50) {
+                    let d = limiter.check(&format!("client:{i}"), 1).await.unwrap();
+                    assert!(d.allowed());
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let per_primary: BTreeMap<u16, usize> = cluster
+        .key_names_per_primary()
+        .into_iter()
+        .map(|(port, keys)| {
+            (
+                port,
+                keys.iter().filter(|k| k.starts_with("spread:")).count(),
+            )
+        })
+        .collect();
+    println!("cluster: {CLIENTS} keys per primary: {per_primary:?}");
+    assert_eq!(per_primary.len(), 3);
+    assert_eq!(per_primary.values().sum::<usize>(), CLIENTS);
+    for (port, n) in &per_primary {
+        // A third is 3333; CRC16 over 10 000 keys strays by ~50.
+        assert!(
+            (2_500..=4_200).contains(n),
+            "primary {port} holds {n} of {CLIENTS}: {per_primary:?}"
+        );
+    }
+}
+
+/// The bound of `tests/concurrency.rs` on a cluster: 4 limiters, each with
+/// its own cluster connection (as 4 application instances), 64 tasks on one
+/// hot key for 3 seconds.
+async fn four_limiters_on_one_hot_key_never_exceed_the_quota(cluster: &RedisCluster) {
+    let limiters: Vec<_> = (0..4)
+        .map(|_| RateLimiter::new(store(cluster, "exact:"), hammer::quota()))
+        .collect();
+    for l in &limiters {
+        let _ = l.peek("warm-up").await.unwrap();
+    }
+    let key = store(cluster, "exact:").bucket_key("hot", &hammer::quota());
+    let owner = cluster.primary_for_key(&key);
+    let outcome = hammer::hammer(&limiters, move || time_us(&owner)).await;
+    hammer::assert_bounds("cluster", &outcome);
+}
+
+/// The application's own deadpool-redis cluster pool: one connection taken
+/// and kept, decisions routed as with seeds.
+async fn the_applications_cluster_pool_works_as_seeds_do(cluster: &RedisCluster) {
+    let pool = deadpool_redis::cluster::Config::from_urls(cluster.seed_urls())
+        .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+        .expect("cluster pool");
+    let store = RedisStore::builder()
+        .cluster_pool(pool.clone())
+        .prefix("pool:")
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    assert!(store.ping().await.is_ok());
+    let quota = Quota::per_hour(5).unwrap();
+    for (client, owner) in clients_on_every_primary(cluster, &store, &quota, "p", 2) {
+        let d = store.check(&client, &Policy::from(quota), 1).await.unwrap();
+        assert_eq!(d.remaining(), 4);
+        let key = store.bucket_key(&client, &quota);
+        let exists: i64 = cluster.node(owner).cmd(&["EXISTS", &key]);
+        assert_eq!(exists, 1, "{key} on port {owner}");
+    }
+    // Taken from the pool for good: the pool holds nothing.
+    assert_eq!(pool.status().size, 0);
+}
+
+/// How the primary of the hot key fails.
+#[derive(Clone, Copy, Debug)]
+enum Fault {
+    /// SIGKILL: its sockets close, clients see it at once.
+    Kill,
+    /// SIGKILL after its replica was cut off for this long (the replica
+    /// frozen, its link dropped, so it cannot reconnect): the primary's
+    /// writes of that time never reach the replica that takes over.
+    KillWithLaggingReplica(Duration),
+    /// SIGSTOP: its sockets stay open and nothing answers, as when a host or
+    /// its network dies without a word (a half-open connection).
+    Freeze,
+}
+
+/// A primary fails while 8 tasks check keys on every node: its replica is
+/// promoted, every limiter decides again within seconds, every error on the
+/// way is a store error, and what was admitted too much is what the old
+/// primary had acknowledged but not yet replicated (see
+/// `tests/support/failover.rs`).
+///
+/// Three times on one cluster, each on a shard that still has a replica: a
+/// plain kill (on loopback the replica is microseconds behind: as a rule
+/// nothing is lost), a kill after the replica was cut off for 300 ms (the
+/// over-admission a lagging replica allows, measured), and a frozen primary
+/// (a connection that never answers nor closes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_primary_killed_under_load_fails_over() {
+    let _serial = SERIAL.lock().await;
+    let cluster = Arc::new(RedisCluster::start());
+    let lag = Duration::from_millis(300);
+    for fault in [
+        Fault::Kill,
+        Fault::KillWithLaggingReplica(lag),
+        Fault::Freeze,
+    ] {
+        let report = fail_a_primary_under_load(&cluster, fault).await;
+        assert!(
+            report.promoted_to_resumed <= Duration::from_secs(5),
+            "{fault:?}: checks resumed {:?} after the promotion",
+            report.promoted_to_resumed
+        );
+        if let Fault::KillWithLaggingReplica(_) = fault {
+            // The cut-off replica missed the admissions of the last 300 ms:
+            // the measurement must see them, or it proves nothing.
+            assert!(
+                report.lost_seen > 0,
+                "the replica missed nothing: {report:?}"
+            );
+        }
+    }
+}
+
+/// One failover under load, on the shard of a hot key whose primary still
+/// has a replica.
+async fn fail_a_primary_under_load(cluster: &Arc<RedisCluster>, fault: Fault) -> failover::Report {
+    let prefix = format!("{fault:?}:")
+        .to_ascii_lowercase()
+        .replace(['(', ')', ' ', '.'], "");
+    let timeout = Duration::from_secs(1);
+    let limiters: Vec<_> = (0..2)
+        .map(|_| {
+            RateLimiter::new(
+                store_with_timeout(cluster, &prefix, timeout),
+                failover::quota(),
+            )
+        })
+        .collect();
+    let store = store_with_timeout(cluster, &prefix, timeout);
+    let quota = failover::quota();
+    let replica_of = |primary: &Node| {
+        cluster
+            .replicas()
+            .into_iter()
+            .find(|r| r.info("replication")["master_port"] == primary.port().to_string())
+    };
+    let (hot, victim, heir) = (0..)
+        .find_map(|i| {
+            let hot = format!("hot{i}");
+            let victim = cluster.primary_for_key(&store.bucket_key(&hot, &quota));
+            replica_of(&victim).map(|heir| (hot, victim, heir))
+        })
+        .unwrap();
+    let others: Vec<String> = clients_on_every_primary(cluster, &store, &quota, "o", 4)
+        .into_iter()
+        .map(|(client, _)| client)
+        .collect();
+    for l in &limiters {
+        let _ = l.check(&hot, 1).await.unwrap();
+        for o in &others {
+            let _ = l.check(o, 1).await.unwrap();
+        }
+    }
+    let survivor = cluster
+        .primaries()
+        .into_iter()
+        .find(|p| *p != victim)
+        .unwrap();
+    let kill = {
+        let (victim, heir) = (victim.clone(), heir.clone());
+        move || match fault {
+            Fault::Kill => victim.kill(),
+            Fault::KillWithLaggingReplica(lag) => {
+                heir.freeze();
+                let _: i64 = victim.cmd(&["CLIENT", "KILL", "TYPE", "replica"]);
+                std::thread::sleep(lag);
+                victim.kill();
+                heir.thaw();
+            }
+            Fault::Freeze => victim.freeze(),
+        }
+    };
+    let promoted = {
+        let cluster = Arc::clone(cluster);
+        let victim = victim.clone();
+        move || {
+            let new = cluster.wait_for_failover(&victim);
+            assert_eq!(new, heir);
+            println!("cluster: {victim:?} replaced by {new:?}");
+        }
+    };
+    let report = failover::kill_under_load(
+        &format!("cluster, {fault:?}"),
+        &limiters,
+        &hot,
+        &others,
+        move || time_us(&survivor),
+        kill,
+        promoted,
+    )
+    .await;
+    assert_ne!(
+        cluster.primary_for_key(&store.bucket_key(&hot, &quota)),
+        victim
+    );
+    // A frozen primary stays out of the way: gone for good.
+    victim.kill();
+    report
+}
+
+#[test]
+fn cluster_configuration_mistakes_are_refused_at_build() {
+    let refused = |builder: tollgate::store::RedisStoreBuilder| {
+        let e = builder.build().expect_err("a mistake");
+        assert_eq!(e.kind(), ConfigErrorKind::Store);
+        let message = e.to_string();
+        assert!(!message.contains("s3cret"), "{message}");
+        message
+    };
+    let none: [&str; 0] = [];
+    let m = refused(RedisStore::builder().cluster(none));
+    assert!(m.contains("at least one seed"), "{m}");
+    let m = refused(RedisStore::builder().cluster(["redis://:s3cret@127.0.0.1:7000/3"]));
+    assert!(m.contains("only database 0"), "{m}");
+    let m = refused(RedisStore::builder().cluster(["redis://:s3cret@127.0.0.1:notaport"]));
+    assert!(m.contains("127.0.0.1"), "{m}");
+    let m = refused(
+        RedisStore::builder().cluster(["redis://:s3cret@10.0.0.1:7000", "redis://:other@10.0.0.2"]),
+    );
+    assert!(m.contains("password"), "{m}");
+    let m = refused(
+        RedisStore::builder().cluster(["redis://:s3cret@10.0.0.1:7000", "rediss://10.0.0.2"]),
+    );
+    assert!(m.contains("mix"), "{m}");
+    // Nothing connects before the first check: unreachable seeds build.
+    let store = RedisStore::from_cluster_urls(["redis://:s3cret@10.0.0.1:7000"]).unwrap();
+    assert!(store.host().contains("10.0.0.1:7000"), "{}", store.host());
+    assert!(!format!("{store:?}").contains("s3cret"));
+    let debug = format!(
+        "{:?}",
+        RedisStore::builder().cluster(["redis://:s3cret@10.0.0.1:7000"])
+    );
+    assert!(!debug.contains("s3cret"), "{debug}");
+}
