@@ -51,6 +51,7 @@
 //! anyone.
 
 mod any;
+#[cfg(feature = "redis")]
 mod breaker;
 pub(crate) mod bucket;
 mod contract;
@@ -63,6 +64,7 @@ mod redis;
 mod sealed;
 
 pub use any::AnyStore;
+#[cfg(feature = "redis")]
 pub use breaker::{
     CircuitBreaker, DEFAULT_BREAKER_FAILURES, DEFAULT_FIRST_PROBE, DEFAULT_MAX_COOLDOWN,
 };
