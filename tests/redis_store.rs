@@ -844,7 +844,7 @@ async fn the_default_timeout_is_100_ms() {
     for (name, store) in &stores {
         assert_eq!(store.timeout(), Duration::from_millis(100), "{name}");
         // Connect and load the script; 100 ms can be short on a busy machine.
-        until_answered(store, "x", &quotas, 1).await;
+        let _ = until_answered(store, "x", &quotas, 1).await;
     }
     server.freeze();
     for (name, store) in &stores {
@@ -941,7 +941,7 @@ async fn a_stopped_server_is_a_quick_store_error() {
     // `Timeout` proves the store did not wait for it.
     let timeout = Duration::from_secs(30);
     let warm = server.store_with_timeout(timeout);
-    warm.check("x", &quotas, 1).await.unwrap();
+    let _ = warm.check("x", &quotas, 1).await.unwrap();
     let cold = server.store_with_timeout(timeout);
     server.stop();
     for (name, store) in [("held connection", &warm), ("cold store", &cold)] {
