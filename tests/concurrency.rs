@@ -29,7 +29,6 @@
 
 mod support;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use support::RedisServer;
@@ -178,6 +177,7 @@ async fn redis_never_admits_more_than_the_quota_across_instances() {
 #[cfg(feature = "test-util")]
 #[test]
 fn memory_never_admits_more_than_the_quota_across_threads() {
+    use std::sync::Arc;
     use std::sync::atomic::{AtomicU64, Ordering};
     use tollgate::{MemoryStore, Policy};
 

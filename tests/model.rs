@@ -34,10 +34,6 @@ use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use support::RedisServer;
 use tollgate::{Decision, MemoryStore, Policy, Quota, Store};
 
-/// A realistic Redis clock (microseconds since the epoch, November 2025), so the
-/// script's arithmetic runs on numbers of the size production sends.
-const EPOCH_US: u64 = 1_763_000_000_000_000;
-
 /// One quota as the model sees it: `tokens` per `period_us`, bucket `capacity`.
 #[derive(Clone, Copy, Debug)]
 struct ModelQuota {
@@ -373,6 +369,10 @@ mod explicit_clock {
 
     use super::*;
     use tollgate::{Error, RedisStore};
+
+    /// A realistic Redis clock (microseconds since the epoch, November 2025), so
+    /// the script's arithmetic runs on numbers of the size production sends.
+    const EPOCH_US: u64 = 1_763_000_000_000_000;
 
     struct Stores {
         server: RedisServer,
