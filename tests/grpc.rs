@@ -10,17 +10,14 @@
 
 mod support;
 
-use axum::Router;
-use axum::routing::get;
 use http::StatusCode;
 use http_body_util::BodyExt;
 use support::RedisServer;
 use support::grpc::{
     self, CHECK, GrpcServer, PROBE_DECISION, PROBE_STORE_FAILURE, check, meta, pushback, within,
 };
-use support::http::{Client, TestServer};
 use tollgate::key::{Global, Header};
-use tollgate::layer::{Choice, OnStoreError, RateLimitLayer, Rejection, grpc_method};
+use tollgate::layer::{Choice, OnStoreError, RateLimitLayer, grpc_method};
 use tollgate::{Policy, Quota};
 use tonic::Code;
 use tonic_health::ServingStatus;
@@ -242,8 +239,16 @@ async fn only_real_grpc_calls_get_grpc_answers() {
     }
 }
 
+// The default key (the peer address) reads axum's ConnectInfo: tollgate's
+// `axum` feature.
+#[cfg(feature = "axum")]
 #[tokio::test]
 async fn mixed_server_answers_http_with_429_and_grpc_with_a_status() {
+    use axum::Router;
+    use axum::routing::get;
+    use support::http::{Client, TestServer};
+    use tollgate::layer::Rejection;
+
     let redis = RedisServer::start();
     // One layer in front of both: HTTP routes and a tonic service in one axum
     // router, keyed by the peer address (axum's ConnectInfo). The rejection
