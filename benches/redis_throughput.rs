@@ -1,7 +1,8 @@
 //! Decisions per second against one local redis-server, four clients
 //! interleaved in every round:
 //!
-//! - (a) `RedisStore`: one held multiplexed connection, one `EVALSHA` per decision;
+//! - (a) `RedisStore`: one held multiplexed connection; concurrent checks go
+//!   together in one `EVALSHA` (its batching, up to 32 checks a call);
 //! - (b) the pattern of other Redis limiters: `pool.get()` per decision, then
 //!   `EVALSHA` of the same script (deadpool-redis recycles each connection it
 //!   hands out with `UNWATCH` + `PING`), with deadpool's default pool size;
@@ -240,14 +241,22 @@ async fn run_pool_per_decision(server: &RedisServer, keys: u64, max_size: Option
         let (pool, script, store) = (pool.clone(), Arc::clone(&script), store.clone());
         async move {
             let mut conn = pool.get().await.expect("pool.get");
-            // The script's reply: allowed, then remaining, retry, reset per quota.
+            // The arguments RedisStore sends for one check (see the header of
+            // lua/token_bucket.lua): Redis TIME; one quota (full, num, den);
+            // one decision of cost 1 on quota 1, no debt. The reply: allowed,
+            // then remaining, wait and reset for the quota.
             let reply: Vec<i64> = script
                 .key(store.bucket_key(&client(keys, task, n), &q))
-                .arg(1)
                 .arg("")
-                .arg(q.capacity())
+                .arg(1)
+                .arg(q.capacity() * den)
                 .arg(num)
                 .arg(den)
+                .arg(1)
+                .arg(1)
+                .arg(1)
+                .arg(1)
+                .arg(0)
                 .invoke_async(&mut conn)
                 .await
                 .expect("evalsha");

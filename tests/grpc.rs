@@ -10,12 +10,15 @@
 
 mod support;
 
+use axum::Router;
+use axum::routing::get;
 use http::StatusCode;
 use http_body_util::BodyExt;
 use support::RedisServer;
 use support::grpc::{
     self, CHECK, GrpcServer, PROBE_DECISION, PROBE_STORE_FAILURE, check, meta, pushback, within,
 };
+use support::http::{Client, TestServer};
 use tollgate::key::{Global, Header};
 use tollgate::layer::{Choice, OnStoreError, RateLimitLayer, grpc_method};
 use tollgate::{Policy, Quota};
@@ -244,9 +247,6 @@ async fn only_real_grpc_calls_get_grpc_answers() {
 #[cfg(feature = "axum")]
 #[tokio::test]
 async fn mixed_server_answers_http_with_429_and_grpc_with_a_status() {
-    use axum::Router;
-    use axum::routing::get;
-    use support::http::{Client, TestServer};
     use tollgate::layer::Rejection;
 
     let redis = RedisServer::start();
@@ -533,7 +533,10 @@ async fn shadow_mode_forwards_over_limit_and_failed_calls() {
             .shadow()
     };
     let allow = GrpcServer::start_probed(shadow(OnStoreError::Allow)).await;
-    let deny = GrpcServer::start_probed(shadow(OnStoreError::Deny)).await;
+    // For the outage below: stores that have denied nobody, so no answer can
+    // come from a deny cache.
+    let fresh_allow = GrpcServer::start_probed(shadow(OnStoreError::Allow)).await;
+    let fresh_deny = GrpcServer::start_probed(shadow(OnStoreError::Deny)).await;
     let mut client = allow.client().await;
     let start = redis.time_us();
     for left in [1, 0] {
@@ -564,7 +567,7 @@ async fn shadow_mode_forwards_over_limit_and_failed_calls() {
     }
 
     redis.stop();
-    for server in [&allow, &deny] {
+    for server in [&fresh_allow, &fresh_deny] {
         let mut client = server.client().await;
         let ok = within(client.check(check(&[])))
             .await

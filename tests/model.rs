@@ -584,10 +584,24 @@ fn stored_stamp(server: &RedisServer, key: &str) -> Option<u64> {
 }
 
 /// One case on the production path; see the module docs. `Err` is a mismatch.
+/// Script calls (`EVALSHA`, `EVAL`) the server has run.
+fn script_calls(server: &RedisServer) -> u64 {
+    server.calls("evalsha") + server.calls("eval")
+}
+
+/// One case on the production path; see the module docs. `Err` is a mismatch.
+///
+/// With `deny_cache`, a check the store answered without Redis (no script
+/// call during it) is a cached denial. The model cannot say when exactly it
+/// was decided, but it can say what the cache must never do: deny what Redis
+/// would admit (the model admits at `lo`, so at every later time too), or
+/// report a longer wait than Redis would (the model's wait at `lo`, the
+/// longest in the interval).
 fn live_case_run(
     server: &RedisServer,
     runtime: &tokio::runtime::Runtime,
     store: &tollgate::RedisStore,
+    deny_cache: bool,
     key: &str,
     quotas: &[Quota],
     steps: &[(u64, u64)],
@@ -598,11 +612,30 @@ fn live_case_run(
     for (step, &(sleep_us, cost)) in steps.iter().enumerate() {
         std::thread::sleep(Duration::from_micros(sleep_us));
         let before: Vec<Option<String>> = keys.iter().map(|k| server.cmd(&["GET", k])).collect();
+        let calls = deny_cache.then(|| script_calls(server));
         let lo = server.time_us();
         let got = runtime
             .block_on(store.check(key, &policy, cost))
             .map_err(|e| format!("step {step}: {e}"))?;
         let hi = server.time_us();
+        if calls.is_some_and(|calls| script_calls(server) == calls) {
+            let at_lo = model.peek(lo, cost);
+            let waits = |states: &[Expected]| -> Vec<u64> {
+                states.iter().map(|s| s.retry_after_us).collect()
+            };
+            let cached: Vec<u64> = got
+                .states()
+                .iter()
+                .map(|s| s.retry_after().as_micros() as u64)
+                .collect();
+            let longer = cached.iter().zip(waits(&at_lo)).any(|(c, m)| *c > m);
+            if got.allowed() || at_lo[0].allowed || longer {
+                return Err(format!(
+                    "step {step}: answered without Redis: {got:?}; the model at {lo}: {at_lo:?}"
+                ));
+            }
+            continue;
+        }
         // The script read TIME between `lo` and `hi`, and the model is a
         // function of that time: some t in between must give this answer.
         let Some(first) =
@@ -663,32 +696,47 @@ fn live_case_run(
     Ok(())
 }
 
-/// `RedisStore::check`, the script production runs (clock from Redis `TIME`),
-/// agrees with the model at every step; the model's time for each step is
-/// read from Redis around the call, so nothing depends on how fast the
-/// machine is, and no case is rejected.
-#[test]
-fn redis_time_path_agrees_with_the_model() {
+/// Runs the production-path property against a store built with or without
+/// its deny cache.
+fn redis_time_path(deny_cache: bool) {
     let server = RedisServer::start();
     let runtime = runtime();
-    let store = server.store();
+    let mut builder = tollgate::RedisStore::builder()
+        .pool(server.pool())
+        .timeout(Duration::from_secs(5));
+    if !deny_cache {
+        builder = builder.deny_cache(0);
+    }
+    let store = builder.build().unwrap();
     let next = std::cell::Cell::new(0u64);
     // About 40 cases of up to 20 steps and 30 ms sleeps: a few seconds.
     let result = runner(40).run(&live_case(), |(quotas, steps)| {
         next.set(next.get() + 1);
-        let outcome = live_case_run(
-            &server,
-            &runtime,
-            &store,
-            &format!("live:{}", next.get()),
-            &quotas,
-            &steps,
-        );
-        outcome.map_err(TestCaseError::fail)
+        let key = format!("live:{}", next.get());
+        live_case_run(&server, &runtime, &store, deny_cache, &key, &quotas, &steps)
+            .map_err(TestCaseError::fail)
     });
     if let Err(e) = result {
         panic!("{e}");
     }
+}
+
+/// `RedisStore::check`, the script production runs (clock from Redis `TIME`),
+/// agrees with the model at every step; the model's time for each step is
+/// read from Redis around the call, so nothing depends on how fast the
+/// machine is, and no case is rejected. The deny cache is off, so every
+/// answer comes from the script.
+#[test]
+fn redis_time_path_agrees_with_the_model() {
+    redis_time_path(false);
+}
+
+/// The same with the deny cache on (the default): answers from Redis agree
+/// with the model exactly, and denials the store gives from its cache never
+/// deny what the model admits or promise a longer wait.
+#[test]
+fn redis_time_path_with_the_deny_cache_agrees_with_the_model() {
+    redis_time_path(true);
 }
 
 /// `MemoryStore::check`, with its production clock (tokio's `Instant`) paused

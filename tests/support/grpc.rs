@@ -158,6 +158,7 @@ impl GrpcServer {
         });
         GrpcServer {
             addr,
+            tls: None,
             reporter,
             shutdown: Some(tx),
             task,
