@@ -7,8 +7,9 @@
 //!   `EVALSHA` of the same script (deadpool-redis recycles each connection it
 //!   hands out with `UNWATCH` + `PING`), with deadpool's default pool size;
 //! - (b') the same with a pool of 50, so no task waits for a connection;
-//! - (c) the limit: `redis-benchmark` sending the same `EVALSHA` (50 clients,
-//!   16-deep pipelines).
+//! - (c) `redis-benchmark` sending the same `EVALSHA`, one decision per call
+//!   (50 clients, 16-deep pipelines): what Redis does when every decision is
+//!   a script call of its own.
 //!
 //! (a) and (b) run 50 tasks on a 2-worker tokio runtime, each calling as fast
 //! as it can for `RUN`, over `KEYS` client keys at `Quota::per_second(10)`.
@@ -29,9 +30,9 @@
 //!   against the `SET` calls the script made (one per admission) in `INFO
 //!   commandstats`; (c): from those `SET` calls (redis-benchmark cannot see the
 //!   replies), marked `*`.
-//! - `µs/call`: `usec_per_call` of `evalsha` in `INFO commandstats`: the
-//!   script's execution, wall time, so it grows when the two cores are
-//!   contended.
+//! - `µs/call`: `usec_per_call` of `evalsha` in `INFO commandstats`: one
+//!   script call's execution, wall time, so it grows when the two cores are
+//!   contended; a call of (a) may decide a whole batch of checks.
 //! - `CPU µs/d` (computed): the server's `used_cpu_user + used_cpu_sys` (`INFO
 //!   cpu`) over the run, divided by decisions: the script plus reading, parsing
 //!   and answering, key expiry.
