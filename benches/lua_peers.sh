@@ -45,6 +45,8 @@ run() {
   cli info commandstats | sed -n 's/^cmdstat_evalsha:.*usec_per_call=\([0-9.]*\).*/\1/p'
 }
 
+load() { cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo unknown; }
+load_start=$(load)
 results="$dir/results"
 for round in $(seq "$rounds"); do
   # tollgate: Redis TIME; one quota: full 10 x 100000 units, 1/100000 token per
@@ -57,6 +59,7 @@ for round in $(seq "$rounds"); do
   echo "round $round of $rounds done" >&2
 done
 
+echo "load average at start: $load_start; at end: $(load)"
 echo "Redis usec_per_call of EVALSHA, median of $rounds interleaved rounds ($requests calls each, -c 50 -P 16${pin_server:+, pinned}):"
 awk '
   { v[$1] = v[$1] " " $2 }

@@ -1,24 +1,58 @@
-//! Decisions per second against one local redis-server, three ways, in one run:
+//! Decisions per second against one local redis-server, four clients
+//! interleaved in every round:
 //!
-//! - (a) `RedisStore`: one held multiplexed connection, one `EVALSHA` per decision;
+//! - (a) `RedisStore`: one held multiplexed connection; concurrent checks go
+//!   together in one `EVALSHA` (its batching, up to 32 checks a call);
 //! - (b) the pattern of other Redis limiters: `pool.get()` per decision, then
-//!   `EVALSHA` of the same script (deadpool-redis checks each connection it hands
-//!   out with a `PING`), with deadpool's default pool size and with 50;
-//! - (c) the limit: `redis-benchmark` sending the same `EVALSHA` (50 clients,
-//!   16-deep pipelines).
+//!   `EVALSHA` of the same script (deadpool-redis recycles each connection it
+//!   hands out with `UNWATCH` + `PING`), with deadpool's default pool size;
+//! - (b') the same with a pool of 50, so no task waits for a connection;
+//! - (c) `redis-benchmark` sending the same `EVALSHA`, one decision per call
+//!   (50 clients, 16-deep pipelines): what Redis does when every decision is
+//!   a script call of its own.
 //!
-//! Every client runs 50 tasks (a 2-worker tokio runtime) over 10 000 client keys
-//! at `Quota::per_second(10)`. Also printed: Redis time per call (`INFO
-//! commandstats` `usec_per_call` of `evalsha`: the script's execution, wall
-//! time, so it grows when the 2 cores are contended), Redis CPU per decision
-//! (`INFO cpu` user + sys of the server over the run, divided by decisions: the
-//! script plus network I/O and parsing), commands and round trips per
-//! decision (commands the clients sent, divided by decisions; commands the script
-//! runs inside Redis do not count; deadpool-redis pipelines `UNWATCH` with its
-//! `PING`, one round trip), and `MEMORY USAGE` of one bucket key.
+//! (a) and (b) run 50 tasks on a 2-worker tokio runtime, each calling as fast
+//! as it can for `RUN`, over `KEYS` client keys at `Quota::per_second(10)`.
+//! With the default 10 000 keys the supply (100 000 tokens a second, after a
+//! first burst of 100 000) is above what any client here can ask for, so
+//! nearly every decision admits and writes: the costlier case for Redis, and
+//! the same mix for every client, whatever its speed. `KEYS=1000` puts demand
+//! above supply, so the faster clients get mostly denials (which write
+//! nothing) and the mixes differ. Every run counts admissions and denials.
+//! Redis is flushed before each run, so every run starts from full buckets.
 //!
-//! Run: `cargo bench --bench redis_throughput` (about 40 s; every loop is bounded
-//! in time and count).
+//! Every column is measured in the run it describes; the two computed from
+//! other measurements say how:
+//!
+//! - `decisions/s`: (a), (b): decisions the tasks made / wall time of the run;
+//!   (c): redis-benchmark's own requests per second.
+//! - `allowed`, `denied`: (a), (b): counted from each `Decision`, and checked
+//!   against the `SET` calls the script made (one per admission) in `INFO
+//!   commandstats`; (c): from those `SET` calls (redis-benchmark cannot see the
+//!   replies), marked `*`.
+//! - `µs/call`: `usec_per_call` of `evalsha` in `INFO commandstats`: one
+//!   script call's execution, wall time, so it grows when the two cores are
+//!   contended; a call of (a) may decide a whole batch of checks.
+//! - `CPU µs/d` (computed): the server's `used_cpu_user + used_cpu_sys` (`INFO
+//!   cpu`) over the run, divided by decisions: the script plus reading, parsing
+//!   and answering, key expiry.
+//! - `cmds/d` (computed): commands the clients sent (`INFO commandstats`, less
+//!   the `GET`/`SET`/`TIME` the script runs inside Redis and the harness's own
+//!   `INFO`/`CONFIG`), divided by decisions.
+//! - `reads/d` (computed): socket reads the server processed
+//!   (`total_reads_processed` of `INFO stats`) divided by decisions. A caller
+//!   alone sends one read per round trip; below 1, commands of several callers
+//!   arrived in one read (a multiplexed connection or redis-benchmark's
+//!   pipelines). The harness's few `INFO` connections are included.
+//!
+//! The summary gives, per client, the median and the range over the rounds,
+//! and the ratios between clients computed round by round (both ran in the
+//! same round, so under the same load), with their median and range. The
+//! load average at the start and the end of the bench is printed: the
+//! machine may be shared, and absolute figures move with it.
+//!
+//! Run: `cargo bench --bench redis_throughput` (3 rounds, about 1 minute);
+//! `ROUNDS=5 KEYS=1000 cargo bench --bench redis_throughput` to change them.
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -26,6 +60,7 @@ mod support;
 use std::collections::BTreeMap;
 use std::process::Command;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use deadpool_redis::redis::Script;
@@ -33,82 +68,133 @@ use support::RedisServer;
 use tollgate::{Quota, RateLimiter, RedisStore};
 
 const TASKS: usize = 50;
-const KEYS: u64 = 10_000;
 const RUN: Duration = Duration::from_secs(4);
 /// Upper bound on decisions per task and run, so a run ends even if time stalls.
-const MAX_PER_TASK: u64 = 200_000;
-const ROUNDS: usize = 2;
+const MAX_PER_TASK: u64 = 1_000_000;
+/// redis-benchmark requests per run: several seconds at the rates seen here.
+const BENCHMARK_REQUESTS: u64 = 300_000;
 const SCRIPT: &str = include_str!("../lua/token_bucket.lua");
 
 fn quota() -> Quota {
     Quota::per_second(10).expect("quota")
 }
 
-/// The client key of a task's n-th decision: spread over `KEYS` keys, written as
-/// redis-benchmark writes `__rand_int__` (12 digits).
-fn client(task: usize, n: u64) -> String {
-    let k = (task as u64 * 7_919 + n).wrapping_mul(2_654_435_761) % KEYS;
+fn env_or(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|v| *v > 0)
+        .unwrap_or(default)
+}
+
+/// The client key of a task's n-th decision: spread over `keys` keys, written
+/// as redis-benchmark writes `__rand_int__` (12 digits).
+fn client(keys: u64, task: usize, n: u64) -> String {
+    let k = (task as u64 * 7_919 + n).wrapping_mul(2_654_435_761) % keys;
     format!("user:{k:012}")
 }
 
+/// One client's run, every figure measured in it.
 struct Run {
     decisions: u64,
-    secs: f64,
+    per_sec: f64,
+    allowed: u64,
+    /// `allowed` came from the server's `SET` count, not from decisions.
+    allowed_from_sets: bool,
     usec_per_call: f64,
-    /// CPU time of the redis-server process (user + sys, `INFO cpu`) per decision,
-    /// µs: the command plus reading, parsing and answering it.
     cpu_us: f64,
-    /// Commands the client sent per decision.
     commands: f64,
-    /// Round trips per decision: commands, less the `UNWATCH` that deadpool-redis
-    /// pipelines with its `PING` when recycling a connection.
-    round_trips: f64,
+    reads: f64,
+    sent: BTreeMap<String, u64>,
 }
 
-impl Run {
-    fn rate(&self) -> f64 {
-        self.decisions as f64 / self.secs
-    }
+/// Server counters before a run.
+struct Before {
+    cpu: f64,
+    reads: u64,
 }
 
-/// Commands the clients sent since the last reset: everything but what the
-/// script runs inside Redis (GET, SET, TIME).
-fn client_commands(server: &RedisServer) -> (u64, BTreeMap<String, u64>) {
-    let mut calls = server.all_calls();
-    for inside in ["get", "set", "time"] {
-        calls.remove(inside);
-    }
-    (calls.values().sum(), calls)
+fn info_field(server: &RedisServer, section: &str, field: &str) -> f64 {
+    let info: String = server.cmd(&["INFO", section]);
+    info.lines()
+        .filter_map(|l| l.split_once(':'))
+        .find(|(k, _)| *k == field)
+        .and_then(|(_, v)| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{field} in INFO {section}"))
 }
 
 /// CPU seconds the redis-server process has used (`used_cpu_user + used_cpu_sys`).
 fn cpu_seconds(server: &RedisServer) -> f64 {
-    let info: String = server.cmd(&["INFO", "cpu"]);
-    info.lines()
-        .filter_map(|l| l.split_once(':'))
-        .filter(|(k, _)| *k == "used_cpu_user" || *k == "used_cpu_sys")
-        .filter_map(|(_, v)| v.trim().parse::<f64>().ok())
-        .sum()
+    info_field(server, "cpu", "used_cpu_user") + info_field(server, "cpu", "used_cpu_sys")
 }
 
-/// Runs `TASKS` tasks calling `decide` until `RUN` is over; returns the figures.
+/// Empty buckets and zeroed counters, then the counters that cannot be zeroed.
+fn fresh(server: &RedisServer) -> Before {
+    let _: () = server.cmd(&["FLUSHALL"]);
+    server.reset_stats();
+    Before {
+        cpu: cpu_seconds(server),
+        reads: info_field(server, "stats", "total_reads_processed") as u64,
+    }
+}
+
+/// The server's side of a run that made `decisions` decisions.
+fn measure(
+    server: &RedisServer,
+    before: &Before,
+    decisions: u64,
+    per_sec: f64,
+    allowed: Option<u64>,
+) -> Run {
+    let cpu = cpu_seconds(server);
+    let reads = info_field(server, "stats", "total_reads_processed") as u64;
+    let mut sent = server.all_calls();
+    let sets = sent.remove("set").unwrap_or(0);
+    for inside in ["get", "time"] {
+        sent.remove(inside);
+    }
+    if let Some(allowed) = allowed {
+        // One quota, cost 1: the script writes once per admission, never for a
+        // denial. A mismatch means the bench counts something else than it says.
+        assert_eq!(sets, allowed, "SET calls against admissions counted");
+    }
+    let d = decisions as f64;
+    Run {
+        decisions,
+        per_sec,
+        allowed: allowed.unwrap_or(sets),
+        allowed_from_sets: allowed.is_none(),
+        usec_per_call: server
+            .command_stat("evalsha", "usec_per_call")
+            .unwrap_or(f64::NAN),
+        cpu_us: (cpu - before.cpu) * 1e6 / d,
+        commands: sent.values().sum::<u64>() as f64 / d,
+        reads: (reads - before.reads) as f64 / d,
+        sent,
+    }
+}
+
+/// Runs `TASKS` tasks calling `decide` until `RUN` is over; `decide` answers
+/// whether the decision admitted.
 async fn drive<F, Fut>(server: &RedisServer, decide: F) -> Run
 where
     F: Fn(usize, u64) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = ()> + Send,
+    Fut: Future<Output = bool> + Send,
 {
-    server.reset_stats();
-    let cpu_before = cpu_seconds(server);
+    let before = fresh(server);
     let decide = Arc::new(decide);
+    let allowed = Arc::new(AtomicU64::new(0));
     let start = Instant::now();
     let deadline = start + RUN;
     let tasks: Vec<_> = (0..TASKS)
         .map(|task| {
-            let decide = Arc::clone(&decide);
+            let (decide, allowed) = (Arc::clone(&decide), Arc::clone(&allowed));
             tokio::spawn(async move {
                 let mut n = 0;
                 while n < MAX_PER_TASK && Instant::now() < deadline {
-                    decide(task, n).await;
+                    if decide(task, n).await {
+                        allowed.fetch_add(1, Ordering::Relaxed);
+                    }
                     n += 1;
                 }
                 n
@@ -119,38 +205,26 @@ where
     for t in tasks {
         decisions += t.await.expect("task");
     }
-    let secs = start.elapsed().as_secs_f64();
-    let cpu_us = (cpu_seconds(server) - cpu_before) * 1e6 / decisions as f64;
-    let (sent, calls) = client_commands(server);
-    let usec_per_call = server
-        .command_stat("evalsha", "usec_per_call")
-        .unwrap_or(f64::NAN);
-    let unwatch = calls.get("unwatch").copied().unwrap_or(0);
-    println!("  commands sent for {decisions} decisions: {calls:?}");
-    Run {
-        decisions,
-        secs,
-        usec_per_call,
-        cpu_us,
-        commands: sent as f64 / decisions as f64,
-        round_trips: (sent - unwatch) as f64 / decisions as f64,
-    }
+    let per_sec = decisions as f64 / start.elapsed().as_secs_f64();
+    let allowed = allowed.load(Ordering::Relaxed);
+    measure(server, &before, decisions, per_sec, Some(allowed))
 }
 
-async fn run_store(server: &RedisServer) -> Run {
+async fn run_store(server: &RedisServer, keys: u64) -> Run {
     let limiter = RateLimiter::new(server.store(), quota());
     let _ = limiter.peek("warm-up").await.expect("warm-up");
     drive(server, move |task, n| {
         let limiter = limiter.clone();
         async move {
-            let _ = limiter.check(&client(task, n), 1).await.expect("check");
+            let d = limiter.check(&client(keys, task, n), 1).await;
+            d.expect("check").allowed()
         }
     })
     .await
 }
 
 /// What other limiters do: take a connection from the pool for each decision.
-async fn run_pool_per_decision(server: &RedisServer, max_size: Option<usize>) -> Run {
+async fn run_pool_per_decision(server: &RedisServer, keys: u64, max_size: Option<usize>) -> Run {
     let mut config = deadpool_redis::Config::from_url(server.url());
     if let Some(max_size) = max_size {
         config.pool = Some(deadpool_redis::PoolConfig::new(max_size));
@@ -168,16 +242,26 @@ async fn run_pool_per_decision(server: &RedisServer, max_size: Option<usize>) ->
         let (pool, script, store) = (pool.clone(), Arc::clone(&script), store.clone());
         async move {
             let mut conn = pool.get().await.expect("pool.get");
-            let _: Vec<i64> = script
-                .key(store.bucket_key(&client(task, n), &q))
-                .arg(1)
+            // The arguments RedisStore sends for one check (see the header of
+            // lua/token_bucket.lua): Redis TIME; one quota (full, num, den);
+            // one decision of cost 1 on quota 1, no debt. The reply: allowed,
+            // then remaining, wait and reset for the quota.
+            let reply: Vec<i64> = script
+                .key(store.bucket_key(&client(keys, task, n), &q))
                 .arg("")
-                .arg(q.capacity())
+                .arg(1)
+                .arg(q.capacity() * den)
                 .arg(num)
                 .arg(den)
+                .arg(1)
+                .arg(1)
+                .arg(1)
+                .arg(1)
+                .arg(0)
                 .invoke_async(&mut conn)
                 .await
                 .expect("evalsha");
+            reply.first() == Some(&1)
         }
     };
     // Load the script and open the pool's connections before measuring.
@@ -199,16 +283,14 @@ fn gcd(mut a: u64, mut b: u64) -> u64 {
 }
 
 /// redis-benchmark sending our EVALSHA, 16-deep pipelines on 50 connections.
-fn run_redis_benchmark(server: &RedisServer) -> Run {
+fn run_redis_benchmark(server: &RedisServer, keys: u64) -> Run {
     let sha: String = server.cmd(&["SCRIPT", "LOAD", SCRIPT]);
-    server.reset_stats();
-    let cpu_before = cpu_seconds(server);
-    let requests = 300_000u64;
+    let before = fresh(server);
     let out = Command::new("timeout")
-        .args(["60", "redis-benchmark", "-h", "127.0.0.1", "-p"])
+        .args(["120", "redis-benchmark", "-h", "127.0.0.1", "-p"])
         .arg(server.port().to_string())
-        .args(["-c", "50", "-P", "16", "-r", &KEYS.to_string(), "--csv"])
-        .args(["-n", &requests.to_string()])
+        .args(["-c", "50", "-P", "16", "-r", &keys.to_string(), "--csv"])
+        .args(["-n", &BENCHMARK_REQUESTS.to_string()])
         .args([
             "EVALSHA",
             &sha,
@@ -229,87 +311,142 @@ fn run_redis_benchmark(server: &RedisServer) -> Run {
         .map(|v| v.trim_matches('"'))
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("redis-benchmark output: {stdout}"));
-    let usec_per_call = server
-        .command_stat("evalsha", "usec_per_call")
-        .unwrap_or(f64::NAN);
-    let calls = server.calls("evalsha");
-    let cpu_us = (cpu_seconds(server) - cpu_before) * 1e6 / calls as f64;
-    Run {
-        decisions: calls,
-        secs: calls as f64 / rps,
-        usec_per_call,
-        cpu_us,
-        commands: 1.0,
-        round_trips: 1.0 / 16.0,
+    let failed = server
+        .command_stat("evalsha", "failed_calls")
+        .unwrap_or(0.0) as u64;
+    assert_eq!(failed, 0, "EVALSHA failed in redis-benchmark");
+    let decisions = server.calls("evalsha");
+    measure(server, &before, decisions, rps, None)
+}
+
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
     }
 }
 
+/// `median (min-max)` of `v`, with `digits` decimals.
+fn spread(v: &[f64], digits: usize) -> String {
+    let min = v.iter().copied().fold(f64::INFINITY, f64::min);
+    let max = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    format!(
+        "{:.digits$} ({:.digits$}-{:.digits$})",
+        median(v.to_vec()),
+        min,
+        max
+    )
+}
+
 fn main() {
+    let rounds = env_or("ROUNDS", 3) as usize;
+    let keys = env_or("KEYS", 10_000);
+    let load_start = load_average();
     let server = RedisServer::start();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .expect("runtime");
+    let version: String = server.cmd(&["INFO", "server"]);
+    let version = version
+        .lines()
+        .find_map(|l| l.strip_prefix("redis_version:"))
+        .unwrap_or("?")
+        .trim()
+        .to_owned();
     println!(
-        "redis_throughput: {TASKS} tasks, 2 tokio workers, {} s per run, {KEYS} keys at {}",
+        "redis_throughput: {TASKS} tasks, 2 tokio workers, {} s per run, {keys} keys at {}, \
+         {rounds} rounds; Redis {version}, {} CPUs; load average at start: {load_start}",
         RUN.as_secs(),
-        quota()
+        quota(),
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
     );
     let default_pool = deadpool_redis::PoolConfig::default().max_size;
     let names = [
         "(a) RedisStore, held multiplexed connection".to_string(),
         format!("(b) pool.get() per decision, pool of {default_pool} (default)"),
         "(b') pool.get() per decision, pool of 50".to_string(),
-        "(c) redis-benchmark EVALSHA, 50 clients, -P 16".to_string(),
+        "(c) redis-benchmark EVALSHA, -c 50 -P 16".to_string(),
     ];
     let mut runs: Vec<Vec<Run>> = (0..names.len()).map(|_| Vec::new()).collect();
-    for round in 1..=ROUNDS {
-        println!("round {round}/{ROUNDS}");
-        runs[0].push(runtime.block_on(run_store(&server)));
-        runs[1].push(runtime.block_on(run_pool_per_decision(&server, None)));
-        runs[2].push(runtime.block_on(run_pool_per_decision(&server, Some(50))));
-        runs[3].push(run_redis_benchmark(&server));
+    for round in 1..=rounds {
+        eprintln!("round {round}/{rounds}");
+        runs[0].push(runtime.block_on(run_store(&server, keys)));
+        runs[1].push(runtime.block_on(run_pool_per_decision(&server, keys, None)));
+        runs[2].push(runtime.block_on(run_pool_per_decision(&server, keys, Some(50))));
+        runs[3].push(run_redis_benchmark(&server, keys));
     }
+    let load_end = load_average();
 
     println!();
     println!(
-        "| {:<52} | {:>11} | {:>13} | {:>14} | {:>17} | {:>20} |",
-        "client",
-        "decisions/s",
-        "Redis µs/call",
-        "Redis CPU µs/d",
-        "commands/decision",
-        "round trips/decision"
+        "| client | round | decisions/s | allowed | denied | µs/call | CPU µs/d | cmds/d | reads/d |"
     );
-    println!(
-        "|{:-<54}|{:->13}|{:->15}|{:->16}|{:->19}|{:->22}|",
-        "", "", "", "", "", ""
-    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     for (name, runs) in names.iter().zip(&runs) {
-        for r in runs {
-            let trips = if name.starts_with("(c)") {
-                "1/16 (pipelined)".to_string()
-            } else {
-                format!("{:.3}", r.round_trips)
-            };
+        for (i, r) in runs.iter().enumerate() {
+            let mark = if r.allowed_from_sets { "*" } else { "" };
             println!(
-                "| {name:<52} | {:>11.0} | {:>13.2} | {:>14.2} | {:>17.3} | {trips:>20} |",
-                r.rate(),
+                "| {name} | {} | {:.0} | {}{mark} | {}{mark} | {:.2} | {:.2} | {:.3} | {:.3} |",
+                i + 1,
+                r.per_sec,
+                r.allowed,
+                r.decisions - r.allowed,
                 r.usec_per_call,
                 r.cpu_us,
-                r.commands
+                r.commands,
+                r.reads,
             );
         }
     }
-    let best = |i: usize| runs[i].iter().map(Run::rate).fold(0.0, f64::max);
-    println!();
+    println!("\n* from the SET calls the script made (redis-benchmark cannot see replies)");
+    println!("\ncommands the clients sent, last round:");
+    for (name, runs) in names.iter().zip(&runs) {
+        if let Some(r) = runs.last() {
+            println!("  {name}: {:?} for {} decisions", r.sent, r.decisions);
+        }
+    }
+
     println!(
-        "ratio (a)/(b)  = {:.2}   (best run of each)",
-        best(0) / best(1)
+        "\nover {rounds} rounds, median (min-max):\n\n| client | decisions/s | allowed % | µs/call | CPU µs/d | cmds/d | reads/d |"
     );
-    println!("ratio (a)/(b') = {:.2}", best(0) / best(2));
-    println!("ratio (a)/(c)  = {:.2}", best(0) / best(3));
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+    for (name, runs) in names.iter().zip(&runs) {
+        let col = |f: &dyn Fn(&Run) -> f64| runs.iter().map(f).collect::<Vec<_>>();
+        println!(
+            "| {name} | {} | {} | {} | {} | {} | {} |",
+            spread(&col(&|r| r.per_sec), 0),
+            spread(&col(&|r| 100.0 * r.allowed as f64 / r.decisions as f64), 1),
+            spread(&col(&|r| r.usec_per_call), 2),
+            spread(&col(&|r| r.cpu_us), 2),
+            spread(&col(&|r| r.commands), 3),
+            spread(&col(&|r| r.reads), 3),
+        );
+    }
+    println!("\nratios of decisions/s, round by round (computed), median (min-max):");
+    for (label, i, j) in [("(a)/(b) ", 0, 1), ("(a)/(b')", 0, 2), ("(a)/(c) ", 0, 3)] {
+        let ratios: Vec<f64> = runs[i]
+            .iter()
+            .zip(&runs[j])
+            .map(|(a, b)| a.per_sec / b.per_sec)
+            .collect();
+        let all: Vec<String> = ratios.iter().map(|r| format!("{r:.2}")).collect();
+        println!(
+            "  {label} = {}   rounds: {}",
+            spread(&ratios, 2),
+            all.join(" ")
+        );
+    }
 
     let store = server.store();
     let key = store.bucket_key("user:42", &quota());
@@ -318,5 +455,6 @@ fn main() {
         .expect("check");
     let bytes: i64 = server.cmd(&["MEMORY", "USAGE", &key]);
     let value: String = server.cmd(&["GET", &key]);
-    println!("MEMORY USAGE {key} = {bytes} bytes (value {value:?})");
+    println!("\nMEMORY USAGE {key} = {bytes} bytes (value {value:?})");
+    println!("load average at start: {load_start}; at end: {load_end}");
 }

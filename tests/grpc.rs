@@ -15,10 +15,12 @@ use axum::routing::get;
 use http::StatusCode;
 use http_body_util::BodyExt;
 use support::RedisServer;
-use support::grpc::{self, CHECK, GrpcServer, check, meta, pushback, within};
+use support::grpc::{
+    self, CHECK, GrpcServer, PROBE_DECISION, PROBE_STORE_FAILURE, check, meta, pushback, within,
+};
 use support::http::{Client, TestServer};
 use tollgate::key::{Global, Header};
-use tollgate::layer::{Choice, OnStoreError, RateLimitLayer, Rejection, grpc_method};
+use tollgate::layer::{Choice, OnStoreError, RateLimitLayer, grpc_method};
 use tollgate::{Policy, Quota};
 use tonic::Code;
 use tonic_health::ServingStatus;
@@ -45,12 +47,23 @@ fn t_of(item: &str) -> u64 {
     item.rsplit(";t=").next().unwrap().parse().unwrap()
 }
 
+/// Microseconds of Redis time since `start_us` (a Redis `TIME` reading).
+///
+/// A wait of `w` counted from a spend made after `start_us` is reported as
+/// `w` less the time that passed until the decision, which is at most this:
+/// so the reported wait lies within `w - elapsed ..= w`, a bound measured on
+/// the store's own clock rather than a guessed margin.
+fn elapsed_us(redis: &RedisServer, start_us: u64) -> u64 {
+    redis.time_us() - start_us
+}
+
 #[tokio::test]
 async fn limited_calls_get_resource_exhausted_with_pushback() {
     let redis = RedisServer::start();
     let layer = layer(&redis, named("health", [per_minute(2)])).key(Global);
     let server = GrpcServer::start(layer).await;
     let mut client = server.client().await;
+    let start = redis.time_us();
     for r in [1, 0] {
         let ok = within(client.check(check(&[]))).await.expect("admitted");
         // The rate limit headers arrive as initial metadata.
@@ -62,9 +75,11 @@ async fn limited_calls_get_resource_exhausted_with_pushback() {
     let status = within(client.check(check(&[]))).await.unwrap_err();
     // Not UNAVAILABLE, which is what tonic makes of a bare HTTP 429.
     assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
-    let ms = pushback(&status).expect("grpc-retry-pushback-ms");
-    // One token every 30 s, the first spent a moment ago.
-    assert!((1..=30_000).contains(&ms), "{ms}");
+    let ms = pushback(&status).expect("grpc-retry-pushback-ms") as u64;
+    // One token every 30 s, counted from the first spend, rounded up to the
+    // millisecond.
+    let lowest = 30_000 - elapsed_us(&redis, start) / 1000;
+    assert!((lowest..=30_000).contains(&ms), "{ms}");
     assert_eq!(
         status.message(),
         format!("rate limit exceeded: policy health, retry in {ms} ms")
@@ -123,6 +138,7 @@ async fn limited_answer_is_http_200_trailers_only() {
     let redis = RedisServer::start();
     let server = GrpcServer::start(layer(&redis, per_minute(1)).key(Global)).await;
     let mut client = server.client().await;
+    let start = redis.time_us();
     within(client.check(check(&[]))).await.expect("admitted");
 
     // The same call again, sent raw over HTTP/2 to see the wire answer.
@@ -151,7 +167,8 @@ async fn limited_answer_is_http_200_trailers_only() {
         .unwrap()
         .parse()
         .unwrap();
-    assert!((1..=60_000).contains(&ms), "{ms}");
+    let lowest = 60_000 - elapsed_us(&redis, start) / 1000;
+    assert!((lowest..=60_000).contains(&ms), "{ms}");
     // The details need tonic-types, so they come with the `tonic` feature only.
     assert_eq!(
         h.contains_key("grpc-status-details-bin"),
@@ -225,8 +242,13 @@ async fn only_real_grpc_calls_get_grpc_answers() {
     }
 }
 
+// The default key (the peer address) reads axum's ConnectInfo: tollgate's
+// `axum` feature.
+#[cfg(feature = "axum")]
 #[tokio::test]
 async fn mixed_server_answers_http_with_429_and_grpc_with_a_status() {
+    use tollgate::layer::Rejection;
+
     let redis = RedisServer::start();
     // One layer in front of both: HTTP routes and a tonic service in one axum
     // router, keyed by the peer address (axum's ConnectInfo). The rejection
@@ -243,6 +265,7 @@ async fn mixed_server_answers_http_with_429_and_grpc_with_a_status() {
     let mut grpc =
         tonic_health::pb::health_client::HealthClient::new(grpc::channel(server.addr()).await);
 
+    let start = redis.time_us();
     let r = http.get(&server.url("/hello")).await;
     assert_eq!((r.status, r.body.as_str()), (StatusCode::OK, "hello"));
     let ok = within(grpc.check(check(&[]))).await.expect("admitted");
@@ -253,8 +276,10 @@ async fn mixed_server_answers_http_with_429_and_grpc_with_a_status() {
     let r = http.get(&server.url("/hello")).await;
     assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(r.header("content-type"), Some("application/problem+json"));
+    // One token every 30 s from the first spend, in whole seconds rounded up.
     let wait = r.retry_after().unwrap();
-    assert!((1..=30).contains(&wait), "{wait}");
+    let lowest = 30 - elapsed_us(&redis, start) / 1_000_000;
+    assert!((lowest..=30).contains(&wait), "{wait}");
     assert!(
         r.header("ratelimit")
             .unwrap()
@@ -455,7 +480,15 @@ async fn store_down_is_unavailable_with_deny_and_unlimited_with_allow() {
             .on_store_error(OnStoreError::Deny),
     )
     .await;
-    let allow = GrpcServer::start(layer(&redis, per_minute(1)).key(Global)).await;
+    // Probed: the health service's view shows the layer was there and failed
+    // open, which a forwarded call alone would not.
+    let allow = GrpcServer::start_probed(layer(&redis, per_minute(1)).key(Global)).await;
+    let mut client = allow.client().await;
+    let ok = within(client.check(check(&[]))).await.expect("admitted");
+    assert_eq!(
+        meta(ok.metadata(), PROBE_DECISION),
+        Some("allowed=true remaining=0 limit=1")
+    );
     redis.stop();
 
     let status = within(deny.client().await.check(check(&[])))
@@ -474,10 +507,73 @@ async fn store_down_is_unavailable_with_deny_and_unlimited_with_allow() {
         assert_eq!(retry.retry_delay, Some(std::time::Duration::from_secs(1)));
     }
 
-    // Fail open (the default): every call passes, unlimited.
-    let mut client = allow.client().await;
+    // Fail open (the default): every call passes, unlimited (the bucket of
+    // one is spent: with a working store these would be refused), and the
+    // service sees the failure.
     for _ in 0..3 {
         let ok = within(client.check(check(&[]))).await.expect("forwarded");
+        assert_eq!(meta(ok.metadata(), "ratelimit"), None);
+        assert_eq!(meta(ok.metadata(), PROBE_DECISION), None);
+        let failure = meta(ok.metadata(), PROBE_STORE_FAILURE).expect("a StoreFailure");
+        assert!(!failure.is_empty());
+    }
+}
+
+/// Shadow mode over gRPC: calls over the limit are forwarded (no
+/// `RESOURCE_EXHAUSTED`) with the refusing decision in the request
+/// extensions and the `RateLimit` metadata; with Redis down they are
+/// forwarded too, even with `OnStoreError::Deny`, carrying the failure.
+#[tokio::test]
+async fn shadow_mode_forwards_over_limit_and_failed_calls() {
+    let mut redis = RedisServer::start();
+    let shadow = |on_error| {
+        layer(&redis, named("health", [per_minute(2)]))
+            .key(Global)
+            .on_store_error(on_error)
+            .shadow()
+    };
+    let allow = GrpcServer::start_probed(shadow(OnStoreError::Allow)).await;
+    // For the outage below: stores that have denied nobody, so no answer can
+    // come from a deny cache.
+    let fresh_allow = GrpcServer::start_probed(shadow(OnStoreError::Allow)).await;
+    let fresh_deny = GrpcServer::start_probed(shadow(OnStoreError::Deny)).await;
+    let mut client = allow.client().await;
+    let start = redis.time_us();
+    for left in [1, 0] {
+        let ok = within(client.check(check(&[]))).await.expect("admitted");
+        assert_eq!(
+            meta(ok.metadata(), PROBE_DECISION),
+            Some(format!("allowed=true remaining={left} limit=2").as_str())
+        );
+    }
+    for _ in 0..3 {
+        let ok = within(client.check(check(&[])))
+            .await
+            .expect("forwarded in shadow mode");
+        let md = ok.metadata();
+        assert_eq!(
+            meta(md, PROBE_DECISION),
+            Some("allowed=false remaining=0 limit=2")
+        );
+        // One token every 30 s from the first spend.
+        let t = t_of(meta(md, "ratelimit").unwrap());
+        let lowest = 30 - elapsed_us(&redis, start) / 1_000_000;
+        assert!((lowest..=30).contains(&t), "t={t}");
+        assert_eq!(
+            meta(md, "ratelimit"),
+            Some(format!("\"health\";r=0;t={t}").as_str())
+        );
+        assert_eq!(meta(md, "grpc-retry-pushback-ms"), None);
+    }
+
+    redis.stop();
+    for server in [&fresh_allow, &fresh_deny] {
+        let mut client = server.client().await;
+        let ok = within(client.check(check(&[])))
+            .await
+            .expect("forwarded in shadow mode");
+        assert_eq!(meta(ok.metadata(), PROBE_DECISION), None);
+        assert!(meta(ok.metadata(), PROBE_STORE_FAILURE).is_some());
         assert_eq!(meta(ok.metadata(), "ratelimit"), None);
     }
 }

@@ -60,14 +60,39 @@ fn summary(body: &str) -> &str {
     body.split(" states=").next().unwrap_or(body)
 }
 
+/// Whole seconds of Redis time since `start_us` (a Redis `TIME` reading),
+/// rounded down.
+///
+/// A wait of `w` whole seconds counted from a spend made after `start_us`
+/// is reported, rounded up, as `w - e` for the `e` seconds that passed until
+/// the decision; `e` is at most what Redis says now. So the reported value
+/// lies in `w - whole_secs_since(..) ..= w`: exactly `w` on a machine that
+/// takes under a second, and a bound that grows only with the measured delay
+/// on a busy one, never a guessed margin.
+fn whole_secs_since(redis: &RedisServer, start_us: u64) -> u64 {
+    (redis.time_us() - start_us) / 1_000_000
+}
+
+/// `w - whole_secs_since(..) ..= w`, see [`whole_secs_since`].
+fn wait_range(redis: &RedisServer, start_us: u64, w: u64) -> std::ops::RangeInclusive<u64> {
+    w.saturating_sub(whole_secs_since(redis, start_us))..=w
+}
+
+/// The `t` of the last `RateLimit` item (`"name";r=0;t=30`).
+fn t_of(header: &str) -> u64 {
+    header.rsplit(";t=").next().unwrap().parse().unwrap()
+}
+
 #[tokio::test]
 async fn burst_is_cut_at_capacity_then_admitted_after_retry_after() {
     let redis = RedisServer::start();
     let layer = RateLimitLayer::new(redis.store(), small()).key(Global);
     let server = TestServer::axum(app(layer)).await;
     let client = Client::new();
-    // Send until the first 429: at least the burst of 3 passes, a few more only if
-    // this machine is slow enough for tokens to refill meanwhile.
+    // Send until the first 429: the burst of 3 passes, plus one token for
+    // each whole second the requests took (none on a machine that is not
+    // stalled).
+    let start = redis.time_us();
     let mut admitted = 0;
     let limited = loop {
         let r = client.get(&server.url("/")).await;
@@ -76,9 +101,14 @@ async fn burst_is_cut_at_capacity_then_admitted_after_retry_after() {
         }
         assert_eq!(r.header("ratelimit-policy"), Some("\"default\";q=3;w=3"));
         admitted += 1;
-        assert!(admitted < 20, "never limited");
+        assert!(admitted < 1_000, "never limited");
     };
-    assert!(admitted >= 3, "only {admitted} admitted");
+    let refilled = whole_secs_since(&redis, start);
+    assert!(
+        (3..=3 + refilled).contains(&admitted),
+        "{admitted} admitted in under {} s",
+        refilled + 1
+    );
     assert_eq!(limited.status, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(limited.header("cache-control"), Some("no-store"));
     assert!(
@@ -104,6 +134,7 @@ async fn headers_equal_the_decision_the_handler_sees() {
     let layer = RateLimitLayer::new(redis.store(), named("api", quotas)).key(Global);
     let server = TestServer::axum(app(layer)).await;
     let client = Client::new();
+    let start = redis.time_us();
     for n in 1..=5u64 {
         let r = client.get(&server.url("/")).await;
         assert_eq!(r.status, StatusCode::OK);
@@ -135,22 +166,15 @@ async fn headers_equal_the_decision_the_handler_sees() {
         assert_eq!(format!("[{}]", from_header.join(", ")), states, "{header}");
         assert!(items[0].starts_with("\"api.0\";"), "{header}");
         assert!(items[0].ends_with(";t=1"), "{header}");
-        // One token an hour: the next is 720 s after the first spend.
-        let t: u64 = items[1].rsplit("t=").next().unwrap().parse().unwrap();
-        assert!((700..=720).contains(&t), "{header}");
+        // Five tokens an hour: the next is 720 s after the first spend.
+        let t = t_of(items[1]);
+        assert!(wait_range(&redis, start, 720).contains(&t), "{header}");
     }
     let limited = client.get(&server.url("/")).await;
     assert_eq!(limited.status, StatusCode::TOO_MANY_REQUESTS);
-    let t: u64 = limited
-        .header("ratelimit")
-        .unwrap()
-        .rsplit("t=")
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
-    // One token an hour: roughly 720 s away, and Retry-After says the same.
-    assert!((700..=720).contains(&t), "t={t}");
+    let t = t_of(limited.header("ratelimit").unwrap());
+    // The next token, 720 s after the first spend, and Retry-After says the same.
+    assert!(wait_range(&redis, start, 720).contains(&t), "t={t}");
     assert_eq!(limited.retry_after(), Some(t));
 
     // Legacy headers carry the same numbers.
@@ -195,17 +219,17 @@ async fn policies_per_route_and_tier_with_costs_keep_separate_buckets() {
 
     // Free tier: a bulk call costs 3 of 4, one more single call, then limited.
     let free_hdr = [key, ("x-tier", &b"free"[..])];
+    let start = redis.time_us();
     let r = client.get_with(&server.url("/bulk"), &free_hdr).await;
     assert_eq!(r.header("ratelimit"), Some("\"free\";r=1;t=15"));
-    assert_eq!(
-        client.get_with(&server.url("/"), &free_hdr).await.status,
-        200
-    );
+    let r = client.get_with(&server.url("/"), &free_hdr).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(summary(&r.body), "allowed=true remaining=0 limit=4");
     let r = client.get_with(&server.url("/bulk"), &free_hdr).await;
     assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
-    // 3 tokens at one per 15 s: 45 s, rounded up, less what refilled meanwhile.
+    // 3 tokens at one per 15 s: 45 s from the first spend, rounded up.
     let wait = r.retry_after().unwrap();
-    assert!((44..=45).contains(&wait), "{wait}");
+    assert!(wait_range(&redis, start, 45).contains(&wait), "{wait}");
 
     // The same key on the pro tier and on the default policy has its own buckets.
     let pro_hdr = [key, ("x-tier", &b"pro"[..])];
@@ -273,14 +297,26 @@ async fn shadow_mode_never_rejects_but_reports() {
     let server = TestServer::axum(app(layer)).await;
     let client = Client::new();
     let key = [("x-api-key", &b"k"[..])];
-    for _ in 0..3 {
-        assert_eq!(client.get_with(&server.url("/"), &key).await.status, 200);
+    let start = redis.time_us();
+    for left in [2, 1, 0] {
+        let r = client.get_with(&server.url("/"), &key).await;
+        assert_eq!(r.status, StatusCode::OK);
+        assert_eq!(
+            summary(&r.body),
+            format!("allowed=true remaining={left} limit=3")
+        );
     }
     for _ in 0..3 {
         let r = client.get_with(&server.url("/"), &key).await;
         assert_eq!(r.status, StatusCode::OK);
         assert_eq!(summary(&r.body), "allowed=false remaining=0 limit=3");
-        assert_eq!(r.header("ratelimit"), Some("\"default\";r=0;t=20"));
+        // One token every 20 s, counted from the first spend.
+        let t = t_of(r.header("ratelimit").unwrap());
+        assert!(wait_range(&redis, start, 20).contains(&t), "t={t}");
+        assert_eq!(
+            r.header("ratelimit"),
+            Some(format!("\"default\";r=0;t={t}").as_str())
+        );
         assert_eq!(r.header("retry-after"), None);
     }
     // A missing key is forwarded too.
@@ -358,6 +394,9 @@ async fn missing_keys_follow_the_configured_behaviour() {
     );
 }
 
+/// Header values are stored hashed, and the hash is a fixed function of the
+/// value: a known answer, so a change to the hashing (which would split every
+/// client's bucket in two during a rolling deploy) fails here.
 #[tokio::test]
 async fn api_keys_never_reach_redis_in_clear() {
     let redis = RedisServer::start();
@@ -365,25 +404,31 @@ async fn api_keys_never_reach_redis_in_clear() {
     let server = TestServer::axum(app(layer)).await;
     let client = Client::new();
     let secret = b"sk_live_4242";
-    for _ in 0..4 {
-        client
+    let mut statuses = Vec::new();
+    for _ in 0..5 {
+        let r = client
             .get_with(&server.url("/"), &[("x-api-key", secret)])
             .await;
+        statuses.push(r.status.as_u16());
     }
-    let r = client
-        .get_with(&server.url("/"), &[("x-api-key", secret)])
-        .await;
+    assert_eq!(statuses, [200, 200, 200, 429, 429], "one bucket per key");
+    // `#` and the first 128 bits of SHA-256, in hex: of the value
+    // (tollgate::store::hashed_key), then once more of that `#...` string when
+    // the layer makes the extracted value safe (a value starting with `#` is
+    // always hashed, so a client cannot pose as a hashed key). Computed with
+    // `printf sk_live_4242 | sha256sum` and again on `#` + its first 32 digits.
     assert_eq!(
-        r.status,
-        StatusCode::TOO_MANY_REQUESTS,
-        "still one bucket per key"
+        tollgate::store::hashed_key(secret),
+        "#ad45a523454f5b3e6fca96a1a3bb6098"
+    );
+    assert_eq!(
+        tollgate::store::safe_key("#ad45a523454f5b3e6fca96a1a3bb6098"),
+        "#b6f9b48ef935de1045655eae0d060641"
     );
     let keys: Vec<String> = redis.cmd(&["KEYS", "*"]);
-    assert_eq!(keys.len(), 1, "{keys:?}");
-    assert!(!keys[0].contains("sk_live"), "{keys:?}");
-    assert!(
-        keys[0].starts_with("tollgate:{default:header:x-api-key:#"),
-        "{keys:?}"
+    assert_eq!(
+        keys,
+        ["tollgate:{default:header:x-api-key:#b6f9b48ef935de1045655eae0d060641}:3/1m:3"]
     );
 }
 
@@ -397,15 +442,19 @@ async fn hostile_header_values_neither_panic_nor_grow_redis_keys() {
     let braces = b"{}{user:1}}{{".repeat(100);
     let values: [&[u8]; 5] = [b"\xff\xfe\x80", b"{a}", &long, &braces, b"  spaced  "];
     for value in values {
+        let mut statuses = Vec::new();
         for _ in 0..4 {
             let r = client
                 .get_with(&server.url("/"), &[("x-api-key", value)])
                 .await;
-            assert!(
-                r.status == StatusCode::OK || r.status == StatusCode::TOO_MANY_REQUESTS,
-                "{r:?}"
-            );
+            statuses.push(r.status.as_u16());
         }
+        assert_eq!(
+            statuses,
+            [200, 200, 200, 429],
+            "{:.20}",
+            String::from_utf8_lossy(value)
+        );
     }
     // Each hostile value got exactly one bucket, limited like any other key.
     let r = client
@@ -428,8 +477,24 @@ fn fast_failing(redis: &RedisServer) -> RedisStore {
     redis.store_with_timeout(Duration::from_millis(100))
 }
 
-/// Generous for a busy 2-core CI machine: the store gives up after 100 ms.
-const FAILURE_BOUND: Duration = Duration::from_secs(2);
+/// Generous for a busy 2-core CI machine: the store gives up after 100 ms, and
+/// without its timeout a frozen Redis would hold the request until the
+/// client's own 30 s.
+const FAILURE_BOUND: Duration = Duration::from_secs(5);
+
+/// Sends `GET url` until the layer reports a decision (the store answered): a
+/// warm-up whose 100 ms store timeout can be missed on a busy machine.
+async fn until_decided(client: &Client, url: &str) -> support::http::Reply {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let r = client.get(url).await;
+        if r.status == StatusCode::OK && r.body.starts_with("allowed=") {
+            return r;
+        }
+        assert!(Instant::now() < deadline, "no decision within 30 s: {r:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
 
 #[tokio::test]
 async fn redis_down_or_frozen_allow_forwards_and_deny_answers_503_quickly() {
@@ -441,9 +506,12 @@ async fn redis_down_or_frozen_allow_forwards_and_deny_answers_503_quickly() {
     let allow_server = TestServer::axum(app(allow)).await;
     let deny_server = TestServer::axum(app(deny)).await;
     let client = Client::new();
-    // Warm up: both stores hold a connection to a live Redis.
-    assert_eq!(client.get(&allow_server.url("/")).await.status, 200);
-    assert_eq!(client.get(&deny_server.url("/")).await.status, 200);
+    // Warm up: both stores hold a connection to a live Redis and decide (from
+    // one shared bucket; a warm-up that timed out may have spent too).
+    for server in [&allow_server, &deny_server] {
+        let r = until_decided(&client, &server.url("/")).await;
+        assert!(r.body.starts_with("allowed=true"), "{}", r.body);
+    }
 
     // Frozen: connections stay open and nothing answers, so the timeout decides.
     redis.freeze();
@@ -471,7 +539,10 @@ async fn redis_down_or_frozen_allow_forwards_and_deny_answers_503_quickly() {
         let start = Instant::now();
         let r = client.get(&allow_server.url("/")).await;
         assert!(start.elapsed() < FAILURE_BOUND, "{:?}", start.elapsed());
-        assert_eq!(r.status, StatusCode::OK);
+        assert_eq!(
+            (r.status, r.body.as_str()),
+            (StatusCode::OK, "store-failure")
+        );
         let start = Instant::now();
         let r = client.get(&deny_server.url("/")).await;
         assert!(start.elapsed() < FAILURE_BOUND, "{:?}", start.elapsed());
@@ -727,7 +798,9 @@ async fn rejections_can_be_problem_json_or_custom() {
         .key(Global)
         .rejection(Rejection::problem_json());
     let server = TestServer::axum(app(problem)).await;
-    client.get(&server.url("/")).await;
+    let start = redis.time_us();
+    let first = client.get(&server.url("/")).await;
+    assert_eq!(summary(&first.body), "allowed=true remaining=0 limit=1");
     let r = client.get(&server.url("/")).await;
     assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(r.header("content-type"), Some("application/problem+json"));
@@ -737,7 +810,8 @@ async fn rejections_can_be_problem_json_or_custom() {
         "{}",
         r.body
     );
-    assert_eq!(r.retry_after(), Some(60));
+    let wait = r.retry_after().unwrap();
+    assert!(wait_range(&redis, start, 60).contains(&wait), "{wait}");
 
     let custom = RateLimitLayer::new(
         redis.store(),
@@ -752,14 +826,30 @@ async fn rejections_can_be_problem_json_or_custom() {
             .unwrap()
     }));
     let server = TestServer::axum(app(custom)).await;
-    client.get(&server.url("/")).await;
+    let start = redis.time_us();
+    let first = client.get(&server.url("/")).await;
+    assert_eq!(summary(&first.body), "allowed=true remaining=0 limit=1");
     let r = client.get(&server.url("/")).await;
     assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
-    assert!(r.body.starts_with("{\"wait_ms\":"), "{}", r.body);
-    // The layer still adds what a 429 must carry.
-    assert_eq!(r.retry_after(), Some(60));
+    let wait_ms: u64 = r
+        .body
+        .strip_prefix("{\"wait_ms\":")
+        .and_then(|b| b.strip_suffix('}'))
+        .and_then(|ms| ms.parse().ok())
+        .unwrap_or_else(|| panic!("{}", r.body));
+    // The layer still adds what a 429 must carry, from the same decision.
+    let wait = r.retry_after().unwrap();
+    assert!(wait_range(&redis, start, 60).contains(&wait), "{wait}");
+    // The body's wait is in whole milliseconds, rounded down.
+    assert!(
+        ((wait - 1) * 1000..=wait * 1000).contains(&wait_ms),
+        "{wait_ms} ms against Retry-After {wait}"
+    );
     assert_eq!(r.header("cache-control"), Some("no-store"));
-    assert_eq!(r.header("ratelimit"), Some("\"custom\";r=0;t=60"));
+    assert_eq!(
+        r.header("ratelimit"),
+        Some(format!("\"custom\";r=0;t={wait}").as_str())
+    );
 }
 
 #[tokio::test]
@@ -775,15 +865,230 @@ async fn a_bare_hyper_service_is_limited_by_peer_ip_by_default() {
     let service = RateLimitLayer::new(redis.store(), slow()).layer(inner);
     let server = TestServer::hyper(service).await;
     let client = Client::new();
-    for _ in 0..3 {
+    let start = redis.time_us();
+    for left in [2, 1, 0] {
         let r = client.get(&server.url("/")).await;
         assert_eq!((r.status, r.body.as_str()), (StatusCode::OK, "plain"));
-        assert!(r.header("ratelimit").is_some());
+        let item = r.header("ratelimit").unwrap();
+        assert!(
+            item.starts_with(&format!("\"default\";r={left};")),
+            "{item}"
+        );
     }
     let r = client.get(&server.url("/")).await;
     assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(r.retry_after(), Some(20));
+    let wait = r.retry_after().unwrap();
+    assert!(wait_range(&redis, start, 20).contains(&wait), "{wait}");
     // The server put the peer SocketAddr in the extensions; PeerIp keyed by it.
     let keys: Vec<String> = redis.cmd(&["KEYS", "*"]);
     assert_eq!(keys, ["tollgate:{default:ip:127.0.0.1}:3/1m:3"]);
+}
+
+// ---------------------------------------------------------------------------
+// In process (tower's `oneshot` on the axum router), where the response
+// extensions can be seen; the store is still a real Redis.
+// ---------------------------------------------------------------------------
+
+/// One `GET /` through `app`, in process: the response with its extensions,
+/// and its body as text.
+async fn call(app: &Router) -> (http::Response<()>, String) {
+    use http_body_util::BodyExt;
+    use tower::ServiceExt;
+    let req = http::Request::get("/")
+        .body(axum::body::Body::empty())
+        .unwrap();
+    let res = app.clone().oneshot(req).await.unwrap();
+    let (parts, body) = res.into_parts();
+    let body = body.collect().await.unwrap().to_bytes();
+    (
+        http::Response::from_parts(parts, ()),
+        String::from_utf8_lossy(&body).into_owned(),
+    )
+}
+
+/// The `RateLimit` items of a response, in order.
+fn ratelimit_items(res: &http::Response<()>) -> Vec<String> {
+    res.headers()
+        .get_all("ratelimit")
+        .iter()
+        .map(|v| v.to_str().unwrap().to_owned())
+        .collect()
+}
+
+/// Two nested layers with different names: the outer one decides (and spends)
+/// first; the handler and the response extensions carry the inner, more
+/// specific decision; both report their headers; when the inner one refuses,
+/// the outer one has already spent; when the outer one refuses, the inner one
+/// is never asked.
+#[tokio::test]
+async fn nested_layers_spend_outer_first_and_show_the_inner_decision() {
+    let redis = RedisServer::start();
+    let outer = RateLimitLayer::new(
+        redis.store(),
+        named("outer", [Quota::per_minute(5).unwrap()]),
+    )
+    .key(Global);
+    let inner = RateLimitLayer::new(redis.store(), named("inner", [slow()])).key(Global);
+    // The last `.layer` is the outermost.
+    let app = Router::new()
+        .route("/", get(echo))
+        .layer(inner)
+        .layer(outer);
+
+    for (outer_left, inner_left) in [(4, 2), (3, 1), (2, 0)] {
+        let (res, body) = call(&app).await;
+        assert_eq!(res.status(), StatusCode::OK);
+        assert_eq!(
+            summary(&body),
+            format!("allowed=true remaining={inner_left} limit=3"),
+            "the handler sees the inner decision"
+        );
+        let d = res.extensions().get::<Decision>().unwrap();
+        assert_eq!((d.limit(), d.remaining()), (3, inner_left));
+        let items = ratelimit_items(&res);
+        assert_eq!(items.len(), 2, "{items:?}");
+        assert!(
+            items[0].starts_with(&format!("\"inner\";r={inner_left}")),
+            "{items:?}"
+        );
+        assert!(
+            items[1].starts_with(&format!("\"outer\";r={outer_left}")),
+            "{items:?}"
+        );
+    }
+    // The inner layer refuses, after the outer one spent its token.
+    for outer_left in [1, 0] {
+        let (res, _) = call(&app).await;
+        assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+        let d = res.extensions().get::<Decision>().unwrap();
+        assert!(!d.allowed());
+        assert_eq!(d.limit(), 3, "the refusing (inner) decision is kept");
+        let items = ratelimit_items(&res);
+        assert!(items[0].starts_with("\"inner\";r=0"), "{items:?}");
+        assert!(
+            items[1].starts_with(&format!("\"outer\";r={outer_left}")),
+            "{items:?}"
+        );
+    }
+    // Now the outer layer refuses; the inner one is not asked.
+    redis.reset_stats();
+    let (res, _) = call(&app).await;
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(res.extensions().get::<Decision>().unwrap().limit(), 5);
+    assert_eq!(ratelimit_items(&res).len(), 1);
+    assert_eq!(redis.calls("evalsha"), 1, "the inner layer asked the store");
+    let mut keys: Vec<String> = redis.cmd(&["KEYS", "*"]);
+    keys.sort();
+    assert_eq!(
+        keys,
+        [
+            "tollgate:{inner:global:global}:3/1m:3",
+            "tollgate:{outer:global:global}:5/1m:5",
+        ]
+    );
+}
+
+/// Nested layers with the same name, key and quota share one bucket: each
+/// request spends twice from it (the documented reason to name policies).
+#[tokio::test]
+async fn nested_layers_with_the_same_name_share_one_bucket() {
+    let redis = RedisServer::start();
+    let layer = || RateLimitLayer::new(redis.store(), slow()).key(Global);
+    let app = Router::new()
+        .route("/", get(echo))
+        .layer(layer())
+        .layer(layer());
+    let (res, body) = call(&app).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    // 3 a minute: the outer layer left 2, the inner one 1.
+    assert_eq!(summary(&body), "allowed=true remaining=1 limit=3");
+    let (res, _) = call(&app).await;
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    let keys: Vec<String> = redis.cmd(&["KEYS", "*"]);
+    assert_eq!(keys, ["tollgate:{default:global:global}:3/1m:3"]);
+    // Three spends (two, then the outer one before the inner refusal): no
+    // whole token left.
+    let peek = tollgate::RateLimiter::new(redis.store(), slow())
+        .peek("default:global:global")
+        .await
+        .unwrap();
+    assert_eq!(peek.remaining(), 0);
+}
+
+/// A store failure lands in the response extensions as well as the request
+/// ones, whatever the layer then does: forwarded (fail open), answered 503
+/// (fail closed), or forwarded in shadow mode even when set to fail closed.
+#[tokio::test]
+async fn store_failures_reach_the_response_extensions() {
+    let mut redis = RedisServer::start();
+    let store = redis.store();
+    let base = || RateLimitLayer::new(store.clone(), slow()).key(Global);
+    let app = |layer: RateLimitLayer| Router::new().route("/", get(echo)).layer(layer);
+    let allow = app(base());
+    let deny = app(base().on_store_error(OnStoreError::Deny));
+    let shadow = app(base().on_store_error(OnStoreError::Deny).shadow());
+    // Working first: decisions, no failure.
+    for app in [&allow, &deny, &shadow] {
+        let (res, _) = call(app).await;
+        assert!(res.extensions().get::<Decision>().is_some());
+        assert!(res.extensions().get::<StoreFailure>().is_none());
+    }
+    redis.stop();
+    let cases = [
+        ("allow", &allow, StatusCode::OK, "store-failure"),
+        (
+            "deny",
+            &deny,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "Service Unavailable: rate limit store unavailable, retry shortly\n",
+        ),
+        ("shadow", &shadow, StatusCode::OK, "store-failure"),
+    ];
+    for (name, app, status, body_text) in cases {
+        let (res, body) = call(app).await;
+        assert_eq!((res.status(), body.as_str()), (status, body_text), "{name}");
+        let failure = res
+            .extensions()
+            .get::<StoreFailure>()
+            .unwrap_or_else(|| panic!("{name}: no StoreFailure in the response"));
+        assert!(failure.error().is_store_error(), "{name}: {failure:?}");
+        assert!(
+            !matches!(failure.error(), tollgate::Error::Timeout(_)),
+            "{name}: {failure:?}"
+        );
+        assert!(res.extensions().get::<Decision>().is_none(), "{name}");
+        assert_eq!(res.headers().get("ratelimit"), None, "{name}");
+    }
+}
+
+/// Shadow mode over real sockets with Redis down: requests are forwarded and
+/// the handler sees the failure, whichever store-error policy is set.
+#[tokio::test]
+async fn shadow_mode_forwards_store_failures() {
+    let mut redis = RedisServer::start();
+    let client = Client::new();
+    let mut servers = Vec::new();
+    for on_error in [OnStoreError::Allow, OnStoreError::Deny] {
+        let layer = RateLimitLayer::new(redis.store(), slow())
+            .key(Global)
+            .on_store_error(on_error)
+            .shadow();
+        servers.push(TestServer::axum(app(layer)).await);
+    }
+    for server in &servers {
+        let r = client.get(&server.url("/")).await;
+        assert!(r.body.starts_with("allowed=true"), "{}", r.body);
+    }
+    redis.stop();
+    for server in &servers {
+        for _ in 0..3 {
+            let r = client.get(&server.url("/")).await;
+            assert_eq!(
+                (r.status, r.body.as_str()),
+                (StatusCode::OK, "store-failure")
+            );
+            assert_eq!(r.header("ratelimit"), None);
+            assert_eq!(r.header("retry-after"), None);
+        }
+    }
 }

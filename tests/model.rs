@@ -2,31 +2,37 @@
 //!
 //! The model below is written from the definition, not from `src/store/bucket.rs`:
 //! a bucket's level is an exact rational number of tokens,
-//! `level(t) = min(capacity, level(t0) + (t - t0) * tokens / period)`. A check of
-//! cost `c` admits iff every quota holds at least `c`; admitting subtracts `c`
-//! from all of them, a denial changes nothing. The model keeps the level as a
-//! `u128` numerator over the period in microseconds (no reduction, no shared code
+//! `level(t) = min(capacity, level(t0) + (t - t0) * tokens / period)`, where
+//! `t0` is the last time a check spent from it. A check of cost `c` admits
+//! iff every quota holds at least `c`; admitting subtracts `c` from all of
+//! them, a denial or a peek changes nothing. A clock that goes back refills
+//! nothing: a check uses the later of its clock and `t0`, and the waits it
+//! reports count from that later time. The model keeps the level as a `u128`
+//! numerator over the period in microseconds (no reduction, no shared code
 //! with the engine), so any rounding in the engine shows up as a mismatch.
 //!
-//! Every generated case runs the same sequence of (elapsed, cost) steps against
-//! `MemoryStore::check_at`, `RedisStore::check_at` (one real redis-server for the
-//! whole property, a fresh key per case) and the model, and compares every field
-//! of every quota state after every step.
-#![cfg(all(feature = "redis", feature = "test-util"))]
+//! Three runs compare every field of every quota state after every step:
+//!
+//! - **explicit clock** (cargo feature `test-util`): generated (time step,
+//!   cost) sequences, with steps back in time too, against
+//!   `MemoryStore::check_at`, `RedisStore::check_at` and the model;
+//! - **Redis `TIME`**, the production path: `RedisStore::check` with real
+//!   sleeps between steps. The test reads Redis `TIME` before and after each
+//!   call, so the script's clock lies in that interval; the answer must be the
+//!   model's at some time in it, and after an admission the stamp the script
+//!   stored says exactly when, so the model follows the store step by step;
+//! - **tokio's paused clock**: `MemoryStore::check` (its production clock) with
+//!   the clock advanced by exact microseconds.
+#![cfg(feature = "redis")]
 
 mod support;
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use support::RedisServer;
-use tollgate::{Decision, Error, MemoryStore, Policy, Quota, RedisStore};
-
-/// A realistic Redis clock (microseconds since the epoch, November 2025), so the
-/// script's arithmetic runs on numbers of the size production sends.
-const EPOCH_US: u64 = 1_763_000_000_000_000;
+use tollgate::{Decision, MemoryStore, Policy, Quota, Store};
 
 /// One quota as the model sees it: `tokens` per `period_us`, bucket `capacity`.
 #[derive(Clone, Copy, Debug)]
@@ -36,14 +42,16 @@ struct ModelQuota {
     capacity: u128,
 }
 
-/// One bucket: the level is `scaled / period_us` tokens, exactly.
+/// One bucket: `scaled / period_us` tokens at the microsecond `stamp` (the last
+/// spend), exactly; a bucket never spent from is full.
 #[derive(Clone, Copy, Debug)]
 struct ModelBucket {
     q: ModelQuota,
     scaled: u128,
+    stamp: Option<u128>,
 }
 
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 struct Expected {
     allowed: bool,
     remaining: u64,
@@ -60,41 +68,60 @@ impl ModelBucket {
         ModelBucket {
             q,
             scaled: q.capacity * q.period_us,
+            stamp: None,
         }
     }
 
-    /// The level after `elapsed_us` more microseconds: `+ elapsed * tokens / period`,
-    /// capped at the capacity.
-    fn advance(&mut self, elapsed_us: u128) {
-        let cap = self.q.capacity * self.q.period_us;
-        self.scaled = (self.scaled + elapsed_us * self.q.tokens).min(cap);
+    fn cap(&self) -> u128 {
+        self.q.capacity * self.q.period_us
     }
 
-    fn holds(&self, cost: u128) -> bool {
-        self.scaled >= cost * self.q.period_us
+    /// The time a check at `now` counts from: `now`, or the last spend if the
+    /// clock is behind it.
+    fn time(&self, now: u128) -> u128 {
+        self.stamp.map_or(now, |s| s.max(now))
+    }
+
+    /// The level at `t` (not before the stamp): `+ (t - stamp) * tokens /
+    /// period`, capped at the capacity.
+    fn level(&self, t: u128) -> u128 {
+        match self.stamp {
+            None => self.cap(),
+            Some(s) => (self.scaled + (t - s) * self.q.tokens).min(self.cap()),
+        }
+    }
+
+    /// When the bucket is full again (`None`: it has never been spent from).
+    fn full_at(&self) -> Option<u128> {
+        self.stamp
+            .map(|s| s + u128::from(ceil(self.cap() - self.scaled, self.q.tokens)))
     }
 
     /// remaining = floor(level); retry_after = ceil((cost - level) / rate) when the
     /// check was denied and this bucket lacks tokens; reset_after =
-    /// ceil((capacity - level) / rate). The rate is tokens / period per µs, so
-    /// `(x - level) / rate` is `(x * period - scaled) / tokens`.
-    fn state(&self, allowed: bool, cost: u128) -> Expected {
+    /// ceil((capacity - level) / rate); both plus `ahead`, the time from the
+    /// check's clock to the time it counts from. The rate is tokens / period
+    /// per µs, so `(x - level) / rate` is `(x * period - scaled) / tokens`.
+    fn state(&self, level: u128, allowed: bool, cost: u128, ahead: u128) -> Expected {
         let q = self.q;
-        let retry_after_us = if allowed || self.holds(cost) {
+        let ahead = u64::try_from(ahead).expect("fits");
+        let retry_after_us = if allowed || level >= cost * q.period_us {
             0
         } else {
-            ceil(cost * q.period_us - self.scaled, q.tokens)
+            ahead + ceil(cost * q.period_us - level, q.tokens)
         };
+        let to_full = ceil(self.cap() - level, q.tokens);
         Expected {
             allowed,
-            remaining: u64::try_from(self.scaled / q.period_us).expect("fits"),
+            remaining: u64::try_from(level / q.period_us).expect("fits"),
             retry_after_us,
-            reset_after_us: ceil(q.capacity * q.period_us - self.scaled, q.tokens),
+            reset_after_us: if to_full == 0 { 0 } else { ahead + to_full },
         }
     }
 }
 
 /// The model of one client's buckets over several quotas.
+#[derive(Clone, Debug)]
 struct Model {
     buckets: Vec<ModelBucket>,
 }
@@ -114,22 +141,49 @@ impl Model {
         Model { buckets }
     }
 
-    /// Advances time, then decides `cost` against every quota, all or nothing.
-    fn check(&mut self, elapsed_us: u64, cost: u64) -> Vec<Expected> {
-        let cost = u128::from(cost);
-        for b in &mut self.buckets {
-            b.advance(u128::from(elapsed_us));
-        }
-        let allowed = self.buckets.iter().all(|b| b.holds(cost));
+    /// Decides `cost` at the clock `now` against every quota, all or nothing;
+    /// an admission of a positive cost spends and moves the stamps.
+    fn check(&mut self, now: u64, cost: u64) -> Vec<Expected> {
+        let (now, cost) = (u128::from(now), u128::from(cost));
+        let times: Vec<u128> = self.buckets.iter().map(|b| b.time(now)).collect();
+        let mut levels: Vec<u128> = self
+            .buckets
+            .iter()
+            .zip(&times)
+            .map(|(b, &t)| b.level(t))
+            .collect();
+        let allowed = self
+            .buckets
+            .iter()
+            .zip(&levels)
+            .all(|(b, &l)| l >= cost * b.q.period_us);
         if allowed {
-            for b in &mut self.buckets {
-                b.scaled -= cost * b.q.period_us;
+            for (b, l) in self.buckets.iter().zip(levels.iter_mut()) {
+                *l -= cost * b.q.period_us;
+            }
+            if cost > 0 {
+                for ((b, &l), &t) in self.buckets.iter_mut().zip(&levels).zip(&times) {
+                    b.scaled = l;
+                    b.stamp = Some(t);
+                }
             }
         }
         self.buckets
             .iter()
-            .map(|b| b.state(allowed, cost))
+            .zip(levels)
+            .zip(times)
+            .map(|((b, l), t)| b.state(l, allowed, cost, t - now))
             .collect()
+    }
+
+    /// What the check at `now` would answer, without changing the model.
+    fn peek(&self, now: u64, cost: u64) -> Vec<Expected> {
+        self.clone().check(now, cost)
+    }
+
+    /// Forgets bucket `i` (its store key expired): it is full again.
+    fn forget(&mut self, i: usize) {
+        self.buckets[i] = ModelBucket::full(self.buckets[i].q);
     }
 }
 
@@ -262,18 +316,21 @@ fn quotas() -> impl Strategy<Value = Vec<Quota>> {
 }
 
 /// Time steps from "the same microsecond" up to two hours, so buckets are seen
-/// empty, partly refilled, exactly refilled and overfull.
-fn elapsed() -> impl Strategy<Value = u64> {
+/// empty, partly refilled, exactly refilled and overfull; and steps back (a
+/// failover to a server whose clock is behind), small and large.
+fn elapsed() -> impl Strategy<Value = i64> {
     prop_oneof![
-        2 => Just(0u64),
-        3 => 0u64..1_000,
-        4 => 0u64..2_000_000,
-        2 => 0u64..120_000_000,
-        1 => 0u64..7_200_000_000,
+        2 => Just(0i64),
+        3 => 0i64..1_000,
+        4 => 0i64..2_000_000,
+        2 => 0i64..120_000_000,
+        1 => 0i64..7_200_000_000,
+        1 => -2_000_000i64..0,
+        1 => -7_200_000_000i64..0,
     ]
 }
 
-fn case() -> impl Strategy<Value = (Vec<Quota>, Vec<(u64, u64)>)> {
+fn case() -> impl Strategy<Value = (Vec<Quota>, Vec<(i64, u64)>)> {
     quotas().prop_flat_map(|qs| {
         let cap = qs.iter().map(Quota::capacity).min().unwrap_or(1);
         let cost = prop_oneof![
@@ -285,172 +342,440 @@ fn case() -> impl Strategy<Value = (Vec<Quota>, Vec<(u64, u64)>)> {
     })
 }
 
-struct Stores {
-    server: RedisServer,
-    runtime: tokio::runtime::Runtime,
-    redis: RedisStore,
-    next_key: AtomicU64,
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
 }
 
-/// Why a case failed: a mismatch, or a real-time key expiry that makes the case
-/// say nothing.
-enum Failure {
-    Mismatch(String),
-    Perturbed,
+/// Fails the property when more than 1 case in 20 was rejected: a run that
+/// rejects most of its cases would pass while checking almost nothing.
+fn runner(cases: u32) -> TestRunner {
+    TestRunner::new(Config {
+        cases,
+        max_global_rejects: cases / 20,
+        max_shrink_iters: 2_000,
+        failure_persistence: None,
+        ..Config::default()
+    })
 }
 
-/// `expired_keys` of `INFO stats`.
-fn expired_keys(server: &RedisServer) -> u64 {
-    let info: String = server.cmd(&["INFO", "stats"]);
-    info.lines()
-        .find_map(|l| l.strip_prefix("expired_keys:"))
-        .and_then(|v| v.trim().parse().ok())
-        .expect("expired_keys in INFO stats")
-}
+/// The explicit-clock run: both stores' `check_at`, which exists only with
+/// the `test-util` feature.
+#[cfg(feature = "test-util")]
+mod explicit_clock {
+    use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Runs one case. The script sets each key's TTL from the clock it is given, so
-/// a fast quota's key lives about a second of real time: a stall that long in
-/// the middle of a case lets Redis expire it and start a fresh bucket. Such a
-/// case is rejected (and regenerated) rather than failed; the keys are deleted
-/// after every case so no earlier case's key can expire during a later one.
-fn run_case(stores: &Stores, quotas: &[Quota], steps: &[(u64, u64)]) -> Result<(), Failure> {
-    let expired = expired_keys(&stores.server);
-    let outcome = compare_stores(stores, quotas, steps);
-    let perturbed = expired_keys(&stores.server) != expired;
-    let _: () = stores.server.cmd(&["FLUSHALL"]);
-    match outcome {
-        Err(_) if perturbed => Err(Failure::Perturbed),
-        other => other.map_err(Failure::Mismatch),
+    use super::*;
+    use tollgate::{Error, RedisStore};
+
+    /// A realistic Redis clock (microseconds since the epoch, November 2025), so
+    /// the script's arithmetic runs on numbers of the size production sends.
+    const EPOCH_US: u64 = 1_763_000_000_000_000;
+
+    struct Stores {
+        server: RedisServer,
+        runtime: tokio::runtime::Runtime,
+        redis: RedisStore,
+        next_key: AtomicU64,
+    }
+
+    /// Why a case failed: a mismatch, or a real-time key expiry that makes the
+    /// case say nothing.
+    enum Failure {
+        Mismatch(String),
+        Perturbed,
+    }
+
+    /// `expired_keys` of `INFO stats`.
+    fn expired_keys(server: &RedisServer) -> u64 {
+        let info: String = server.cmd(&["INFO", "stats"]);
+        info.lines()
+            .find_map(|l| l.strip_prefix("expired_keys:"))
+            .and_then(|v| v.trim().parse().ok())
+            .expect("expired_keys in INFO stats")
+    }
+
+    /// Runs one case. The script sets each key's TTL from the clock it is
+    /// given, so a fast quota's key lives about a second of real time: a stall
+    /// that long in the middle of a case lets Redis expire it and start a fresh
+    /// bucket. Such a case is rejected (and regenerated) rather than failed, at
+    /// most one in 20 (see [`runner`]); the keys are deleted after every case so
+    /// no earlier case's key can expire during a later one.
+    fn run_case(stores: &Stores, quotas: &[Quota], steps: &[(i64, u64)]) -> Result<(), Failure> {
+        let expired = expired_keys(&stores.server);
+        let outcome = compare_stores(stores, quotas, steps);
+        let perturbed = expired_keys(&stores.server) != expired;
+        let _: () = stores.server.cmd(&["FLUSHALL"]);
+        match outcome {
+            Err(_) if perturbed => Err(Failure::Perturbed),
+            other => other.map_err(Failure::Mismatch),
+        }
+    }
+
+    fn compare_stores(
+        stores: &Stores,
+        quotas: &[Quota],
+        steps: &[(i64, u64)],
+    ) -> Result<(), String> {
+        let policy = Policy::new("model", quotas.iter().copied()).map_err(|e| e.to_string())?;
+        let id = stores.next_key.fetch_add(1, Ordering::Relaxed);
+        let key = format!("model:{id}");
+        let memory = MemoryStore::new();
+        let mut model = Model::new(quotas);
+        let mut now = EPOCH_US;
+        for (step, &(elapsed, cost)) in steps.iter().enumerate() {
+            now = now.checked_add_signed(elapsed).expect("clock in range");
+            let want = model.check(now, cost);
+            let mem = memory
+                .check_at(&key, &policy, cost, now)
+                .map_err(|e| format!("memory, step {step}: {e}"))?;
+            compare("memory", step, &mem, &want)?;
+            let red = stores
+                .runtime
+                .block_on(stores.redis.check_at(&key, &policy, cost, now))
+                .map_err(|e| format!("redis, step {step}: {e}"))?;
+            compare("redis", step, &red, &want)?;
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn both_stores_agree_with_the_model() {
+        let server = RedisServer::start();
+        let stores = Stores {
+            redis: server.store(),
+            server,
+            runtime: runtime(),
+            next_key: AtomicU64::new(0),
+        };
+        // About 200 cases of up to 40 steps: a few seconds even on a busy machine.
+        let result = runner(200).run(&case(), |(quotas, steps)| {
+            run_case(&stores, &quotas, &steps).map_err(|f| match f {
+                Failure::Mismatch(why) => TestCaseError::fail(why),
+                Failure::Perturbed => TestCaseError::reject("a key expired in real time"),
+            })
+        });
+        if let Err(e) = result {
+            panic!("{e}");
+        }
+    }
+
+    /// A cost above any quota's capacity is refused by both stores the same way,
+    /// before anything is stored.
+    #[test]
+    fn both_stores_refuse_impossible_costs_alike() {
+        let server = RedisServer::start();
+        let runtime = runtime();
+        let quotas = Policy::new(
+            "impossible",
+            [
+                Quota::per_second(10).unwrap(),
+                Quota::per_hour(1).unwrap().burst(4).unwrap(),
+            ],
+        )
+        .unwrap();
+        let memory = MemoryStore::new();
+        let redis = server.store();
+        let mem = memory.check_at("k", &quotas, 5, EPOCH_US).unwrap_err();
+        let red = runtime
+            .block_on(redis.check_at("k", &quotas, 5, EPOCH_US))
+            .unwrap_err();
+        for e in [mem, red] {
+            assert!(
+                matches!(
+                    e,
+                    Error::CostExceedsCapacity {
+                        cost: 5,
+                        capacity: 4
+                    }
+                ),
+                "{e:?}"
+            );
+        }
+        assert!(memory.is_empty());
+        let keys: Vec<String> = server.cmd(&["KEYS", "*"]);
+        assert!(keys.is_empty(), "{keys:?}");
+    }
+
+    /// A clock that goes backwards (a failover to a server whose clock is behind)
+    /// refills nothing until it reaches the bucket's stamp again, and the waits
+    /// both stores report count from the stamp, not from the earlier clock.
+    #[test]
+    fn both_stores_wait_from_the_stamp_when_the_clock_goes_back() {
+        let server = RedisServer::start();
+        let runtime = runtime();
+        let quotas = Policy::from(Quota::per_second(10).unwrap());
+        let memory = MemoryStore::new();
+        let redis = server.store();
+        let stamp = EPOCH_US + 5_000_000;
+        let check = |cost: u64, now: u64| {
+            let mem = memory.check_at("back", &quotas, cost, now).unwrap();
+            let red = runtime
+                .block_on(redis.check_at("back", &quotas, cost, now))
+                .unwrap();
+            assert_eq!(mem, red, "stores disagree at {now}");
+            mem
+        };
+        assert!(check(10, stamp).allowed());
+        // Two seconds behind the stamp: a token is 2.1 s away, a full bucket 3 s.
+        let d = check(1, stamp - 2_000_000);
+        assert!(!d.allowed());
+        assert_eq!(d.retry_after(), Duration::from_millis(2_100));
+        assert_eq!(d.reset_after(), Duration::from_secs(3));
+        assert_eq!(
+            check(0, stamp - 2_000_000).reset_after(),
+            Duration::from_secs(3)
+        );
+        // Exactly when promised, counted from the earlier clock.
+        assert!(!check(1, stamp - 2_000_000 + 2_099_999).allowed());
+        assert!(check(1, stamp - 2_000_000 + 2_100_000).allowed());
     }
 }
 
-fn compare_stores(stores: &Stores, quotas: &[Quota], steps: &[(u64, u64)]) -> Result<(), String> {
-    let policy = Policy::new("model", quotas.iter().copied()).map_err(|e| e.to_string())?;
-    let id = stores.next_key.fetch_add(1, Ordering::Relaxed);
-    let key = format!("model:{id}");
-    let memory = MemoryStore::new();
+// ---------------------------------------------------------------------------
+// The production path: Redis TIME
+// ---------------------------------------------------------------------------
+
+/// Quotas that refill within the milliseconds a case sleeps (one token per
+/// millisecond up to one every 150 ms), and a few slow ones.
+fn live_quota() -> impl Strategy<Value = Quota> {
+    prop_oneof![
+        Just(Quota::per_second(1_000).unwrap().burst(5).unwrap()),
+        Just(Quota::per_second(100).unwrap().burst(3).unwrap()),
+        Just(Quota::new(7, Duration::from_millis(50)).unwrap()),
+        Just(
+            Quota::new(3, Duration::from_millis(450))
+                .unwrap()
+                .burst(4)
+                .unwrap()
+        ),
+        Just(Quota::per_second(7).unwrap()),
+        Just(Quota::per_minute(60).unwrap().burst(2).unwrap()),
+        Just(Quota::per_hour(1000).unwrap()),
+        (1u64..=50, 1u64..=300)
+            .prop_map(|(tokens, ms)| { Quota::new(tokens, Duration::from_millis(ms)).unwrap() }),
+    ]
+}
+
+/// 1 or 2 distinct live quotas and up to 20 (sleep µs, cost) steps.
+fn live_case() -> impl Strategy<Value = (Vec<Quota>, Vec<(u64, u64)>)> {
+    prop::collection::vec(live_quota(), 1..=2)
+        .prop_map(|mut qs| {
+            qs.dedup();
+            qs
+        })
+        .prop_flat_map(|qs| {
+            let cap = qs.iter().map(Quota::capacity).min().unwrap_or(1);
+            let sleep = prop_oneof![3 => Just(0u64), 2 => 0u64..2_000, 1 => 0u64..30_000];
+            let cost = prop_oneof![3 => 0..=cap.min(2), 1 => 0..=cap];
+            (Just(qs), prop::collection::vec((sleep, cost), 1..20))
+        })
+}
+
+/// The stored `level:stamp` of a bucket key, if the key exists.
+fn stored_stamp(server: &RedisServer, key: &str) -> Option<u64> {
+    let value: Option<String> = server.cmd(&["GET", key]);
+    value.map(|v| {
+        let (_, stamp) = v.split_once(':').expect("level:stamp");
+        stamp.parse().expect("integer stamp")
+    })
+}
+
+/// One case on the production path; see the module docs. `Err` is a mismatch.
+/// Script calls (`EVALSHA`, `EVAL`) the server has run.
+fn script_calls(server: &RedisServer) -> u64 {
+    server.calls("evalsha") + server.calls("eval")
+}
+
+/// One case on the production path; see the module docs. `Err` is a mismatch.
+///
+/// With `deny_cache`, a check the store answered without Redis (no script
+/// call during it) is a cached denial. The model cannot say when exactly it
+/// was decided, but it can say what the cache must never do: deny what Redis
+/// would admit (the model admits at `lo`, so at every later time too), or
+/// report a longer wait than Redis would (the model's wait at `lo`, the
+/// longest in the interval).
+fn live_case_run(
+    server: &RedisServer,
+    runtime: &tokio::runtime::Runtime,
+    store: &tollgate::RedisStore,
+    deny_cache: bool,
+    key: &str,
+    quotas: &[Quota],
+    steps: &[(u64, u64)],
+) -> Result<(), String> {
+    let policy = Policy::new("live", quotas.iter().copied()).map_err(|e| e.to_string())?;
+    let keys: Vec<String> = quotas.iter().map(|q| store.bucket_key(key, q)).collect();
     let mut model = Model::new(quotas);
-    let mut now = EPOCH_US;
-    for (step, &(elapsed, cost)) in steps.iter().enumerate() {
-        now += elapsed;
-        let want = model.check(elapsed, cost);
-        let mem = memory
-            .check_at(&key, &policy, cost, now)
-            .map_err(|e| format!("memory, step {step}: {e}"))?;
-        compare("memory", step, &mem, &want)?;
-        let red = stores
-            .runtime
-            .block_on(stores.redis.check_at(&key, &policy, cost, now))
-            .map_err(|e| format!("redis, step {step}: {e}"))?;
-        compare("redis", step, &red, &want)?;
+    for (step, &(sleep_us, cost)) in steps.iter().enumerate() {
+        std::thread::sleep(Duration::from_micros(sleep_us));
+        let before: Vec<Option<String>> = keys.iter().map(|k| server.cmd(&["GET", k])).collect();
+        let calls = deny_cache.then(|| script_calls(server));
+        let lo = server.time_us();
+        let got = runtime
+            .block_on(store.check(key, &policy, cost))
+            .map_err(|e| format!("step {step}: {e}"))?;
+        let hi = server.time_us();
+        if calls.is_some_and(|calls| script_calls(server) == calls) {
+            let at_lo = model.peek(lo, cost);
+            let waits = |states: &[Expected]| -> Vec<u64> {
+                states.iter().map(|s| s.retry_after_us).collect()
+            };
+            let cached: Vec<u64> = got
+                .states()
+                .iter()
+                .map(|s| s.retry_after().as_micros() as u64)
+                .collect();
+            let longer = cached.iter().zip(waits(&at_lo)).any(|(c, m)| *c > m);
+            if got.allowed() || at_lo[0].allowed || longer {
+                return Err(format!(
+                    "step {step}: answered without Redis: {got:?}; the model at {lo}: {at_lo:?}"
+                ));
+            }
+            continue;
+        }
+        // The script read TIME between `lo` and `hi`, and the model is a
+        // function of that time: some t in between must give this answer.
+        let Some(first) =
+            (lo..=hi).find(|&t| compare("redis", step, &got, &model.peek(t, cost)).is_ok())
+        else {
+            return Err(format!(
+                "step {step}: {got:?} is the model's answer at no time in [{lo}, {hi}]; at {lo}: {:?}",
+                model.peek(lo, cost)
+            ));
+        };
+        if !(got.allowed() && cost > 0) {
+            // A denial or a peek writes nothing (a key may only have expired).
+            for (k, was) in keys.iter().zip(before) {
+                let now: Option<String> = server.cmd(&["GET", k]);
+                if now.is_some() && now != was {
+                    return Err(format!(
+                        "step {step}: a denial or peek wrote {k}: {was:?} -> {now:?}"
+                    ));
+                }
+            }
+            continue;
+        }
+        // An admission stamped its buckets with the time the script read:
+        // the model moves to exactly that time.
+        let stamps: Vec<Option<u64>> = keys.iter().map(|k| stored_stamp(server, k)).collect();
+        let read = server.time_us();
+        let at = match stamps.iter().flatten().next() {
+            Some(&at) => {
+                if stamps.iter().flatten().any(|&s| s != at) || !(lo..=hi).contains(&at) {
+                    return Err(format!(
+                        "step {step}: stamps {stamps:?} outside [{lo}, {hi}] or unequal"
+                    ));
+                }
+                at
+            }
+            // Every key already expired (a stall of over a second): any time
+            // that gave this answer will do for what follows.
+            None => first,
+        };
+        let want = model.check(at, cost);
+        compare("redis", step, &got, &want)
+            .map_err(|e| format!("{e} (at the stored stamp {at})"))?;
+        for (i, stamp) in stamps.iter().enumerate() {
+            if stamp.is_none() {
+                // Expired already: Redis keeps a key at least a second past the
+                // time its bucket is full, so the model must be full by now.
+                let full_at = model.buckets[i].full_at().unwrap_or(0);
+                if full_at > u128::from(read) {
+                    return Err(format!(
+                        "step {step}: key {} expired before its bucket was full at {full_at}",
+                        keys[i]
+                    ));
+                }
+                model.forget(i);
+            }
+        }
     }
     Ok(())
 }
 
-#[test]
-fn both_stores_agree_with_the_model() {
+/// Runs the production-path property against a store built with or without
+/// its deny cache.
+fn redis_time_path(deny_cache: bool) {
     let server = RedisServer::start();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let stores = Stores {
-        redis: server.store(),
-        server,
-        runtime,
-        next_key: AtomicU64::new(0),
-    };
-    // About 200 cases of up to 40 steps: a few seconds even on a busy machine.
-    let mut runner = TestRunner::new(Config {
-        cases: 200,
-        max_shrink_iters: 2_000,
-        failure_persistence: None,
-        ..Config::default()
-    });
-    let result = runner.run(&case(), |(quotas, steps)| {
-        run_case(&stores, &quotas, &steps).map_err(|f| match f {
-            Failure::Mismatch(why) => TestCaseError::fail(why),
-            Failure::Perturbed => TestCaseError::reject("a key expired in real time"),
-        })
+    let runtime = runtime();
+    let mut builder = tollgate::RedisStore::builder()
+        .pool(server.pool())
+        .timeout(Duration::from_secs(5));
+    if !deny_cache {
+        builder = builder.deny_cache(0);
+    }
+    let store = builder.build().unwrap();
+    let next = std::cell::Cell::new(0u64);
+    // About 40 cases of up to 20 steps and 30 ms sleeps: a few seconds.
+    let result = runner(40).run(&live_case(), |(quotas, steps)| {
+        next.set(next.get() + 1);
+        let key = format!("live:{}", next.get());
+        live_case_run(&server, &runtime, &store, deny_cache, &key, &quotas, &steps)
+            .map_err(TestCaseError::fail)
     });
     if let Err(e) = result {
         panic!("{e}");
     }
 }
 
-/// A cost above any quota's capacity is refused by both stores the same way,
-/// before anything is stored.
+/// `RedisStore::check`, the script production runs (clock from Redis `TIME`),
+/// agrees with the model at every step; the model's time for each step is
+/// read from Redis around the call, so nothing depends on how fast the
+/// machine is, and no case is rejected. The deny cache is off, so every
+/// answer comes from the script.
 #[test]
-fn both_stores_refuse_impossible_costs_alike() {
-    let server = RedisServer::start();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let quotas = Policy::new(
-        "impossible",
-        [
-            Quota::per_second(10).unwrap(),
-            Quota::per_hour(1).unwrap().burst(4).unwrap(),
-        ],
-    )
-    .unwrap();
-    let memory = MemoryStore::new();
-    let redis = server.store();
-    let mem = memory.check_at("k", &quotas, 5, EPOCH_US).unwrap_err();
-    let red = runtime
-        .block_on(redis.check_at("k", &quotas, 5, EPOCH_US))
-        .unwrap_err();
-    for e in [mem, red] {
-        assert!(
-            matches!(
-                e,
-                Error::CostExceedsCapacity {
-                    cost: 5,
-                    capacity: 4
-                }
-            ),
-            "{e:?}"
-        );
-    }
-    assert!(memory.is_empty());
-    let keys: Vec<String> = server.cmd(&["KEYS", "*"]);
-    assert!(keys.is_empty(), "{keys:?}");
+fn redis_time_path_agrees_with_the_model() {
+    redis_time_path(false);
 }
 
-/// A clock that goes backwards (a failover to a server whose clock is behind)
-/// refills nothing until it reaches the bucket's stamp again, and the waits
-/// both stores report count from the stamp, not from the earlier clock.
+/// The same with the deny cache on (the default): answers from Redis agree
+/// with the model exactly, and denials the store gives from its cache never
+/// deny what the model admits or promise a longer wait.
 #[test]
-fn both_stores_wait_from_the_stamp_when_the_clock_goes_back() {
-    let server = RedisServer::start();
+fn redis_time_path_with_the_deny_cache_agrees_with_the_model() {
+    redis_time_path(true);
+}
+
+/// `MemoryStore::check`, with its production clock (tokio's `Instant`) paused
+/// and advanced by exact microseconds, agrees with the model at every step.
+#[test]
+fn memory_paused_clock_path_agrees_with_the_model() {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
+        .start_paused(true)
         .build()
         .unwrap();
-    let quotas = Policy::from(Quota::per_second(10).unwrap());
-    let memory = MemoryStore::new();
-    let redis = server.store();
-    let stamp = EPOCH_US + 5_000_000;
-    let check = |cost: u64, now: u64| {
-        let mem = memory.check_at("back", &quotas, cost, now).unwrap();
-        let red = runtime
-            .block_on(redis.check_at("back", &quotas, cost, now))
-            .unwrap();
-        assert_eq!(mem, red, "stores disagree at {now}");
-        mem
+    let forward = |(quotas, steps): (Vec<Quota>, Vec<(i64, u64)>)| {
+        let steps: Vec<(u64, u64)> = steps
+            .into_iter()
+            .map(|(e, c)| (e.unsigned_abs(), c))
+            .collect();
+        (quotas, steps)
     };
-    assert!(check(10, stamp).allowed());
-    // Two seconds behind the stamp: a token is 2.1 s away, a full bucket 3 s.
-    let d = check(1, stamp - 2_000_000);
-    assert!(!d.allowed());
-    assert_eq!(d.retry_after(), Duration::from_millis(2_100));
-    assert_eq!(d.reset_after(), Duration::from_secs(3));
-    assert_eq!(
-        check(0, stamp - 2_000_000).reset_after(),
-        Duration::from_secs(3)
-    );
-    // Exactly when promised, counted from the earlier clock.
-    assert!(!check(1, stamp - 2_000_000 + 2_099_999).allowed());
-    assert!(check(1, stamp - 2_000_000 + 2_100_000).allowed());
+    let result = runner(200).run(&case().prop_map(forward), |(quotas, steps)| {
+        runtime.block_on(async {
+            let policy = Policy::new("paused", quotas.iter().copied()).unwrap();
+            // The store counts time from its creation: the model's zero.
+            let store = MemoryStore::new();
+            let mut model = Model::new(&quotas);
+            let mut now = 0u64;
+            for (step, &(elapsed, cost)) in steps.iter().enumerate() {
+                tokio::time::advance(Duration::from_micros(elapsed)).await;
+                now += elapsed;
+                let want = model.check(now, cost);
+                let got = store
+                    .check("k", &policy, cost)
+                    .await
+                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                compare("memory", step, &got, &want).map_err(TestCaseError::fail)?;
+            }
+            Ok(())
+        })
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
 }

@@ -32,6 +32,37 @@ fn pttl(server: &RedisServer, key: &str) -> i64 {
     server.cmd(&["PTTL", key])
 }
 
+/// When a key expires, in milliseconds since the epoch (`PEXPIRETIME`, Redis 7;
+/// -2 when there is no key). Any `SET ... PX` moves it; reads leave it exactly
+/// as it was, so comparing it catches a write that a falling `PTTL` would hide.
+fn pexpiretime(server: &RedisServer, key: &str) -> i64 {
+    server.cmd(&["PEXPIRETIME", key])
+}
+
+/// Retries `store.check` until it answers, for recovery steps after a fault:
+/// a store with a short timeout can miss it on a busy machine while
+/// reconnecting. Returns the decision and how many attempts failed first;
+/// fails the test if nothing answers within 30 s.
+async fn until_answered(
+    store: &RedisStore,
+    key: &str,
+    policy: &Policy,
+    cost: u64,
+) -> (tollgate::Decision, u64) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut failed = 0;
+    loop {
+        match store.check(key, policy, cost).await {
+            Ok(d) => return (d, failed),
+            Err(e) if e.is_store_error() && Instant::now() < deadline => {
+                failed += 1;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => panic!("no answer within 30 s after {failed} failures: {e}"),
+        }
+    }
+}
+
 /// The stored `level:stamp` pair of a bucket.
 fn stored(server: &RedisServer, key: &str) -> (i64, i64) {
     let value = get(server, key).expect("bucket is stored");
@@ -202,7 +233,8 @@ async fn a_denial_spends_nothing_and_the_balance_never_goes_negative() {
     let key = store.bucket_key("d", &quotas.quotas()[0]);
     assert!(store.check_at("d", &quotas, 5, T0).await.unwrap().allowed());
     let value = get(&server, &key).unwrap();
-    let ttl = pttl(&server, &key);
+    let expires = pexpiretime(&server, &key);
+    server.reset_stats();
     // 6 s later there is half a token: 200 denials of 1, 2 and 5 tokens.
     for i in 0..200u64 {
         let cost = [1, 2, 5][(i % 3) as usize];
@@ -223,11 +255,12 @@ async fn a_denial_spends_nothing_and_the_balance_never_goes_negative() {
         value,
         "a denial wrote the bucket"
     );
-    let ttl_after = pttl(&server, &key);
-    assert!(
-        ttl_after <= ttl && ttl_after > 0,
-        "a denial touched the TTL: {ttl} -> {ttl_after}"
+    assert_eq!(
+        pexpiretime(&server, &key),
+        expires,
+        "a denial moved the TTL"
     );
+    assert_eq!(server.calls("set"), 0, "a denial wrote something");
     // Had a denial taken anything, the token due at 12 s would come later.
     let d = store
         .check_at("d", &quotas, 1, T0 + 12 * SECOND)
@@ -237,56 +270,105 @@ async fn a_denial_spends_nothing_and_the_balance_never_goes_negative() {
     let (level, _) = stored(&server, &key);
     assert_eq!(level, 0);
 
-    // The same with the real clock: a burst of production denials leaves a
-    // non-negative level behind.
+    // The same with the real clock: 100 checks of 2 tokens at 5/s (all of them
+    // would pass only if they took 39 s). Each admission writes once, each
+    // denial not at all, so the stored bucket is exactly what the last
+    // admission left: a level of (1 token - its reset_after) in units of
+    // 1/200 000 token (5/s is one unit per microsecond), never below zero.
     let quotas = Policy::from(Quota::per_second(5).unwrap());
+    server.reset_stats();
+    let (mut admitted, mut denied, mut last) = (0, 0, None);
     for _ in 0..100 {
-        let _ = store.check("live", &quotas, 2).await.unwrap();
+        let d = store.check("live", &quotas, 2).await.unwrap();
+        if d.allowed() {
+            admitted += 1;
+            last = Some(d);
+        } else {
+            denied += 1;
+            // Denied: under 2 tokens left, and a positive wait for the rest.
+            assert!(d.remaining() <= 1, "{d:?}");
+            assert!(!d.retry_after().is_zero(), "{d:?}");
+        }
     }
+    assert!(
+        denied > 0,
+        "100 checks of 2 tokens at 5/s were all admitted"
+    );
+    assert_eq!(server.calls("set"), admitted, "one write per admission");
+    let last = last.expect("the first check of a fresh key is admitted");
     let (level, _) = stored(&server, &store.bucket_key("live", &quotas.quotas()[0]));
-    assert!(level >= 0, "level {level}");
+    let full = 1_000_000; // 5 tokens of 200 000 units
+    assert_eq!(
+        level,
+        full - last.reset_after().as_micros() as i64,
+        "the stored level is not the one the last admission reported"
+    );
+    assert_eq!(level as u64 / 200_000, last.remaining());
 }
 
 /// Every stored bucket has a TTL that lets it live until it is full again (an
-/// earlier expiry would hand out tokens early) and not much longer (at most one
-/// second more), for several quotas and after partial spends.
+/// earlier expiry would hand out tokens early) plus the one-second margin and
+/// no more, for several quotas and after partial spends; peeks and denials
+/// leave the expiry exactly where it was.
 #[tokio::test]
 async fn ttl_covers_the_refill_and_no_more_than_a_second_beyond() {
     let server = RedisServer::start();
     let store = server.store();
-    let quotas = [
-        Quota::per_second(3).unwrap(),
-        Quota::per_hour(1).unwrap(),
-        q(3, Duration::from_millis(1500)).burst(5).unwrap(),
-        Quota::per_minute(100).unwrap().burst(7).unwrap(),
-        q(1, Duration::from_secs(86_400)).burst(2).unwrap(),
+    // (quota, [(cost, admitted)]): every step's outcome is known in advance.
+    // The hourly and daily quotas cannot refill a token during the test, so
+    // their last spend is denied; the others have room for every spend. Cost
+    // 0 is a peek: admitted, and it writes nothing.
+    let cases = [
+        (
+            Quota::per_second(3).unwrap(),
+            [(1, true), (1, true), (1, true)],
+        ),
+        (
+            Quota::per_hour(1).unwrap(),
+            [(1, true), (0, true), (1, false)],
+        ),
+        (
+            q(3, Duration::from_millis(1500)).burst(5).unwrap(),
+            [(1, true), (2, true), (1, true)],
+        ),
+        (
+            Quota::per_minute(100).unwrap().burst(7).unwrap(),
+            [(1, true), (3, true), (1, true)],
+        ),
+        (
+            q(1, Duration::from_secs(86_400)).burst(2).unwrap(),
+            [(1, true), (1, true), (1, false)],
+        ),
     ];
-    for (i, quota) in quotas.iter().enumerate() {
+    for (i, (quota, steps)) in cases.into_iter().enumerate() {
         let key = format!("ttl:{i}");
-        // A first spend, a bigger one, then one more: partial spends each time.
-        for cost in [1, quota.capacity() / 2, 1] {
-            if cost == 0 {
-                continue;
-            }
+        let bucket = store.bucket_key(&key, &quota);
+        for (step, (cost, admitted)) in steps.into_iter().enumerate() {
+            let expires = pexpiretime(&server, &bucket);
             let start = Instant::now();
-            let d = store
-                .check(&key, &Policy::from(*quota), cost)
-                .await
-                .unwrap();
-            if !d.allowed() {
+            let d = store.check(&key, &Policy::from(quota), cost).await.unwrap();
+            assert_eq!(d.allowed(), admitted, "{quota}, step {step}: {d:?}");
+            if cost == 0 || !admitted {
+                assert_eq!(
+                    pexpiretime(&server, &bucket),
+                    expires,
+                    "{quota}, step {step}: a peek or denial moved the expiry"
+                );
                 continue;
             }
-            let ttl = pttl(&server, &store.bucket_key(&key, quota));
+            let ttl = pttl(&server, &bucket);
             let waited_ms = start.elapsed().as_millis() as i64 + 1;
             let to_full_ms = d.reset_after().as_micros().div_ceil(1000) as i64;
-            assert!(ttl > 0, "{quota}: ttl {ttl}");
+            // The script sets PX = to_full + 1000 ms; since then at most
+            // `waited_ms` have passed.
             assert!(
                 ttl <= to_full_ms + 1000,
                 "{quota}: ttl {ttl} ms, full again in {to_full_ms} ms"
             );
             assert!(
-                ttl + waited_ms >= to_full_ms,
-                "{quota}: key expires {ttl} ms from now, before the bucket is full in {to_full_ms} ms"
+                ttl + waited_ms >= to_full_ms + 1000,
+                "{quota}: key expires {ttl} ms from now, the bucket is full in {to_full_ms} ms \
+                 (+ 1000 ms margin, {waited_ms} ms ago)"
             );
         }
     }
@@ -303,11 +385,13 @@ async fn keys_vanish_after_their_ttl() {
     let exists = |server: &RedisServer| server.cmd::<i64>(&["EXISTS", &key]) == 1;
     assert!(exists(&server));
     // Full in 1 ms, so the TTL is at most 1001 ms.
-    let deadline = Instant::now() + Duration::from_secs(5);
+    // Redis expires it at 1001 ms at the latest; the deadline only stops a
+    // broken store from hanging the test.
+    let deadline = Instant::now() + Duration::from_secs(30);
     while exists(&server) && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert!(!exists(&server), "key still there after 5 s");
+    assert!(!exists(&server), "key still there after 30 s");
 }
 
 /// A peek (cost 0) creates no key and changes neither value nor TTL.
@@ -324,23 +408,31 @@ async fn peek_writes_nothing() {
     let _ = limiter.check("new", 4).await.unwrap();
     let key = store.bucket_key("new", &limiter.quotas()[0]);
     let value = get(&server, &key);
-    let ttl = pttl(&server, &key);
+    let expires = pexpiretime(&server, &key);
+    server.reset_stats();
     for _ in 0..10 {
         assert_eq!(limiter.peek("new").await.unwrap().remaining(), 6);
     }
     assert_eq!(get(&server, &key), value);
-    assert!(pttl(&server, &key) <= ttl);
+    assert_eq!(
+        pexpiretime(&server, &key),
+        expires,
+        "a peek moved the expiry"
+    );
+    assert_eq!(server.calls("set"), 0, "a peek wrote something");
 }
 
 /// `reset` forgets every bucket of the client; others keep theirs.
 #[tokio::test]
 async fn reset_forgets_the_buckets() {
     let server = RedisServer::start();
+    // 5 a minute: no token comes back during the test, so the denial below
+    // does not depend on how fast the machine is.
     let limiter = RateLimiter::new(
         server.store(),
         Policy::new(
             "reset",
-            [Quota::per_second(5).unwrap(), Quota::per_hour(20).unwrap()],
+            [Quota::per_minute(5).unwrap(), Quota::per_hour(20).unwrap()],
         )
         .unwrap(),
     );
@@ -531,9 +623,16 @@ async fn a_stamp_ahead_of_redis_time_refills_nothing() {
     let d = store.check("ahead", &quotas, 1).await.unwrap();
     assert!(!d.allowed(), "refilled from a clock behind the stamp");
     assert_eq!(d.remaining(), 0);
-    // The wait counts from the stamp, an hour (less the test's run) away.
-    assert!(d.retry_after() > Duration::from_secs(3590), "{d:?}");
-    assert!(d.retry_after() <= Duration::from_secs(3600) + Duration::from_millis(100));
+    // The wait counts from the stamp: an hour and one token (100 ms) from
+    // `now`, less the Redis time that has passed since, which is at most
+    // what Redis says now.
+    let since = server.time_us() - now;
+    let wait = HOUR + 100_000;
+    assert!(d.retry_after() <= Duration::from_micros(wait), "{d:?}");
+    assert!(
+        d.retry_after() >= Duration::from_micros(wait - since),
+        "{d:?}, {since} µs after the stamp was written"
+    );
     assert_eq!(get(&server, &ahead), value, "a denial wrote the bucket");
 
     let behind = store.bucket_key("behind", &quotas.quotas()[0]);
@@ -575,7 +674,9 @@ async fn script_flush_reloads_the_script_and_keeps_state() {
 }
 
 /// A Redis restart (connection broken, script cache and data gone) between two
-/// checks: the next check answers from a fresh bucket without an error.
+/// checks: the next check answers from a fresh bucket without an error, after
+/// exactly one reload of the script (`SCRIPT LOAD` then `EVALSHA`, or an
+/// `EVAL`: either is fine), and every later check is a plain `EVALSHA`.
 #[tokio::test]
 async fn a_redis_restart_is_invisible_to_the_caller() {
     let mut server = RedisServer::start();
@@ -583,13 +684,181 @@ async fn a_redis_restart_is_invisible_to_the_caller() {
     let quotas = Policy::from(Quota::per_hour(10).unwrap());
     assert_eq!(store.check("r", &quotas, 4).await.unwrap().remaining(), 6);
     server.restart();
+    // A new process: counting starts here (less the harness's readiness PING).
+    server.reset_stats();
     let d = store
         .check("r", &quotas, 1)
         .await
         .expect("check after restart");
     assert!(d.allowed());
     assert_eq!(d.remaining(), 9, "not a fresh bucket");
-    assert_eq!(store.check("r", &quotas, 1).await.unwrap().remaining(), 8);
+    let reloads = |server: &RedisServer| server.calls("script|load") + server.calls("eval");
+    assert_eq!(reloads(&server), 1, "{:?}", server.all_calls());
+    // The cached script was gone: at most the one EVALSHA that met NOSCRIPT
+    // failed; the decision ran the script exactly once.
+    let failed = failed_calls(&server, "evalsha");
+    assert!(failed <= 1, "{failed} EVALSHA failed");
+    let ran = |server: &RedisServer| {
+        server.calls("evalsha") - failed_calls(server, "evalsha") + server.calls("eval")
+    };
+    assert_eq!(ran(&server), 1);
+
+    const K: u64 = 8;
+    for i in 0..K {
+        assert_eq!(
+            store.check("r", &quotas, 1).await.unwrap().remaining(),
+            8 - i
+        );
+    }
+    assert_eq!(
+        reloads(&server),
+        1,
+        "reloaded again: {:?}",
+        server.all_calls()
+    );
+    assert_eq!(failed_calls(&server, "evalsha"), failed);
+    assert_eq!(ran(&server), 1 + K);
+    // Nothing else was sent but the connection's own handshake and what the
+    // script runs inside Redis (TIME, GET, SET).
+    let mut calls = server.all_calls();
+    for known in [
+        "evalsha",
+        "eval",
+        "script|load",
+        "time",
+        "get",
+        "set",
+        "client|setinfo",
+    ] {
+        calls.remove(known);
+    }
+    assert!(calls.is_empty(), "unexpected commands: {calls:?}");
+}
+
+/// `failed_calls` of one command in `INFO commandstats` (0 when never called).
+fn failed_calls(server: &RedisServer, command: &str) -> u64 {
+    server
+        .command_stat(command, "failed_calls")
+        .map_or(0, |v| v as u64)
+}
+
+// ---------------------------------------------------------------------------
+// Configuration: prefix and timeout
+// ---------------------------------------------------------------------------
+
+/// The prefix set with the builder starts every key the store writes, and
+/// stores with different prefixes on one server keep separate buckets. A
+/// prefix that could hide a `{hash tag}` or bloat every key is refused when
+/// the store is built, with a message that names it.
+#[tokio::test]
+async fn the_builder_prefix_names_every_key_and_bad_prefixes_are_refused() {
+    let server = RedisServer::start();
+    let prefixed = RedisStore::builder()
+        .pool(server.pool())
+        .prefix("app-1.rl:v2/")
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    assert_eq!(prefixed.prefix(), "app-1.rl:v2/");
+    let plain = server.store();
+    assert_eq!(plain.prefix(), tollgate::store::DEFAULT_PREFIX);
+    let quota = Quota::per_minute(3).unwrap();
+    let policy = Policy::from(quota);
+    assert_eq!(
+        prefixed.bucket_key("user:42", &quota),
+        "app-1.rl:v2/{user:42}:3/1m:3"
+    );
+    assert_eq!(
+        prefixed
+            .check("user:42", &policy, 2)
+            .await
+            .unwrap()
+            .remaining(),
+        1
+    );
+    assert_eq!(
+        plain
+            .check("user:42", &policy, 1)
+            .await
+            .unwrap()
+            .remaining(),
+        2
+    );
+    assert_eq!(
+        keys(&server),
+        ["app-1.rl:v2/{user:42}:3/1m:3", "tollgate:{user:42}:3/1m:3"]
+    );
+    prefixed.reset("user:42", &policy).await.unwrap();
+    assert_eq!(keys(&server), ["tollgate:{user:42}:3/1m:3"]);
+
+    // 64 bytes of every allowed character, and no prefix at all, are fine.
+    let longest = "aZ09._:/-".repeat(8)[..64].to_owned();
+    for ok in [longest.as_str(), ""] {
+        let store = RedisStore::builder()
+            .url(server.url())
+            .prefix(ok)
+            .build()
+            .unwrap_or_else(|e| panic!("{ok:?}: {e}"));
+        assert_eq!(store.bucket_key("k", &quota), format!("{ok}{{k}}:3/1m:3"));
+    }
+    let too_long = "a".repeat(65);
+    for bad in [
+        "has{brace}",
+        "}",
+        "with space",
+        "tab\t",
+        "é",
+        "a*b",
+        "new\nline",
+        too_long.as_str(),
+    ] {
+        let err = RedisStore::builder()
+            .url(server.url())
+            .prefix(bad)
+            .build()
+            .unwrap_err();
+        assert_eq!(err.kind(), tollgate::ConfigErrorKind::Store, "{bad:?}");
+        assert!(
+            err.message().contains(&format!("{bad:?}")),
+            "{bad:?}: {err}"
+        );
+    }
+}
+
+/// A store built without `.timeout(..)` gives up after 100 ms, whichever
+/// constructor built it: against a frozen server every check fails with
+/// `Error::Timeout(100 ms)`.
+#[tokio::test]
+async fn the_default_timeout_is_100_ms() {
+    assert_eq!(tollgate::store::DEFAULT_TIMEOUT, Duration::from_millis(100));
+    let server = RedisServer::start();
+    let quotas = Policy::from(Quota::per_minute(50).unwrap());
+    let stores = [
+        (
+            "builder",
+            RedisStore::builder().pool(server.pool()).build().unwrap(),
+        ),
+        ("from_url", RedisStore::from_url(&server.url()).unwrap()),
+        ("from_pool", RedisStore::from_pool(server.pool())),
+    ];
+    for (name, store) in &stores {
+        assert_eq!(store.timeout(), Duration::from_millis(100), "{name}");
+        // Connect and load the script; 100 ms can be short on a busy machine.
+        let _ = until_answered(store, "x", &quotas, 1).await;
+    }
+    server.freeze();
+    for (name, store) in &stores {
+        let start = Instant::now();
+        let err = store.check("x", &quotas, 1).await.unwrap_err();
+        let took = start.elapsed();
+        assert!(
+            matches!(err, Error::Timeout(t) if t == Duration::from_millis(100)),
+            "{name}: {err:?}"
+        );
+        assert!(took >= Duration::from_millis(100), "{name}: {took:?}");
+        assert!(took < Duration::from_secs(10), "{name}: {took:?}");
+    }
+    server.thaw();
 }
 
 // ---------------------------------------------------------------------------
@@ -668,9 +937,12 @@ async fn at_most_one_round_trip_per_decision() {
 async fn a_stopped_server_is_a_quick_store_error() {
     let mut server = RedisServer::start();
     let quotas = Policy::from(Quota::per_second(5).unwrap());
-    let warm = server.store();
+    // A timeout far longer than any refusal takes: an error other than
+    // `Timeout` proves the store did not wait for it.
+    let timeout = Duration::from_secs(30);
+    let warm = server.store_with_timeout(timeout);
     let _ = warm.check("x", &quotas, 1).await.unwrap();
-    let cold = server.store();
+    let cold = server.store_with_timeout(timeout);
     server.stop();
     for (name, store) in [("held connection", &warm), ("cold store", &cold)] {
         let start = Instant::now();
@@ -678,8 +950,7 @@ async fn a_stopped_server_is_a_quick_store_error() {
         let took = start.elapsed();
         assert!(err.is_store_error(), "{name}: {err:?}");
         assert!(!matches!(err, Error::Timeout(_)), "{name}: {err:?}");
-        // The harness store's timeout is 5 s; a refusal comes much sooner.
-        assert!(took < Duration::from_secs(2), "{name}: took {took:?}");
+        assert!(took < timeout / 3, "{name}: took {took:?}");
     }
 }
 
@@ -705,31 +976,22 @@ async fn a_frozen_server_times_out_then_recovers() {
         );
         assert!(err.is_store_error());
         assert!(took >= timeout, "{name}: gave up after {took:?}");
-        // Generous: CI is a busy 2-core machine.
-        assert!(took < Duration::from_secs(2), "{name}: took {took:?}");
+        // Generous: CI is a busy 2-core machine; what matters is that it
+        // gives up at all instead of hanging with the server.
+        assert!(took < Duration::from_secs(10), "{name}: took {took:?}");
     }
     server.thaw();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let mut last = None;
-    while Instant::now() < deadline {
-        match warm.check("x", &quotas, 1).await {
-            Ok(d) => {
-                last = Some(d);
-                break;
-            }
-            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
-        }
+    // Recovery: with a 100 ms timeout a reconnect can miss it on a busy
+    // machine, so retry; a store stuck on the frozen connection never answers.
+    for store in [&warm, &cold] {
+        let (d, _) = until_answered(store, "x", &quotas, 1).await;
+        assert!(d.allowed(), "{d:?}");
     }
-    assert!(last.is_some(), "no answer after thawing");
-    let _ = cold
-        .check("x", &quotas, 1)
-        .await
-        .expect("cold store after thaw");
 }
 
 /// A connection that silently stopped carrying anything (half-open after a
-/// network change: the socket looks fine, nothing comes back) costs at most
-/// two timeouts (one could be a slow call; a second in a row, or a failed
+/// network change: the socket looks fine, nothing comes back) costs a timeout
+/// or two (one could be a slow call; a second in a row, or a failed
 /// background PING, drops the connection), not all later checks: the store
 /// must give up on it and connect anew, while Redis itself is fine.
 #[tokio::test]
@@ -747,22 +1009,27 @@ async fn a_dead_connection_is_replaced_after_a_timeout() {
     proxy.blackhole();
     let first = store.check("x", &quotas, 1).await.unwrap_err();
     assert!(matches!(first, Error::Timeout(_)), "{first:?}");
-    let second = store.check("x", &quotas, 1).await;
-    assert!(
-        matches!(second, Err(Error::Timeout(_))) || second.is_ok(),
-        "{second:?}"
-    );
-    // The lost calls never reached Redis: the fresh connection sees 99 left.
-    let mut answers = Vec::new();
+    // Recovery: a check on the new connection can itself miss 100 ms on a busy
+    // machine, so retry; a store that kept the dead connection would time out
+    // on every attempt.
+    let mut remaining = Vec::new();
+    let mut failed = 0;
     for _ in 0..3 {
-        answers.push(store.check("x", &quotas, 1).await.map(|d| d.remaining()));
+        let (d, f) = until_answered(&store, "x", &quotas, 1).await;
+        remaining.push(d.remaining());
+        failed += f;
     }
-    assert!(
-        answers.iter().all(Result::is_ok),
-        "still waiting on the dead connection: {answers:?}"
-    );
-    let expected = if second.is_ok() { 95 } else { 96 };
-    assert_eq!(answers[2].as_ref().unwrap(), &expected);
+    // The blackholed call never reached Redis; each answer spent one token; a
+    // timed-out retry may have spent up to two (its call and its reconnect).
+    if failed == 0 {
+        assert_eq!(remaining, [98, 97, 96]);
+    } else {
+        assert!(remaining.windows(2).all(|w| w[1] < w[0]), "{remaining:?}");
+        assert!(
+            remaining[2] <= 96 && remaining[2] + 2 * failed >= 96,
+            "{remaining:?} after {failed} timeouts"
+        );
+    }
 }
 
 /// A failover behind a stable address: the held connection still reaches the

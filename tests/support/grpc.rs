@@ -137,6 +137,34 @@ impl GrpcServer {
         }
     }
 
+    /// Like [`start`](Self::start), with a [`Probe`] between the rate limit
+    /// layer and the health service, so clients see in the metadata what
+    /// the service saw in its request extensions.
+    pub async fn start_probed(layer: RateLimitLayer) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("local addr");
+        let (reporter, health) = tonic_health::server::health_reporter();
+        let (tx, rx) = oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            // The first layer added is the outer one: the probe runs inside.
+            let _ = Server::builder()
+                .layer(layer)
+                .layer(tower::layer::layer_fn(Probe))
+                .add_service(health)
+                .serve_with_incoming_shutdown(TcpIncoming::from(listener), async {
+                    let _ = rx.await;
+                })
+                .await;
+        });
+        GrpcServer {
+            addr,
+            tls: None,
+            reporter,
+            shutdown: Some(tx),
+            task,
+        }
+    }
+
     /// The bound address.
     pub fn addr(&self) -> SocketAddr {
         self.addr
@@ -220,4 +248,62 @@ pub fn meta<'a>(metadata: &'a tonic::metadata::MetadataMap, name: &str) -> Optio
 /// `grpc-retry-pushback-ms` of a status, parsed.
 pub fn pushback(status: &tonic::Status) -> Option<i64> {
     meta(status.metadata(), "grpc-retry-pushback-ms").map(|v| v.parse().expect("integer ms"))
+}
+
+/// Response metadata set by [`Probe`]: `allowed=<bool> remaining=<n> limit=<n>`
+/// of the `Decision` in the request extensions.
+pub const PROBE_DECISION: &str = "x-probe-decision";
+/// Response metadata set by [`Probe`]: the `StoreFailure` in the request
+/// extensions, as text.
+pub const PROBE_STORE_FAILURE: &str = "x-probe-store-failure";
+
+/// A service wrapper that copies what the rate limit layer put into the
+/// request extensions (a `Decision`, a `StoreFailure`) into response
+/// metadata ([`PROBE_DECISION`], [`PROBE_STORE_FAILURE`]): a gRPC client
+/// cannot see extensions, and without this a call the layer forwarded would
+/// look the same as a call with no layer at all.
+#[derive(Clone, Debug)]
+pub struct Probe<S>(pub S);
+
+impl<S, B, RB> tower::Service<http::Request<B>> for Probe<S>
+where
+    S: tower::Service<http::Request<B>, Response = http::Response<RB>>,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future =
+        std::pin::Pin<Box<dyn Future<Output = Result<S::Response, S::Error>> + Send + 'static>>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), S::Error>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        let decision = req.extensions().get::<tollgate::Decision>().map(|d| {
+            format!(
+                "allowed={} remaining={} limit={}",
+                d.allowed(),
+                d.remaining(),
+                d.limit()
+            )
+        });
+        let failure = req
+            .extensions()
+            .get::<tollgate::layer::StoreFailure>()
+            .map(|f| f.to_string());
+        let future = self.0.call(req);
+        Box::pin(async move {
+            let mut res = future.await?;
+            for (name, value) in [(PROBE_DECISION, decision), (PROBE_STORE_FAILURE, failure)] {
+                if let Some(value) = value.and_then(|v| http::HeaderValue::from_str(&v).ok()) {
+                    res.headers_mut().insert(name, value);
+                }
+            }
+            Ok(res)
+        })
+    }
 }
