@@ -7,7 +7,8 @@ use http::request::Parts;
 use tower_layer::Layer;
 
 use super::config::{
-    Choice, Config, Cost, Extractor, HeaderStyle, MissingKey, OnStoreError, Rejection,
+    Choice, Config, Cost, Delay, Extractor, HeaderStyle, Holding, MissingKey, OnStoreError,
+    Rejection,
 };
 use super::service::RateLimit;
 use crate::key::{KeyExtractor, PeerIp};
@@ -65,6 +66,7 @@ impl RateLimitLayer {
                 headers: HeaderStyle::default(),
                 rejection: Rejection::default().0,
                 shadow: false,
+                delay: None,
             }),
         }
     }
@@ -176,6 +178,28 @@ impl RateLimitLayer {
     /// [`ShadowRejection`](super::ShadowRejection).
     pub fn shadow(self) -> Self {
         self.with(|c| c.shadow = true)
+    }
+
+    /// Delay mode (traffic shaping): a request that can be admitted within
+    /// `max_wait` is reserved in one store call, held until its tokens are
+    /// due, then forwarded, so a burst leaves at the refill rate instead of
+    /// being refused; a request that would wait longer gets the usual 429
+    /// (gRPC `RESOURCE_EXHAUSTED`). Give a [`Duration`](std::time::Duration)
+    /// for the default bound of [`DEFAULT_MAX_WAITING`](super::DEFAULT_MAX_WAITING)
+    /// requests held at once, or a [`Delay`] with its own. Each call starts a
+    /// new count of held requests, shared by this layer's clones.
+    ///
+    /// What a full bound, a client that goes away while held, the headers
+    /// and shadow mode do: see the [module docs](crate::layer#delay-mode).
+    pub fn delay(self, delay: impl Into<Delay>) -> Self {
+        let holding = Holding::new(delay.into());
+        self.with(|c| c.delay = Some(holding))
+    }
+
+    /// In [delay mode](Self::delay), how many requests this layer (with its
+    /// clones) holds now, or is reserving for; 0 otherwise.
+    pub fn waiting(&self) -> usize {
+        self.config.delay.as_ref().map_or(0, Holding::waiting)
     }
 }
 

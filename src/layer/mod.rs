@@ -1,6 +1,7 @@
 //! Tower middleware for HTTP and gRPC: [`RateLimitLayer`] and its [`RateLimit`]
 //! service.
 #![doc = include_str!("../docs/layer.md")]
+#![doc = include_str!("../docs/delay.md")]
 #![doc = include_str!("../docs/headers.md")]
 #![doc = include_str!("../docs/grpc.md")]
 #![doc = include_str!("../docs/stacking.md")]
@@ -23,7 +24,9 @@ mod report;
 mod service;
 
 pub use body::ResponseBody;
-pub use config::{Choice, HeaderStyle, MissingKey, OnStoreError, Rejection};
+pub use config::{
+    Choice, DEFAULT_MAX_WAITING, Delay, HeaderStyle, MissingKey, OnStoreError, Rejection,
+};
 pub use future::ResponseFuture;
 pub use grpc::{GRPC_RETRY_PUSHBACK_MS, grpc_method, is_grpc};
 pub use headers::{
@@ -31,5 +34,5 @@ pub use headers::{
     X_RATELIMIT_RESET,
 };
 pub use layer::RateLimitLayer;
-pub use outcome::{ShadowRejection, StoreFailure};
+pub use outcome::{Delayed, ShadowRejection, StoreFailure};
 pub use service::RateLimit;
