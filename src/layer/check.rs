@@ -11,7 +11,7 @@ use http::Response;
 use http::request::Parts;
 use tokio::sync::OwnedSemaphorePermit;
 
-use super::config::{Choice, Config, Cost, Extractor, Missing, OnStoreError};
+use super::config::{Config, Cost, Extractor, Missing, OnStoreError, Selected};
 use super::grpc;
 use super::http_answer;
 use super::outcome::{After, Answer, Delayed, StoreFailure};
@@ -88,24 +88,27 @@ pub(crate) async fn check(config: Arc<Config>, mut parts: Parts) -> Checked {
 /// `Ok` to forward the request (in delay mode, once its hold is over), `Err`
 /// to answer it without the inner service.
 async fn decide(config: &Config, parts: &Parts) -> Result<(After, Option<Hold>), Answer> {
-    let policy = match &config.select {
-        None => config.limiter.policy().clone(),
+    let (policy, own_key) = match &config.select {
+        None => (config.limiter.policy().clone(), None),
         Some(select) => match select(parts) {
-            Choice::Default => config.limiter.policy().clone(),
-            Choice::Policy(p) => p,
-            Choice::Exempt => return Ok((After::default(), None)),
+            Selected::Default => (config.limiter.policy().clone(), None),
+            Selected::Policy(p) => (p, None),
+            Selected::Keyed(p, key) => (p, Some(key)),
+            Selected::Exempt => return Ok((After::default(), None)),
         },
     };
-    let (kind, value) = match present(config.key.extract(parts).await) {
-        Some(value) => (config.key.kind(), value),
+    // A table rule with a key of its own uses it; everything else the layer's.
+    let key = own_key.as_ref().unwrap_or(&config.key);
+    let (kind, value) = match present(key.extract(parts).await) {
+        Some(value) => (key.kind(), value),
         None => match &config.missing {
             Missing::Allow => return Ok((After::default(), None)),
-            Missing::Reject => return Err(missing(&config.key)),
+            Missing::Reject => return Err(missing(key)),
             Missing::Fallback(other) => match present(other.extract(parts).await) {
                 Some(value) => (other.kind(), value),
                 None => {
                     return Err(Answer::MissingKey {
-                        kind: format!("{} or {}", config.key.kind(), other.kind()),
+                        kind: format!("{} or {}", key.kind(), other.kind()),
                     });
                 }
             },

@@ -81,6 +81,26 @@ impl From<Policy> for Choice {
     }
 }
 
+/// What a request is limited by, as the layer's policy closure or its
+/// [`PolicyTable`](crate::layer::PolicyTable) chose: a [`Choice`], or a
+/// policy with a key of its own (a table rule's).
+pub(crate) enum Selected {
+    Default,
+    Policy(Policy),
+    Keyed(Policy, Extractor),
+    Exempt,
+}
+
+impl From<Choice> for Selected {
+    fn from(choice: Choice) -> Self {
+        match choice {
+            Choice::Default => Selected::Default,
+            Choice::Policy(policy) => Selected::Policy(policy),
+            Choice::Exempt => Selected::Exempt,
+        }
+    }
+}
+
 /// What the layer does when its key extractor finds no key in a request (no API
 /// key header, no peer address). Set with
 /// [`RateLimitLayer::on_missing_key`](crate::layer::RateLimitLayer::on_missing_key).
@@ -336,7 +356,7 @@ impl Holding {
 /// Builds the body and headers of a custom 429 from the decision.
 pub(crate) type RejectFn = dyn Fn(&Decision) -> Response<Bytes> + Send + Sync;
 pub(crate) type CostFn = dyn Fn(&Parts) -> u64 + Send + Sync;
-pub(crate) type SelectFn = dyn Fn(&Parts) -> Choice + Send + Sync;
+pub(crate) type SelectFn = dyn Fn(&Parts) -> Selected + Send + Sync;
 
 #[derive(Clone)]
 pub(crate) enum Cost {

@@ -11,6 +11,7 @@ use super::config::{
     Rejection,
 };
 use super::service::RateLimit;
+use super::table::PolicyTable;
 use crate::key::{KeyExtractor, PeerIp};
 use crate::store::AnyStore;
 use crate::{ConfigError, Policy, RateLimiter};
@@ -98,11 +99,26 @@ impl RateLimitLayer {
     /// put in the extensions): each policy has its own buckets, so a tier taken
     /// from a header the client writes lets the client pick the larger quota, or
     /// spend from several.
+    ///
+    /// For limits kept as data (a configuration file, changed while serving),
+    /// see [`policy_table`](Self::policy_table); the two replace each other.
     pub fn policy<F>(self, select: F) -> Self
     where
         F: Fn(&Parts) -> Choice + Send + Sync + 'static,
     {
-        self.with(|c| c.select = Some(Arc::new(select)))
+        self.with(|c| c.select = Some(Arc::new(move |parts: &Parts| select(parts).into())))
+    }
+
+    /// Chooses the policy (and, for rules that have one, the key) of each
+    /// request from `table`: its first rule that applies to the request, or
+    /// the layer's own policy and key when none does. The table can be
+    /// replaced while serving ([`PolicyTable::swap`] on a clone you keep),
+    /// without rebuilding the layer or the router. Replaces a
+    /// [`policy`](Self::policy) closure, and the other way round.
+    ///
+    /// See the [module docs](crate::layer#policy-tables).
+    pub fn policy_table(self, table: PolicyTable) -> Self {
+        self.with(|c| c.select = Some(Arc::new(move |parts: &Parts| table.select(parts))))
     }
 
     /// The weight of each request in tokens, computed from its head (1 when not

@@ -2,14 +2,17 @@
 //! service.
 #![doc = include_str!("../docs/layer.md")]
 #![doc = include_str!("../docs/delay.md")]
+#![doc = include_str!("../docs/tables.md")]
 #![doc = include_str!("../docs/headers.md")]
 #![doc = include_str!("../docs/grpc.md")]
 #![doc = include_str!("../docs/stacking.md")]
 
 // A one-way stack; each file imports only from files to its left:
 // headers -> config -> outcome -> report -> (http_answer | grpc) -> check,
-// then body -> future -> service -> layer. tests/layout.rs checks that no
-// file of src/ imports, directly or not, a file that imports it.
+// then body -> future -> service -> layer; and the policy tables,
+// config -> rule_key -> (grpc) -> rule -> table -> (table_file) -> layer.
+// tests/layout.rs checks that no file of src/ imports, directly or not, a
+// file that imports it.
 mod body;
 mod check;
 mod config;
@@ -21,7 +24,12 @@ mod http_answer;
 mod layer;
 mod outcome;
 mod report;
+mod rule;
+mod rule_key;
 mod service;
+mod table;
+#[cfg(feature = "serde")]
+mod table_file;
 
 pub use body::ResponseBody;
 pub use config::{
@@ -35,4 +43,7 @@ pub use headers::{
 };
 pub use layer::RateLimitLayer;
 pub use outcome::{Delayed, ShadowRejection, StoreFailure};
+pub use rule::PolicyRule;
+pub use rule_key::RuleKey;
 pub use service::RateLimit;
+pub use table::PolicyTable;
