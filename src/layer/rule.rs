@@ -113,7 +113,7 @@ impl PolicyRule {
     {
         for route in routes {
             let route = route.as_ref();
-            let pattern = RoutePattern::parse(route).map_err(|e| e.about(route_name(route)))?;
+            let pattern = RoutePattern::parse(route).map_err(|e| e.about(named("route", route)))?;
             self.routes.push(pattern);
         }
         Ok(self)
@@ -135,7 +135,8 @@ impl PolicyRule {
     {
         for method in methods {
             let method = method.as_ref();
-            let pattern = GrpcPattern::parse(method).map_err(|e| e.about(route_name(method)))?;
+            let pattern =
+                GrpcPattern::parse(method).map_err(|e| e.about(named("gRPC method", method)))?;
             self.grpc.push(pattern);
         }
         Ok(self)
@@ -204,13 +205,13 @@ impl PolicyRule {
     }
 }
 
-/// `route "..."`, shortened, for messages.
-fn route_name(text: &str) -> String {
+/// `route "..."` or `gRPC method "..."`, shortened, for messages.
+fn named(what: &str, text: &str) -> String {
     let shown: String = text.chars().take(80).collect();
     if shown.len() < text.len() {
-        format!("route {shown:?}...")
+        format!("{what} {shown:?}...")
     } else {
-        format!("route {shown:?}")
+        format!("{what} {shown:?}")
     }
 }
 
@@ -332,7 +333,6 @@ struct GrpcPattern {
 
 impl GrpcPattern {
     fn parse(text: &str) -> Result<Self, ConfigError> {
-        check_path(text)?;
         let parts = text
             .strip_prefix('/')
             .and_then(|rest| rest.split_once('/'))
@@ -345,6 +345,7 @@ impl GrpcPattern {
                  \"/package.Service/*\" for all of a service's",
             ));
         };
+        check_path(text)?;
         Ok(GrpcPattern {
             service: service.to_owned(),
             method: (method != "*").then(|| method.to_owned()),

@@ -31,8 +31,9 @@ struct Entry {
     /// Quotas in their text form; parsed here, so an error can name the entry.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     quotas: Vec<String>,
+    /// Read as written and built here, so an error can name the entry.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    key: Option<RuleKey>,
+    key: Option<KeyField>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     routes: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -73,7 +74,10 @@ impl TryFrom<Entry> for PolicyRule {
             }
             let rule = PolicyRule::new(Policy::new(&name, quotas)?);
             match entry.key {
-                Some(key) => rule.key(key),
+                Some(KeyField(table)) => {
+                    let key = table.spec().and_then(RuleKey::from_spec).map_err(about)?;
+                    rule.key(key)
+                }
                 None => rule,
             }
         };
@@ -91,7 +95,7 @@ impl From<&PolicyRule> for Entry {
                 .policy()
                 .map(|p| p.quotas().iter().map(ToString::to_string).collect())
                 .unwrap_or_default(),
-            key: rule.rule_key().cloned(),
+            key: rule.rule_key().map(|k| KeyField(KeyTable::from(k.spec()))),
             routes: rule.route_texts().collect(),
             grpc: rule.grpc_texts().collect(),
             exempt: rule.is_exempt(),
@@ -296,21 +300,36 @@ impl From<&KeySpec> for KeyTable {
     }
 }
 
-impl Serialize for RuleKey {
-    /// The kind alone (`"peer_ip"`) when it has no options, else a table.
+/// A key as written: the kind alone (`"peer_ip"`) when it has no options,
+/// else a table.
+struct KeyField(KeyTable);
+
+impl Serialize for KeyField {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let table = KeyTable::from(self.spec());
-        if table.given().is_empty() {
-            serializer.serialize_str(&table.kind)
+        if self.0.given().is_empty() {
+            serializer.serialize_str(&self.0.kind)
         } else {
-            table.serialize(serializer)
+            self.0.serialize(serializer)
         }
+    }
+}
+
+impl<'de> Deserialize<'de> for KeyField {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(KeyText).map(KeyField)
+    }
+}
+
+impl Serialize for RuleKey {
+    /// As in a file: `"peer_ip"`, or `{ kind = "client_ip", ... }`.
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        KeyField(KeyTable::from(self.spec())).serialize(serializer)
     }
 }
 
 impl<'de> Deserialize<'de> for RuleKey {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let table = deserializer.deserialize_any(KeyText)?;
+        let KeyField(table) = KeyField::deserialize(deserializer)?;
         table
             .spec()
             .and_then(RuleKey::from_spec)
@@ -452,11 +471,11 @@ key = "peer_ip"
             ),
             (
                 "quotas = [\"1/s\"]\ngrpc = [\"Orders/Create\"]",
-                "policy \"p\": route \"Orders/Create\"",
+                "policy \"p\": gRPC method \"Orders/Create\": write a gRPC method as",
             ),
             (
                 "quotas = [\"1/s\"]\nkey = \"client_ip\"",
-                "a client_ip key takes one of",
+                "invalid key extractor: policy \"p\": a client_ip key takes one of",
             ),
             (
                 "quotas = [\"1/s\"]\nkey = { kind = \"client_ip\", hops = 1 }",
