@@ -263,3 +263,76 @@ async fn a_client_that_disconnects_while_held_frees_its_slot_and_spends_its_toke
     );
     assert!(times[1] < interval * 2 + Duration::from_secs(5));
 }
+
+/// gRPC calls are held the same way on a tonic server; a call that would
+/// wait longer than allowed gets `RESOURCE_EXHAUSTED`, never a bare 429.
+#[tokio::test]
+async fn grpc_calls_are_held_too() {
+    use support::grpc::{GrpcServer, check, within};
+
+    let redis = RedisServer::start();
+    // 5 a second, bursts of 1: a token every 200 ms; held up to 500 ms.
+    let layer = RateLimitLayer::new(
+        unbatched(&redis).await,
+        Quota::per_second(5).unwrap().burst(1).unwrap(),
+    )
+    .key(tollgate::key::Global)
+    .delay(Duration::from_millis(500));
+    let server = GrpcServer::start(layer).await;
+    let start = Instant::now();
+    let calls: Vec<_> = (0..4)
+        .map(|_| {
+            let server = &server;
+            async move {
+                let mut client = server.client().await;
+                let outcome = within(client.check(check(&[]))).await;
+                (outcome.map(|_| ()).map_err(|s| s.code()), start.elapsed())
+            }
+        })
+        .collect();
+    let mut outcomes = futures_join(calls).await;
+    outcomes.sort_by_key(|(_, at)| *at);
+    println!("gRPC calls, 5/s burst 1, held up to 500 ms: {outcomes:?}");
+    let ok: Vec<Duration> = outcomes
+        .iter()
+        .filter(|(o, _)| o.is_ok())
+        .map(|(_, at)| *at)
+        .collect();
+    let refused: Vec<_> = outcomes.iter().filter_map(|(o, _)| o.err()).collect();
+    // Three fit (due at 0, 200 and 400 ms), the fourth would wait 600 ms.
+    assert_eq!(ok.len(), 3, "{outcomes:?}");
+    assert_eq!(refused, [tonic::Code::ResourceExhausted], "{outcomes:?}");
+    assert!(
+        ok[2] + Duration::from_millis(1) >= Duration::from_millis(400),
+        "{ok:?}"
+    );
+}
+
+/// Runs the futures concurrently on this task and collects their outputs.
+async fn futures_join<F: std::future::Future>(futures: Vec<F>) -> Vec<F::Output> {
+    let mut set = Vec::new();
+    for f in futures {
+        set.push(Box::pin(f));
+    }
+    let mut out: Vec<Option<F::Output>> = (0..set.len()).map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (i, f) in set.iter_mut().enumerate() {
+            if out[i].is_none() {
+                match f.as_mut().poll(cx) {
+                    std::task::Poll::Ready(v) => out[i] = Some(v),
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    })
+    .await;
+    out.into_iter()
+        .map(|v| v.expect("every future ran"))
+        .collect()
+}

@@ -183,3 +183,58 @@ async fn a_rule_with_its_own_key() {
         "{keys:?}"
     );
 }
+
+/// gRPC methods by path on a tonic server: a rule per method, an exempt
+/// method, and a swap, all without rebuilding the server.
+#[tokio::test]
+async fn rules_choose_grpc_methods_on_a_tonic_server() {
+    use support::grpc::{GrpcServer, check, meta, within};
+    use tonic_health::pb::HealthCheckRequest;
+
+    let redis = RedisServer::start();
+    let rules = |checks: &str| {
+        PolicyTable::new([
+            PolicyRule::exempt("watches")
+                .unwrap()
+                .grpc(["/grpc.health.v1.Health/Watch"])
+                .unwrap(),
+            limit("checks", checks)
+                .grpc(["/grpc.health.v1.Health/Check"])
+                .unwrap()
+                .key(RuleKey::global()),
+        ])
+        .unwrap()
+    };
+    let table = rules("2/min");
+    let layer = RateLimitLayer::new(redis.store(), Quota::per_minute(100).unwrap())
+        .key(tollgate::key::Global)
+        .policy_table(table.clone());
+    let server = GrpcServer::start(layer).await;
+    let mut client = server.client().await;
+    for _ in 0..2 {
+        let ok = within(client.check(check(&[]))).await.expect("admitted");
+        assert_eq!(
+            meta(ok.metadata(), "ratelimit-policy"),
+            Some("\"checks\";q=2;w=60")
+        );
+    }
+    let status = within(client.check(check(&[]))).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted);
+    assert!(status.message().contains("policy checks"), "{status:?}");
+    // Watch is exempt: no rate limit metadata at all.
+    let watch = within(client.watch(HealthCheckRequest {
+        service: String::new(),
+    }))
+    .await
+    .expect("exempt");
+    assert_eq!(meta(watch.metadata(), "ratelimit-policy"), None);
+    // A reload with a larger quota: fresh buckets, admitted again.
+    table.swap(rules("3/min"));
+    let ok = within(client.check(check(&[])))
+        .await
+        .expect("admitted after the swap");
+    assert_eq!(
+        meta(ok.metadata(), "ratelimit-policy"),
+        Some("\"checks\";q=3;w=60")
+    );
+}
