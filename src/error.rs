@@ -68,6 +68,15 @@ impl ConfigError {
         Self::new(ConfigErrorKind::Layer, message)
     }
 
+    /// The same mistake, said of `what` (`policy "login"`, a quota's text), so
+    /// the message names the entry it came from.
+    pub(crate) fn about(self, what: impl fmt::Display) -> Self {
+        ConfigError {
+            kind: self.kind,
+            message: format!("{what}: {}", self.message),
+        }
+    }
+
     /// What the mistake is about.
     pub fn kind(&self) -> ConfigErrorKind {
         self.kind

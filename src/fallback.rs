@@ -150,7 +150,8 @@ impl Fallback {
     }
 
     /// Reserves in memory for a store that failed with `error` (see
-    /// [`Store::reserve`]).
+    /// [`Store::reserve`]); the policy the reservation was made under comes
+    /// back with it.
     pub(crate) async fn reserve(
         &self,
         key: &str,
@@ -158,7 +159,7 @@ impl Fallback {
         cost: u64,
         max_wait: std::time::Duration,
         error: &Error,
-    ) -> Result<Reservation, Error> {
+    ) -> Result<(Reservation, Policy), Error> {
         if !self.inner.active.swap(true, Ordering::AcqRel) {
             observe::fallback(true, Some(error));
         }
@@ -175,7 +176,7 @@ impl Fallback {
         } else {
             0
         };
-        Ok(Reservation::new(decision, wait_us))
+        Ok((Reservation::new(decision, wait_us), scaled))
     }
 
     /// The store answered: if this fallback was deciding, it stops.

@@ -8,13 +8,16 @@
 //!   ten tokens a second).
 //! - [`Store`]: where buckets live: [`RedisStore`] (shared by every instance,
 //!   time from Redis `TIME`, one round trip per decision) or [`MemoryStore`].
-//! - [`RateLimiter`]: `check`, `acquire` (waits), `peek` and `reset` over a store.
+//! - [`RateLimiter`]: `check`, `reserve` and `acquire` (wait for tokens in one
+//!   store call), `peek` and `reset` over a store.
 //! - [`Decision`]: what a check answers: allowed, limit, remaining, retry-after,
 //!   reset-after.
 //! - [`RateLimitLayer`]: tower middleware for axum, hyper and tonic: 429 with
 //!   `Retry-After` and the IETF `RateLimit` headers for HTTP, `RESOURCE_EXHAUSTED`
-//!   with retry hints for gRPC, per-route and per-method policies; see [`layer`]
-//!   for the axum quick start.
+//!   with retry hints for gRPC, per-route and per-method policies, a delay
+//!   mode that shapes bursts instead of refusing them, and policy tables read
+//!   from configuration files (feature `serde`) and swapped while serving; see
+//!   [`layer`] for the axum quick start.
 //! - [`key`]: which bucket a request spends from (peer IP, client IP behind
 //!   trusted proxies, API key header, auth extension, closures, combinations).
 //!

@@ -144,16 +144,58 @@ impl RateLimiter {
             },
             Err(error) => Decided::Failed(error),
         };
-        let outcome = match &decided {
-            Decided::Store(d) if d.allowed() => Outcome::Allowed,
-            Decided::Store(_) => Outcome::Limited,
-            Decided::Fallback { decision, .. } if decision.allowed() => Outcome::FallbackAllowed,
-            Decided::Fallback { .. } => Outcome::FallbackLimited,
-            Decided::Failed(e) if e.is_store_error() => Outcome::StoreError,
-            Decided::Failed(_) => Outcome::Limited,
-        };
-        observe::decision(policy.name(), key_kind, outcome);
+        report(policy, key_kind, &decided);
         decided
+    }
+
+    /// A reservation under `policy` that may wait up to `max_wait` (the
+    /// layer's delay mode), falling back and reported like
+    /// [`decide`](Self::decide). The wait comes back with the decision: how
+    /// long until the reserved tokens are due when admitted, zero otherwise.
+    pub(crate) async fn decide_within(
+        &self,
+        key: &str,
+        key_kind: &str,
+        policy: &Policy,
+        cost: u64,
+        max_wait: Duration,
+    ) -> (Decided, Duration) {
+        let admitted = |r: &Reservation| {
+            if r.admitted() {
+                r.wait()
+            } else {
+                Duration::ZERO
+            }
+        };
+        let (decided, wait) = match self.store.reserve(key, policy, cost, max_wait).await {
+            Ok(reservation) => {
+                if let Some(fallback) = &self.fallback {
+                    fallback.store_answered();
+                }
+                let wait = admitted(&reservation);
+                (Decided::Store(reservation.into_decision()), wait)
+            }
+            Err(error) if error.is_store_error() => match &self.fallback {
+                Some(fallback) => match fallback.reserve(key, policy, cost, max_wait, &error).await
+                {
+                    Ok((reservation, policy)) => {
+                        let wait = admitted(&reservation);
+                        let decision = reservation.into_decision();
+                        let decided = Decided::Fallback {
+                            decision,
+                            policy,
+                            error,
+                        };
+                        (decided, wait)
+                    }
+                    Err(_) => (Decided::Failed(error), Duration::ZERO),
+                },
+                None => (Decided::Failed(error), Duration::ZERO),
+            },
+            Err(error) => (Decided::Failed(error), Duration::ZERO),
+        };
+        report(policy, key_kind, &decided);
+        (decided, wait)
     }
 
     /// Reserves `cost` tokens, possibly ahead of their refill, if they are all
@@ -168,32 +210,15 @@ impl RateLimiter {
         cost: u64,
         max_wait: Duration,
     ) -> Result<Reservation, Error> {
-        self.reserve_policy(key, &self.policy, cost, max_wait).await
-    }
-
-    /// [`reserve`](Self::reserve) under another policy (the layer's delay mode).
-    pub(crate) async fn reserve_policy(
-        &self,
-        key: &str,
-        policy: &Policy,
-        cost: u64,
-        max_wait: Duration,
-    ) -> Result<Reservation, Error> {
-        match self.store.reserve(key, policy, cost, max_wait).await {
-            Ok(reservation) => {
-                if let Some(fallback) = &self.fallback {
-                    fallback.store_answered();
-                }
-                Ok(reservation)
+        let (decided, wait) = self
+            .decide_within(key, "limiter", &self.policy, cost, max_wait)
+            .await;
+        let wait_us = u64::try_from(wait.as_micros()).unwrap_or(u64::MAX);
+        match decided {
+            Decided::Store(decision) | Decided::Fallback { decision, .. } => {
+                Ok(Reservation::new(decision, wait_us))
             }
-            Err(error) if error.is_store_error() => match &self.fallback {
-                Some(fallback) => fallback
-                    .reserve(key, policy, cost, max_wait, &error)
-                    .await
-                    .or(Err(error)),
-                None => Err(error),
-            },
-            Err(error) => Err(error),
+            Decided::Failed(error) => Err(error),
         }
     }
 
@@ -233,6 +258,19 @@ impl RateLimiter {
     pub async fn reset(&self, key: &str) -> Result<(), Error> {
         self.store.reset(key, &self.policy).await
     }
+}
+
+/// Reports a decision to tracing and metrics.
+fn report(policy: &Policy, key_kind: &str, decided: &Decided) {
+    let outcome = match decided {
+        Decided::Store(d) if d.allowed() => Outcome::Allowed,
+        Decided::Store(_) => Outcome::Limited,
+        Decided::Fallback { decision, .. } if decision.allowed() => Outcome::FallbackAllowed,
+        Decided::Fallback { .. } => Outcome::FallbackLimited,
+        Decided::Failed(e) if e.is_store_error() => Outcome::StoreError,
+        Decided::Failed(_) => Outcome::Limited,
+    };
+    observe::decision(policy.name(), key_kind, outcome);
 }
 
 #[cfg(test)]

@@ -145,7 +145,7 @@ impl fmt::Debug for Policy {
     }
 }
 
-fn check_name(name: &str) -> Result<(), ConfigError> {
+pub(crate) fn check_name(name: &str) -> Result<(), ConfigError> {
     let ok = !name.is_empty()
         && name.len() <= MAX_POLICY_NAME_LEN
         && name

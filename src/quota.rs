@@ -14,6 +14,12 @@
 //! assert_eq!(api.capacity(), 20);
 //! assert_eq!(daily.period(), Duration::from_secs(86_400));
 //! assert!(Quota::per_second(0).is_err());
+//!
+//! // The text form, as in configuration files; `Display` writes it back.
+//! let login: Quota = "5/min burst 10".parse()?;
+//! assert_eq!(login, Quota::per_minute(5)?.burst(10)?);
+//! assert_eq!(login.to_string(), "5/min burst 10");
+//! assert_eq!("100/min".parse::<Quota>()?, Quota::per_minute(100)?);
 //! # Ok(())
 //! # }
 //! ```
@@ -22,6 +28,10 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::ConfigError;
+
+#[cfg(feature = "serde")]
+mod serde_text;
+mod text;
 
 /// Largest value the store arithmetic may reach. Lua numbers are doubles, exact
 /// only below 2^53; staying at or below 2^52 leaves room for the sums the bucket
@@ -39,6 +49,43 @@ pub const MIN_PERIOD: Duration = Duration::from_millis(1);
 /// Build it with [`Quota::per_second`], [`Quota::per_minute`], [`Quota::per_hour`]
 /// or [`Quota::new`]; each checks its values and returns a [`ConfigError`]
 /// for zero, absurd, or inexact ones. See the [module example](crate::quota).
+///
+/// # Text form
+///
+/// Quotas also parse from text ([`FromStr`](std::str::FromStr)), for
+/// configuration files and environment variables, and [`Display`](std::fmt::Display)
+/// writes that form back, so a quota printed and parsed again is the same
+/// quota:
+///
+/// ```text
+/// <tokens> "/" [<count>] <unit> [","] ["burst" <capacity>]
+/// ```
+///
+/// | text | same as |
+/// | --- | --- |
+/// | `10/s` | `Quota::per_second(10)` |
+/// | `100/min` | `Quota::per_minute(100)` |
+/// | `5000/h` | `Quota::per_hour(5000)` |
+/// | `1/day` | `Quota::new(1, Duration::from_secs(86_400))` |
+/// | `10/s burst 50` | `Quota::per_second(10)?.burst(50)` |
+/// | `3/1500ms`, `2/15min` | `Quota::new(3, 1500 ms)`, `Quota::new(2, 15 min)` |
+///
+/// - **Units**: `us` (`µs`), `ms`, `s`, `min` (`m`), `h`, `d`, `w`, or their
+///   names (`sec`, `second`, `seconds`, `minute`, `hour`, `day`, `week`...),
+///   in any ASCII case. `m` is a minute, never a month or a millisecond.
+/// - **Numbers** are plain decimal digits: no sign, fraction or separator.
+///   `/` may also be written `per` (`10 per second`).
+/// - **Spaces** are optional around numbers, `/` and `,`, and needed only
+///   between two words (`10 per s`): `10/s`, `10 / s` and `10/1s` are one quota.
+/// - **Mistakes** are the constructors' errors, naming the text: `"0/s"` gives
+///   `invalid quota: "0/s": tokens per period must be at least 1`; an unknown
+///   unit, a number past `u64` or any other text says what was expected.
+///
+/// `Display` writes the shortest form: the count only when it is not 1, the
+/// largest of `d`, `h`, `min`, `s`, `ms`, `us` that divides the period, and
+/// the burst only when it differs from the tokens (`10/s`, `2/15min`,
+/// `10/s burst 50`). With the `serde` cargo feature a quota serializes as this
+/// text and deserializes from it.
 ///
 /// Internally the rate is kept as the reduced fraction `num / den` tokens per
 /// microsecond, and bucket levels are counted in units of `1 / den` token, so every
@@ -178,18 +225,6 @@ impl fmt::Debug for Quota {
     }
 }
 
-impl fmt::Display for Quota {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{} per {}, burst {}",
-            self.tokens,
-            PeriodName(self.period_us),
-            self.capacity
-        )
-    }
-}
-
 /// [`Quota::id`], written straight into the storage key being built: no
 /// separate allocation per check.
 pub(crate) struct QuotaId(Quota);
@@ -278,6 +313,8 @@ mod tests {
                 .to_string(),
             "3/1500ms:3"
         );
-        assert_eq!(a.to_string(), "10 per 1s, burst 10");
+        // Storage keys keep their own form: changing how quotas are written
+        // must not start fresh buckets.
+        assert_eq!(a.to_string(), "10/s");
     }
 }

@@ -109,6 +109,46 @@ fn the_examples_that_exit_by_themselves_answer_without_5xx() {
     }
 }
 
+#[cfg(feature = "serde")]
+#[test]
+fn the_config_example_reads_reloads_and_refuses_broken_files() {
+    let out = run("config", &[]);
+    assert!(
+        out.contains("[\"health\", \"login\", \"items\", \"api\"]"),
+        "{out}"
+    );
+    // The fourth login in a minute is over the file's 3/min; health is exempt.
+    let logins: Vec<&str> = out
+        .lines()
+        .filter(|l| l.starts_with("POST /login"))
+        .collect();
+    assert_eq!(logins.len(), 7, "{out}");
+    assert!(logins[..3].iter().all(|l| l.contains("200 OK")), "{out}");
+    assert!(logins[3].contains("429"), "{out}");
+    assert!(
+        out.contains("GET  /health   -> 200 OK  RateLimit-Policy: -"),
+        "{out}"
+    );
+    // After the reload: 6 a minute, fresh buckets.
+    assert!(
+        logins[4..]
+            .iter()
+            .all(|l| l.contains("200 OK") && l.contains("q=6;w=60")),
+        "{out}"
+    );
+    // Broken files are refused, naming the entry and the value.
+    assert!(
+        out.contains("invalid quota: policy \"login\": \"0/min\""),
+        "{out}"
+    );
+    assert!(out.contains("policy \"edge\": a client_ip key"), "{out}");
+    assert!(
+        out.contains("policy \"login\" (entry 2) can never apply"),
+        "{out}"
+    );
+    assert!(out.contains("done: server stopped"), "{out}");
+}
+
 #[cfg(feature = "metrics")]
 #[test]
 fn the_metrics_example_shows_the_fallback_deciding_with_redis_dead() {

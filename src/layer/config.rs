@@ -5,13 +5,15 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::Response;
 use http::request::Parts;
+use tokio::sync::Semaphore;
 
 use crate::key::{KeyExtractor, Kind};
-use crate::{Decision, Policy, RateLimiter};
+use crate::{ConfigError, Decision, Policy, RateLimiter};
 
 /// A boxed future, as the object-safe extractor wrapper returns.
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -76,6 +78,26 @@ pub enum Choice {
 impl From<Policy> for Choice {
     fn from(policy: Policy) -> Self {
         Choice::Policy(policy)
+    }
+}
+
+/// What a request is limited by, as the layer's policy closure or its
+/// [`PolicyTable`](crate::layer::PolicyTable) chose: a [`Choice`], or a
+/// policy with a key of its own (a table rule's).
+pub(crate) enum Selected {
+    Default,
+    Policy(Policy),
+    Keyed(Policy, Extractor),
+    Exempt,
+}
+
+impl From<Choice> for Selected {
+    fn from(choice: Choice) -> Self {
+        match choice {
+            Choice::Default => Selected::Default,
+            Choice::Policy(policy) => Selected::Policy(policy),
+            Choice::Exempt => Selected::Exempt,
+        }
     }
 }
 
@@ -229,10 +251,112 @@ impl fmt::Debug for Rejection {
     }
 }
 
+/// How many requests a layer in [delay mode](crate::layer#delay-mode) holds at
+/// once unless [`Delay::max_waiting`] says otherwise.
+pub const DEFAULT_MAX_WAITING: usize = 1_000;
+
+/// Delay mode: requests that can be admitted within `max_wait` are held until
+/// their tokens are due, then forwarded, instead of being refused. Set with
+/// [`RateLimitLayer::delay`](crate::layer::RateLimitLayer::delay); a
+/// [`Duration`] converts into a `Delay` with the default bound. See the
+/// [module docs](crate::layer#delay-mode).
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate::layer::{Delay, RateLimitLayer};
+/// use tollgate::{MemoryStore, Quota};
+///
+/// # fn main() -> Result<(), tollgate::ConfigError> {
+/// // Smooth bursts to 10 a second, holding a request up to 2 s, at most 200
+/// // requests held at once.
+/// let layer = RateLimitLayer::new(MemoryStore::new(), Quota::per_second(10)?)
+///     .delay(Delay::new(Duration::from_secs(2)).max_waiting(200)?);
+/// # let _ = layer;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use]
+pub struct Delay {
+    max_wait: Duration,
+    max_waiting: usize,
+}
+
+impl Delay {
+    /// Holds requests up to `max_wait`, at most [`DEFAULT_MAX_WAITING`] at once.
+    pub fn new(max_wait: Duration) -> Self {
+        Delay {
+            max_wait,
+            max_waiting: DEFAULT_MAX_WAITING,
+        }
+    }
+
+    /// Holds at most `requests` requests at once (per layer, shared by its
+    /// clones): the memory that held requests take is bounded by it.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] when `requests` is 0 (use no delay mode instead) or
+    /// above tokio's semaphore limit (`usize::MAX >> 3`).
+    pub fn max_waiting(self, requests: usize) -> Result<Self, ConfigError> {
+        if requests == 0 || requests > Semaphore::MAX_PERMITS {
+            return Err(ConfigError::layer(format!(
+                "Delay::max_waiting({requests}): the number of requests held at once must be \
+                 1 to {}; without delay mode, leave .delay(..) out",
+                Semaphore::MAX_PERMITS
+            )));
+        }
+        Ok(Delay {
+            max_waiting: requests,
+            ..self
+        })
+    }
+
+    /// The longest a request is held.
+    pub fn max_wait(&self) -> Duration {
+        self.max_wait
+    }
+
+    /// The most requests held at once.
+    pub fn waiting_limit(&self) -> usize {
+        self.max_waiting
+    }
+}
+
+impl From<Duration> for Delay {
+    fn from(max_wait: Duration) -> Self {
+        Delay::new(max_wait)
+    }
+}
+
+/// A layer's delay mode at work: its settings and the slots of the requests
+/// it holds, shared by the layer's clones.
+#[derive(Clone)]
+pub(crate) struct Holding {
+    pub(crate) delay: Delay,
+    pub(crate) slots: Arc<Semaphore>,
+}
+
+impl Holding {
+    pub(crate) fn new(delay: Delay) -> Self {
+        Holding {
+            delay,
+            slots: Arc::new(Semaphore::new(delay.max_waiting)),
+        }
+    }
+
+    /// Requests held (or being reserved) now.
+    pub(crate) fn waiting(&self) -> usize {
+        self.delay
+            .max_waiting
+            .saturating_sub(self.slots.available_permits())
+    }
+}
+
 /// Builds the body and headers of a custom 429 from the decision.
 pub(crate) type RejectFn = dyn Fn(&Decision) -> Response<Bytes> + Send + Sync;
 pub(crate) type CostFn = dyn Fn(&Parts) -> u64 + Send + Sync;
-pub(crate) type SelectFn = dyn Fn(&Parts) -> Choice + Send + Sync;
+pub(crate) type SelectFn = dyn Fn(&Parts) -> Selected + Send + Sync;
 
 #[derive(Clone)]
 pub(crate) enum Cost {
@@ -253,6 +377,8 @@ pub(crate) struct Config {
     pub(crate) headers: HeaderStyle,
     pub(crate) rejection: Reject,
     pub(crate) shadow: bool,
+    /// Delay mode, when set.
+    pub(crate) delay: Option<Holding>,
 }
 
 impl fmt::Debug for Config {
@@ -274,6 +400,7 @@ impl fmt::Debug for Config {
             .field("headers", &self.headers)
             .field("rejection", &Rejection(self.rejection.clone()))
             .field("shadow", &self.shadow)
+            .field("delay", &self.delay.as_ref().map(|h| h.delay))
             .finish()
     }
 }

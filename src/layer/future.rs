@@ -113,6 +113,9 @@ where
                         if let Some(shadow) = after.shadow {
                             res.extensions_mut().insert(shadow);
                         }
+                        if let Some(delayed) = after.delayed {
+                            res.extensions_mut().insert(delayed);
+                        }
                     }
                     return Poll::Ready(Ok(res));
                 }

@@ -7,9 +7,11 @@ use http::request::Parts;
 use tower_layer::Layer;
 
 use super::config::{
-    Choice, Config, Cost, Extractor, HeaderStyle, MissingKey, OnStoreError, Rejection,
+    Choice, Config, Cost, Delay, Extractor, HeaderStyle, Holding, MissingKey, OnStoreError,
+    Rejection,
 };
 use super::service::RateLimit;
+use super::table::PolicyTable;
 use crate::key::{KeyExtractor, PeerIp};
 use crate::store::AnyStore;
 use crate::{ConfigError, Policy, RateLimiter};
@@ -65,6 +67,7 @@ impl RateLimitLayer {
                 headers: HeaderStyle::default(),
                 rejection: Rejection::default().0,
                 shadow: false,
+                delay: None,
             }),
         }
     }
@@ -96,11 +99,26 @@ impl RateLimitLayer {
     /// put in the extensions): each policy has its own buckets, so a tier taken
     /// from a header the client writes lets the client pick the larger quota, or
     /// spend from several.
+    ///
+    /// For limits kept as data (a configuration file, changed while serving),
+    /// see [`policy_table`](Self::policy_table); the two replace each other.
     pub fn policy<F>(self, select: F) -> Self
     where
         F: Fn(&Parts) -> Choice + Send + Sync + 'static,
     {
-        self.with(|c| c.select = Some(Arc::new(select)))
+        self.with(|c| c.select = Some(Arc::new(move |parts: &Parts| select(parts).into())))
+    }
+
+    /// Chooses the policy (and, for rules that have one, the key) of each
+    /// request from `table`: its first rule that applies to the request, or
+    /// the layer's own policy and key when none does. The table can be
+    /// replaced while serving ([`PolicyTable::swap`] on a clone you keep),
+    /// without rebuilding the layer or the router. Replaces a
+    /// [`policy`](Self::policy) closure, and the other way round.
+    ///
+    /// See the [module docs](crate::layer#policy-tables).
+    pub fn policy_table(self, table: PolicyTable) -> Self {
+        self.with(|c| c.select = Some(Arc::new(move |parts: &Parts| table.select(parts))))
     }
 
     /// The weight of each request in tokens, computed from its head (1 when not
@@ -176,6 +194,28 @@ impl RateLimitLayer {
     /// [`ShadowRejection`](super::ShadowRejection).
     pub fn shadow(self) -> Self {
         self.with(|c| c.shadow = true)
+    }
+
+    /// Delay mode (traffic shaping): a request that can be admitted within
+    /// `max_wait` is reserved in one store call, held until its tokens are
+    /// due, then forwarded, so a burst leaves at the refill rate instead of
+    /// being refused; a request that would wait longer gets the usual 429
+    /// (gRPC `RESOURCE_EXHAUSTED`). Give a [`Duration`](std::time::Duration)
+    /// for the default bound of [`DEFAULT_MAX_WAITING`](super::DEFAULT_MAX_WAITING)
+    /// requests held at once, or a [`Delay`] with its own. Each call starts a
+    /// new count of held requests, shared by this layer's clones.
+    ///
+    /// What a full bound, a client that goes away while held, the headers
+    /// and shadow mode do: see the [module docs](crate::layer#delay-mode).
+    pub fn delay(self, delay: impl Into<Delay>) -> Self {
+        let holding = Holding::new(delay.into());
+        self.with(|c| c.delay = Some(holding))
+    }
+
+    /// In [delay mode](Self::delay), how many requests this layer (with its
+    /// clones) holds now, or is reserving for; 0 otherwise.
+    pub fn waiting(&self) -> usize {
+        self.config.delay.as_ref().map_or(0, Holding::waiting)
     }
 }
 

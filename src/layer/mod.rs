@@ -1,14 +1,18 @@
 //! Tower middleware for HTTP and gRPC: [`RateLimitLayer`] and its [`RateLimit`]
 //! service.
 #![doc = include_str!("../docs/layer.md")]
+#![doc = include_str!("../docs/delay.md")]
+#![doc = include_str!("../docs/tables.md")]
 #![doc = include_str!("../docs/headers.md")]
 #![doc = include_str!("../docs/grpc.md")]
 #![doc = include_str!("../docs/stacking.md")]
 
 // A one-way stack; each file imports only from files to its left:
 // headers -> config -> outcome -> report -> (http_answer | grpc) -> check,
-// then body -> future -> service -> layer. tests/layout.rs checks that no
-// file of src/ imports, directly or not, a file that imports it.
+// then body -> future -> service -> layer; and the policy tables,
+// config -> rule_key -> (grpc) -> rule -> table -> (table_file) -> layer.
+// tests/layout.rs checks that no file of src/ imports, directly or not, a
+// file that imports it.
 mod body;
 mod check;
 mod config;
@@ -20,10 +24,17 @@ mod http_answer;
 mod layer;
 mod outcome;
 mod report;
+mod rule;
+mod rule_key;
 mod service;
+mod table;
+#[cfg(feature = "serde")]
+mod table_file;
 
 pub use body::ResponseBody;
-pub use config::{Choice, HeaderStyle, MissingKey, OnStoreError, Rejection};
+pub use config::{
+    Choice, DEFAULT_MAX_WAITING, Delay, HeaderStyle, MissingKey, OnStoreError, Rejection,
+};
 pub use future::ResponseFuture;
 pub use grpc::{GRPC_RETRY_PUSHBACK_MS, grpc_method, is_grpc};
 pub use headers::{
@@ -31,5 +42,8 @@ pub use headers::{
     X_RATELIMIT_RESET,
 };
 pub use layer::RateLimitLayer;
-pub use outcome::{ShadowRejection, StoreFailure};
+pub use outcome::{Delayed, ShadowRejection, StoreFailure};
+pub use rule::PolicyRule;
+pub use rule_key::RuleKey;
 pub use service::RateLimit;
+pub use table::PolicyTable;

@@ -4,6 +4,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 use http::HeaderMap;
 
@@ -59,6 +60,26 @@ impl fmt::Display for StoreFailure {
     }
 }
 
+/// In [delay mode](super#delay-mode), how long the layer held a request
+/// before forwarding it (its tokens were reserved ahead of their refill); in
+/// shadow mode, how long it would have held it. Put into the request and
+/// response extensions of every request held for a non-zero wait.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Delayed {
+    wait: Duration,
+}
+
+impl Delayed {
+    pub(crate) fn new(wait: Duration) -> Self {
+        Delayed { wait }
+    }
+
+    /// How long the request was held, counted from the store's answer.
+    pub fn wait(&self) -> Duration {
+        self.wait
+    }
+}
+
 /// An outcome the layer answers itself instead of calling the inner service.
 pub(crate) enum Answer {
     /// Over the limit: 429. `kind` is the kind of key the bucket belongs to.
@@ -86,4 +107,5 @@ pub(crate) struct After {
     pub(crate) decision: Option<Decision>,
     pub(crate) failure: Option<StoreFailure>,
     pub(crate) shadow: Option<ShadowRejection>,
+    pub(crate) delayed: Option<Delayed>,
 }

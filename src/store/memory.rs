@@ -308,14 +308,30 @@ impl MemoryStore {
         cost: u64,
         now_us: u64,
     ) -> Result<Decision, Error> {
-        self.reserve_at(key, policy, cost, now_us, 0)
-            .map(|(d, _)| d)
+        self.spend_at(key, policy, cost, now_us, 0).map(|(d, _)| d)
+    }
+
+    /// `reserve` at an explicit microsecond clock (counted from the store's
+    /// creation), for tests that control time (cargo feature `test-util`), as
+    /// `RedisStore::reserve_at` is for Redis.
+    #[cfg(feature = "test-util")]
+    pub fn reserve_at(
+        &self,
+        key: &str,
+        policy: &Policy,
+        cost: u64,
+        max_wait: Duration,
+        now_us: u64,
+    ) -> Result<Reservation, Error> {
+        let max_wait_us = u64::try_from(max_wait.as_micros()).unwrap_or(u64::MAX);
+        let (decision, wait) = self.spend_at(key, policy, cost, now_us, max_wait_us)?;
+        Ok(Reservation::new(decision, wait))
     }
 
     /// A reservation at `now_us` that may wait up to `max_wait_us` (0 for a
     /// plain check): the decision and, when admitted, the wait until the
     /// tokens are due.
-    pub(crate) fn reserve_at(
+    fn spend_at(
         &self,
         key: &str,
         policy: &Policy,
@@ -371,7 +387,7 @@ impl Store for MemoryStore {
         max_wait: Duration,
     ) -> Result<Reservation, Error> {
         let max_wait_us = u64::try_from(max_wait.as_micros()).unwrap_or(u64::MAX);
-        let (decision, wait) = self.reserve_at(key, policy, cost, self.now(), max_wait_us)?;
+        let (decision, wait) = self.spend_at(key, policy, cost, self.now(), max_wait_us)?;
         Ok(Reservation::new(decision, wait))
     }
 

@@ -87,7 +87,8 @@ fn violation(kind: &str, item: &str, quota: &crate::Quota, description: String) 
     }
 }
 
-/// `policy api: 10 per 1s, bursts of 20`, or `policy api, quota api.1: ...`.
+/// `policy api: 10/s burst 20`, or `policy api, quota api.1: ...`: the
+/// quota in its text form, as a configuration file writes it.
 fn describe(policy: &Policy, item: &str, quota: &crate::Quota) -> String {
     let item = unquoted(item);
     let name = if item == policy.name() {
@@ -95,12 +96,7 @@ fn describe(policy: &Policy, item: &str, quota: &crate::Quota) -> String {
     } else {
         format!("policy {}, quota {item}", policy.name())
     };
-    format!(
-        "{name}: {} per {:?}, bursts of {}",
-        quota.tokens(),
-        quota.period(),
-        quota.capacity()
-    )
+    format!("{name}: {quota}")
 }
 
 /// Item names are Structured Field strings (`"api"`); the details want the name.
@@ -139,10 +135,7 @@ mod tests {
         assert_eq!(v.subject, "ip");
         assert_eq!(v.quota_id, "api.0");
         assert_eq!(v.quota_value, 4);
-        assert_eq!(
-            v.description,
-            "policy api, quota api.0: 4 per 1s, bursts of 4 exhausted"
-        );
+        assert_eq!(v.description, "policy api, quota api.0: 4/s exhausted");
     }
 
     #[test]
