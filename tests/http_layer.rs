@@ -630,6 +630,9 @@ async fn route_keys_are_route_templates_not_paths() {
 /// layer, limited by its address, and makes no Redis key per invented key; the
 /// recipe it replaces (`Header::new("x-api-key").or(PeerIp)`) let the same client
 /// through unlimited, with a Redis key per request.
+///
+/// `PeerIp` reads axum's `ConnectInfo`: tollgate's `axum` feature.
+#[cfg(feature = "axum")]
 #[tokio::test]
 async fn random_api_keys_neither_bypass_the_limit_nor_make_keys() {
     use axum::middleware::{self, Next};

@@ -124,7 +124,7 @@ async fn decide(config: &Config, parts: &Parts) -> Result<(After, Option<Hold>),
     // Policy name first: policies with different names never share a bucket.
     // The value is made safe here too: `from_fn` extractors return whatever
     // their closure built.
-    let key = format!("{}:{kind}:{}", policy.name(), safe_key(&value));
+    let key = bucket_key(policy.name(), kind, &safe_key(&value));
     let (decided, hold) = ask(config, &key, kind, &policy, cost).await;
     let delayed = hold.as_ref().map(|h| Delayed::new(h.wait));
     let after = match decided {
@@ -214,6 +214,18 @@ async fn ask(
     // Admitted with tokens due now: nothing to hold, the slot goes back.
     let hold = (!wait.is_zero()).then_some(Hold { wait, _slot: slot });
     (decided, hold)
+}
+
+/// `name:kind:value`, built without the formatting machinery (once per
+/// request).
+fn bucket_key(name: &str, kind: &str, value: &str) -> String {
+    let mut key = String::with_capacity(name.len() + kind.len() + value.len() + 2);
+    key.push_str(name);
+    key.push(':');
+    key.push_str(kind);
+    key.push(':');
+    key.push_str(value);
+    key
 }
 
 fn missing(key: &Extractor) -> Answer {

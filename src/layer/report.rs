@@ -1,7 +1,6 @@
 //! The rate limit headers that describe a decision (IETF draft or legacy),
 //! shared by HTTP and gRPC answers and by forwarded responses.
 
-use std::fmt::Write;
 use std::time::Duration;
 
 use http::{HeaderMap, HeaderValue};
@@ -11,7 +10,7 @@ use super::headers::{
     RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
     ceil_secs, sf_integer,
 };
-use super::outcome::{After, Answer, ShadowRejection};
+use super::outcome::{After, Answer, Report, ShadowRejection};
 use crate::{Decision, Policy, Quota, QuotaState};
 
 /// What a policy advertises, built once per policy (see [`Policy`]'s derived
@@ -113,36 +112,41 @@ fn item_t(decision: &Decision, state: &QuotaState) -> Option<u64> {
 
 /// The `RateLimit` field value: one item per quota, in the policy's order.
 pub(crate) fn ratelimit_value(policy: &Policy, decision: &Decision) -> String {
-    let mut out = String::new();
-    for (item, state) in items(policy).iter().zip(decision.states()) {
+    let items = items(policy);
+    let mut out = String::with_capacity(items.iter().map(|i| i.len() + 32).sum());
+    let mut digits = itoa::Buffer::new();
+    for (item, state) in items.iter().zip(decision.states()) {
         if !out.is_empty() {
             out.push_str(", ");
         }
-        // Writing to a String cannot fail.
-        let _ = write!(out, "{item};r={}", sf_integer(state.remaining()));
+        out.push_str(item);
+        out.push_str(";r=");
+        out.push_str(digits.format(sf_integer(state.remaining())));
         if let Some(t) = item_t(decision, state) {
-            let _ = write!(out, ";t={t}");
+            out.push_str(";t=");
+            out.push_str(digits.format(t));
         }
     }
     out
 }
 
 /// The rate limit headers describing `decision` under `policy`.
-pub(crate) fn report(style: HeaderStyle, policy: &Policy, decision: &Decision) -> HeaderMap {
-    let mut headers = HeaderMap::new();
+pub(crate) fn report(style: HeaderStyle, policy: &Policy, decision: &Decision) -> Report {
+    let mut headers = Report::default();
     match style {
         HeaderStyle::Ietf => {
             if let Some(header) = &advertised(policy).header {
-                headers.insert(RATELIMIT_POLICY, header.clone());
+                headers.push(RATELIMIT_POLICY, header.clone());
             }
-            if let Ok(v) = HeaderValue::from_str(&ratelimit_value(policy, decision)) {
-                headers.insert(RATELIMIT, v);
+            // Item names, `;r=`, `;t=`, digits and ", ": always a valid value.
+            if let Ok(v) = HeaderValue::try_from(ratelimit_value(policy, decision)) {
+                headers.push(RATELIMIT, v);
             }
         }
         HeaderStyle::Legacy => {
-            headers.insert(X_RATELIMIT_LIMIT, decision.limit().into());
-            headers.insert(X_RATELIMIT_REMAINING, decision.remaining().into());
-            headers.insert(X_RATELIMIT_RESET, ceil_secs(decision.reset_after()).into());
+            headers.push(X_RATELIMIT_LIMIT, decision.limit().into());
+            headers.push(X_RATELIMIT_REMAINING, decision.remaining().into());
+            headers.push(X_RATELIMIT_RESET, ceil_secs(decision.reset_after()).into());
         }
         HeaderStyle::None => {}
     }
@@ -152,18 +156,13 @@ pub(crate) fn report(style: HeaderStyle, policy: &Policy, decision: &Decision) -
 /// Adds `report` to a response's headers. The draft's fields are lists, so
 /// nested layers (a global and a per-route limit) append their items; the legacy
 /// single-value fields keep the innermost layer's values.
-pub(crate) fn apply_report(target: &mut HeaderMap, report: HeaderMap) {
-    let mut last = None;
-    for (name, value) in report {
-        let Some(name) = name.or(last.take()) else {
-            continue;
-        };
+pub(crate) fn apply_report(target: &mut HeaderMap, report: Report) {
+    for (name, value) in report.into_fields() {
         if name == RATELIMIT || name == RATELIMIT_POLICY {
-            target.append(name.clone(), value);
+            target.append(name, value);
         } else if !target.contains_key(&name) {
-            target.insert(name.clone(), value);
+            target.insert(name, value);
         }
-        last = Some(name);
     }
 }
 
@@ -199,6 +198,13 @@ pub(crate) fn shadow_report(answer: Answer, style: HeaderStyle) -> After {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A report as the response headers it becomes.
+    fn map(report: Report) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        apply_report(&mut headers, report);
+        headers
+    }
     use crate::{MemoryStore, Quota, Store};
 
     fn policy(quotas: &[Quota]) -> Policy {
@@ -319,7 +325,7 @@ mod tests {
         let store = MemoryStore::new();
         let p = policy(&[q]);
         let d = store.decide_at("k", &p, 1, 0).unwrap();
-        let h = report(HeaderStyle::Legacy, &p, &d);
+        let h = map(report(HeaderStyle::Legacy, &p, &d));
         assert_eq!(h[X_RATELIMIT_LIMIT], "6");
         assert_eq!(h[X_RATELIMIT_REMAINING], "5");
         assert_eq!(h[X_RATELIMIT_RESET], "10");
@@ -332,7 +338,7 @@ mod tests {
         let store = MemoryStore::new();
         let p = policy(&[q]);
         let d = store.decide_at("k", &p, 1, 0).unwrap();
-        let mut target = report(HeaderStyle::Ietf, &p, &d);
+        let mut target = map(report(HeaderStyle::Ietf, &p, &d));
         let outer = Policy::new("outer", [q]).unwrap();
         apply_report(&mut target, report(HeaderStyle::Ietf, &outer, &d));
         assert_eq!(target.get_all(RATELIMIT).iter().count(), 2);

@@ -24,6 +24,9 @@ fn signed(v: u64) -> i64 {
 }
 
 impl Level {
+    /// A placeholder, overwritten before it is read.
+    pub(crate) const EMPTY: Level = Level { level: 0, stamp: 0 };
+
     /// A bucket seen for the first time (or forgotten after refilling) is full.
     pub(crate) fn full(quota: &Quota, now: u64) -> Self {
         Level {

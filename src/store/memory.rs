@@ -1,7 +1,9 @@
 //! Buckets in this process: for single instances, tests, and as a fallback.
 
+use std::collections::BTreeMap;
 use std::collections::hash_map::RandomState;
-use std::collections::{BTreeMap, HashMap};
+
+use hashbrown::HashTable;
 use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -46,7 +48,7 @@ const MIN_PER_SHARD: usize = 1024;
 ///   soonest: a key that has already refilled completely if there is one
 ///   (forgetting it changes no decision), else the key closest to full (on a
 ///   tie, the oldest). Each shard keeps its keys ordered by that time, so this
-///   costs a logarithmic step per check, never a scan, however hard a flood of
+///   costs a logarithmic step per admission (amortised), never a scan, however hard a flood of
 ///   new keys pushes.
 /// - **What eviction can cost, exactly.** A forgotten client starts over with
 ///   full buckets when it comes back, so it may be admitted what it would
@@ -92,24 +94,39 @@ struct Inner {
     epoch: Instant,
 }
 
-/// One key's buckets, the microsecond at which all of them are full again, and
-/// the key's number in its shard (its place in `order` among equal times).
+/// One key: its name, its buckets, the microsecond at which all of them are
+/// full again, the time under which it is filed in `order` (never later than
+/// `full_at`, see [`Shard`]) and its number in its shard (its place in `order`
+/// among equal times).
 #[derive(Debug)]
 struct Entry {
+    name: Arc<str>,
     buckets: Vec<(Quota, Level)>,
     full_at: u64,
+    filed_at: u64,
     id: u64,
 }
 
 /// One shard's keys, also ordered by when they are full again (then by age).
 ///
-/// Invariant: `order` maps exactly `(entry.full_at, entry.id)` to the key of
-/// every entry of `map`, so both have the same length, at most the shard's
-/// share of `max_keys`. The order is keyed by two integers, so moving a key in
-/// it compares integers and touches no reference count.
+/// Invariant: `order` holds exactly one `(entry.filed_at, entry.id)` for every
+/// entry of `map`, so both have the same length, at most the shard's share of
+/// `max_keys`, and `filed_at <= full_at`. An admission only ever moves a key's
+/// `full_at` later (spending empties, and a bucket that refilled to full while
+/// idle was full before `now`), so it updates `full_at` alone and leaves the
+/// key where it is filed: a check touches the map once and `order` not at all.
+/// The order is brought up to date where it is read: a key found first whose
+/// `full_at` moved on is filed again under it, so the first key whose filed
+/// time is current is the one full again soonest (every other key's `full_at`
+/// is at least its filed time, which is at least this one's). Each admission
+/// leaves at most one key to refile, so the reads cost a logarithmic step per
+/// admission, amortised.
+///
+/// `map` is keyed by the key's hash, computed once per check with the store's
+/// random seed; the same hash picks the shard.
 #[derive(Debug, Default)]
 struct Shard {
-    map: HashMap<Arc<str>, Entry>,
+    map: HashTable<Entry>,
     order: BTreeMap<(u64, u64), Arc<str>>,
     next_id: u64,
     /// Keys forgotten to make room before they had refilled.
@@ -121,11 +138,41 @@ struct Shard {
 }
 
 impl Shard {
-    /// Forgets the key that is full again soonest (first of `order`).
-    fn forget_first(&mut self, now: u64) {
-        if let Some(((full_at, _), key)) = self.order.pop_first() {
-            self.map.remove(&key);
-            self.count(full_at <= now);
+    fn get(&self, hash: u64, key: &str) -> Option<&Entry> {
+        self.map.find(hash, |e| &*e.name == key)
+    }
+
+    /// Files the first key of `order` under its current `full_at` until the
+    /// first one is current, and returns its place and whether its buckets
+    /// are all full at `now`.
+    fn first_current(&mut self, hasher: &RandomState) -> Option<(u64, u64)> {
+        loop {
+            let (&(filed_at, id), name) = self.order.first_key_value()?;
+            let hash = hasher.hash_one(&**name);
+            let full_at = match self.map.find_mut(hash, |e| e.name == *name) {
+                Some(entry) if entry.full_at > filed_at => {
+                    entry.filed_at = entry.full_at;
+                    entry.full_at
+                }
+                _ => return Some((filed_at, id)),
+            };
+            if let Some(name) = self.order.remove(&(filed_at, id)) {
+                self.order.insert((full_at, id), name);
+            }
+        }
+    }
+
+    /// Forgets the key that is full again soonest.
+    fn forget_first(&mut self, hasher: &RandomState, now: u64) {
+        let Some(place) = self.first_current(hasher) else {
+            return;
+        };
+        if let Some(name) = self.order.remove(&place) {
+            let hash = hasher.hash_one(&*name);
+            if let Ok(entry) = self.map.find_entry(hash, |e| e.name == name) {
+                entry.remove();
+            }
+            self.count(place.0 <= now);
         }
     }
 
@@ -142,70 +189,83 @@ impl Shard {
     fn count(&mut self, _refilled: bool) {}
 
     /// Forgets every key whose buckets are full at `now`.
-    fn sweep(&mut self, now: u64) {
+    fn sweep(&mut self, hasher: &RandomState, now: u64) {
         while self
-            .order
-            .first_key_value()
-            .is_some_and(|((at, _), _)| *at <= now)
+            .first_current(hasher)
+            .is_some_and(|(full_at, _)| full_at <= now)
         {
-            self.forget_first(now);
+            self.forget_first(hasher, now);
         }
     }
 
     /// Writes the `levels` of `quotas` into `key`'s buckets (a new key when it
-    /// has none yet) and moves the key to its place in `order`.
-    fn write(&mut self, key: &str, quotas: &[Quota], levels: Vec<Level>) {
-        if let Some(entry) = self.map.get_mut(key) {
+    /// has none yet; `hash` is the key's).
+    fn write(
+        &mut self,
+        hasher: &RandomState,
+        hash: u64,
+        key: &str,
+        quotas: &[Quota],
+        levels: &[Level],
+    ) {
+        if let Some(entry) = self.map.find_mut(hash, |e| &*e.name == key) {
             set_levels(&mut entry.buckets, quotas, levels);
-            let new = full_at(&entry.buckets);
-            if new != entry.full_at {
-                let place = (entry.full_at, entry.id);
-                entry.full_at = new;
+            entry.full_at = full_at(&entry.buckets);
+            if entry.full_at < entry.filed_at {
+                // Never from an admission (see `Shard`); kept exact anyway.
+                let place = (entry.filed_at, entry.id);
+                entry.filed_at = entry.full_at;
                 if let Some(name) = self.order.remove(&place) {
-                    self.order.insert((new, entry.id), name);
+                    self.order.insert((entry.full_at, entry.id), name);
                 }
             }
             return;
         }
         let mut buckets = Vec::with_capacity(quotas.len());
         set_levels(&mut buckets, quotas, levels);
-        let entry = Entry {
-            full_at: full_at(&buckets),
-            buckets,
-            id: self.next_id,
-        };
-        self.next_id += 1;
+        let full_at = full_at(&buckets);
         let name: Arc<str> = Arc::from(key);
-        self.order
-            .insert((entry.full_at, entry.id), Arc::clone(&name));
-        self.map.insert(name, entry);
+        let id = self.next_id;
+        self.next_id += 1;
+        self.order.insert((full_at, id), Arc::clone(&name));
+        self.map.insert_unique(
+            hash,
+            Entry {
+                name,
+                buckets,
+                full_at,
+                filed_at: full_at,
+                id,
+            },
+            |e| hasher.hash_one(&*e.name),
+        );
     }
 
     /// Forgets the buckets of `quotas` for `key`, and the key when it has no
     /// bucket left.
-    fn reset(&mut self, key: &str, quotas: &[Quota]) {
-        let Some(entry) = self.map.get_mut(key) else {
+    fn reset(&mut self, hash: u64, key: &str, quotas: &[Quota]) {
+        let Ok(mut found) = self.map.find_entry(hash, |e| &*e.name == key) else {
             return;
         };
+        let entry = found.get_mut();
         entry.buckets.retain(|(q, _)| !quotas.contains(q));
-        let place = (entry.full_at, entry.id);
+        let place = (entry.filed_at, entry.id);
         if entry.buckets.is_empty() {
+            found.remove();
             self.order.remove(&place);
-            self.map.remove(key);
             return;
         }
-        let new = full_at(&entry.buckets);
-        entry.full_at = new;
+        entry.full_at = full_at(&entry.buckets);
+        entry.filed_at = entry.full_at;
+        let new = (entry.full_at, entry.id);
         if let Some(name) = self.order.remove(&place) {
-            self.order.insert((new, entry.id), name);
+            self.order.insert(new, name);
         }
     }
 }
 
-/// Stores each of `levels` in the bucket of its quota, adding the buckets a
-/// key did not have yet.
-fn set_levels(buckets: &mut Vec<(Quota, Level)>, quotas: &[Quota], levels: Vec<Level>) {
-    for (q, level) in quotas.iter().zip(levels) {
+fn set_levels(buckets: &mut Vec<(Quota, Level)>, quotas: &[Quota], levels: &[Level]) {
+    for (q, &level) in quotas.iter().zip(levels) {
         match buckets.iter_mut().find(|(bq, _)| bq == q) {
             Some(slot) => slot.1 = level,
             None => buckets.push((*q, level)),
@@ -267,7 +327,7 @@ impl MemoryStore {
     pub fn sweep(&self) {
         let now = self.now();
         for shard in self.inner.shards.iter() {
-            lock(shard).sweep(now);
+            lock(shard).sweep(&self.inner.hasher, now);
         }
     }
 
@@ -275,13 +335,16 @@ impl MemoryStore {
         u64::try_from(self.inner.epoch.elapsed().as_micros()).unwrap_or(u64::MAX)
     }
 
-    fn shard(&self, key: &str) -> MutexGuard<'_, Shard> {
+    /// The key's hash (computed once per check) and its shard, locked.
+    fn shard(&self, key: &str) -> (u64, MutexGuard<'_, Shard>) {
         let shards = &self.inner.shards;
         let hash = self.inner.hasher.hash_one(key);
+        // The high half picks the shard: the table inside it indexes by the
+        // low bits, which must not be the same for all of a shard's keys.
         // `shards` is never empty; the modulo keeps the index in range.
-        let index = usize::try_from(hash % shards.len() as u64).unwrap_or(0);
+        let index = usize::try_from((hash >> 32) % shards.len() as u64).unwrap_or(0);
         match shards.get(index).or(shards.first()) {
-            Some(shard) => lock(shard),
+            Some(shard) => (hash, lock(shard)),
             None => unreachable_empty(),
         }
     }
@@ -347,27 +410,37 @@ impl MemoryStore {
             quotas.iter().map(|q| debt_for(q, max_wait_us)).collect()
         };
         let key = safe_key(key);
-        let mut shard = self.shard(&key);
-        let stored = shard.map.get(key.as_ref()).map(|e| e.buckets.as_slice());
-        let mut levels: Vec<Level> = quotas
-            .iter()
-            .map(
-                |q| match stored.and_then(|b| b.iter().find(|(bq, _)| bq == q)) {
-                    Some((_, level)) => level.refilled(q, now_us),
-                    None => Level::full(q, now_us),
-                },
-            )
-            .collect();
-        let (decision, wait) = spend(quotas, &mut levels, cost, now_us, &debts);
+        let (hash, mut shard) = self.shard(&key);
+        let stored = shard.get(hash, &key).map(|e| e.buckets.as_slice());
+        let known = stored.is_some();
+        // Levels on the stack for policies of up to four quotas (all the
+        // common ones), so a check allocates nothing here.
+        let mut inline = [Level::EMPTY; 4];
+        let mut spilled = Vec::new();
+        let levels: &mut [Level] = match inline.get_mut(..quotas.len()) {
+            Some(levels) => levels,
+            None => {
+                spilled.resize(quotas.len(), Level::EMPTY);
+                &mut spilled
+            }
+        };
+        for (level, q) in levels.iter_mut().zip(quotas) {
+            *level = match stored.and_then(|b| b.iter().find(|(bq, _)| bq == q)) {
+                Some((_, stored)) => stored.refilled(q, now_us),
+                None => Level::full(q, now_us),
+            };
+        }
+        let (decision, wait) = spend(quotas, levels, cost, now_us, &debts);
         // A denial or a peek changes nothing, and a peek at an unknown key
         // stores nothing.
         if !decision.allowed() || cost == 0 {
             return Ok((decision, wait));
         }
-        if !shard.map.contains_key(key.as_ref()) && shard.map.len() >= self.inner.per_shard {
-            shard.forget_first(now_us);
+        let hasher = &self.inner.hasher;
+        if !known && shard.map.len() >= self.inner.per_shard {
+            shard.forget_first(hasher, now_us);
         }
-        shard.write(&key, quotas, levels);
+        shard.write(hasher, hash, &key, quotas, levels);
         Ok((decision, wait))
     }
 }
@@ -393,7 +466,8 @@ impl Store for MemoryStore {
 
     async fn reset(&self, key: &str, policy: &Policy) -> Result<(), Error> {
         let key = safe_key(key);
-        self.shard(&key).reset(&key, policy.quotas());
+        let (hash, mut shard) = self.shard(&key);
+        shard.reset(hash, &key, policy.quotas());
         Ok(())
     }
 }
@@ -484,6 +558,28 @@ mod tests {
     }
 
     #[test]
+    fn a_key_that_spent_again_is_not_forgotten_at_its_old_time() {
+        let store = MemoryStore::with_max_keys(2).unwrap();
+        let q = Policy::from(Quota::per_second(1).unwrap().burst(5).unwrap());
+        // k0 is full again at 1 s, k1 at 1.5 s.
+        let _ = store.decide_at("k0", &q, 1, 0).unwrap();
+        let _ = store.decide_at("k1", &q, 1, 500_000).unwrap();
+        // k0 spends 3 more at 0.6 s (4.6 tokens, 1.6 left): full again at 4 s,
+        // though it is still filed under 1 s.
+        assert!(store.decide_at("k0", &q, 3, 600_000).unwrap().allowed());
+        // A new key needs room: k1 (1.5 s) is the one nearest to full.
+        assert!(store.decide_at("k2", &q, 1, 700_000).unwrap().allowed());
+        assert_eq!(counts(&store), (1, 0));
+        // k0 is still known: 1.7 tokens, so 2 are refused.
+        assert!(!store.decide_at("k0", &q, 2, 700_000).unwrap().allowed());
+        // k1 was forgotten: it comes back full.
+        assert_eq!(
+            store.decide_at("k1", &q, 0, 700_000).unwrap().remaining(),
+            5
+        );
+    }
+
+    #[test]
     fn reset_keeps_the_order_in_step() {
         let store = MemoryStore::with_max_keys(4).unwrap();
         let a = Quota::per_second(1).unwrap();
@@ -492,8 +588,8 @@ mod tests {
         let _ = store.decide_at("k", &both, 1, 0).unwrap();
         let _ = store.decide_at("other", &Policy::from(a), 1, 0).unwrap();
         let shard_full_at = |store: &MemoryStore| {
-            let s = store.shard("k");
-            s.map.get("k").map(|e| e.full_at)
+            let (hash, s) = store.shard("k");
+            s.get(hash, "k").map(|e| e.full_at)
         };
         assert_eq!(shard_full_at(&store), Some(3_600_000_000));
         // Forgetting the hourly bucket leaves the per-second one, full at 1 s.
@@ -522,7 +618,7 @@ mod tests {
         }
         let _ = store.decide_at("s", &slow, 1, 0).unwrap();
         for shard in store.inner.shards.iter() {
-            lock(shard).sweep(1_000);
+            lock(shard).sweep(&store.inner.hasher, 1_000);
         }
         assert_eq!(store.len(), 1);
         assert_eq!(counts(&store), (0, 50));
@@ -549,8 +645,8 @@ mod tests {
             .flat_map(|s| {
                 lock(s)
                     .map
-                    .keys()
-                    .map(|k| k.to_string())
+                    .iter()
+                    .map(|e| e.name.to_string())
                     .collect::<Vec<_>>()
             })
             .collect();
