@@ -38,6 +38,7 @@ pub struct Decision {
 
 /// One quota's part in a [`Decision`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use]
 pub struct QuotaState {
     quota: Quota,
     remaining: u64,

@@ -128,15 +128,6 @@ pub enum Error {
     },
     /// The store did not answer within its per-call timeout.
     Timeout(Duration),
-    /// A store holds as many keys as it may and none could be forgotten.
-    ///
-    /// No store of this crate returns it any more:
-    /// [`MemoryStore`](crate::MemoryStore) makes room for a new key by
-    /// forgetting the key nearest to full instead of refusing it.
-    StoreFull {
-        /// The configured key limit.
-        max_keys: usize,
-    },
     /// The store's circuit breaker is open after repeated failures: the store
     /// was not asked, so the answer came at once. The next probe goes out in
     /// about `retry_in`.
@@ -159,8 +150,6 @@ pub enum ErrorKind {
     WaitTooLong,
     /// [`Error::Timeout`].
     Timeout,
-    /// [`Error::StoreFull`].
-    StoreFull,
     /// [`Error::CircuitOpen`].
     CircuitOpen,
     /// The store could not be reached: refused, reset, or dropped connections.
@@ -180,7 +169,6 @@ impl ErrorKind {
             ErrorKind::CostExceedsCapacity => "cost_exceeds_capacity",
             ErrorKind::WaitTooLong => "wait_too_long",
             ErrorKind::Timeout => "timeout",
-            ErrorKind::StoreFull => "store_full",
             ErrorKind::CircuitOpen => "circuit_open",
             ErrorKind::Connection => "connection",
             ErrorKind::OutOfMemory => "out_of_memory",
@@ -216,18 +204,15 @@ impl std::error::Error for Classified {
 }
 
 impl Error {
-    /// True when no decision could be made because the store failed, timed out or
-    /// was full, as opposed to a request that can never be admitted or waited too
-    /// long.
+    /// True when no decision could be made because the store failed, timed out
+    /// or its circuit breaker was open, as opposed to a request that can never be
+    /// admitted or waited too long.
     ///
     /// The HTTP layer applies its store-error policy to exactly these errors.
     pub fn is_store_error(&self) -> bool {
         matches!(
             self,
-            Error::Timeout(_)
-                | Error::StoreFull { .. }
-                | Error::CircuitOpen { .. }
-                | Error::Store(_)
+            Error::Timeout(_) | Error::CircuitOpen { .. } | Error::Store(_)
         )
     }
 
@@ -237,7 +222,6 @@ impl Error {
             Error::CostExceedsCapacity { .. } => ErrorKind::CostExceedsCapacity,
             Error::WaitTooLong { .. } => ErrorKind::WaitTooLong,
             Error::Timeout(_) => ErrorKind::Timeout,
-            Error::StoreFull { .. } => ErrorKind::StoreFull,
             Error::CircuitOpen { .. } => ErrorKind::CircuitOpen,
             Error::Store(err) => err
                 .downcast_ref::<Classified>()
@@ -270,10 +254,6 @@ impl fmt::Display for Error {
                 "admission would take {retry_after:?}, longer than the allowed wait"
             ),
             Error::Timeout(limit) => write!(f, "rate limit store did not answer within {limit:?}"),
-            Error::StoreFull { max_keys } => write!(
-                f,
-                "in-memory rate limit store is full ({max_keys} keys, none refilled yet)"
-            ),
             Error::CircuitOpen { retry_in } => write!(
                 f,
                 "rate limit store circuit breaker is open after repeated failures; \

@@ -156,7 +156,7 @@ async fn a_frozen_redis_costs_one_timeout_per_probe_not_per_check() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     };
     println!("decisions resumed {resumed:?} after the thaw");
-    // The longest cool-down is 1 s; give a busy machine another second.
+    // The longest cool-down is 500 ms; give a busy machine more than a second.
     assert!(
         resumed < Duration::from_secs(2),
         "resumed after {resumed:?}"

@@ -50,6 +50,7 @@ pub trait KeyExtractor: Send + Sync + 'static {
 /// assert_eq!(ip_lookalike.or(Global).kind(), "custom:ip/global");
 /// ```
 #[derive(Clone, PartialEq, Eq, Hash)]
+#[must_use]
 pub struct Kind {
     name: Cow<'static, str>,
     /// Built by [`And`](super::And) or [`Or`](super::Or): wrapped in parentheses

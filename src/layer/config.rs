@@ -64,6 +64,7 @@ impl fmt::Debug for Extractor {
 /// one request.
 #[derive(Clone, Debug)]
 #[non_exhaustive]
+#[must_use]
 pub enum Choice {
     /// Limit by the layer's own policy (the one given to
     /// [`RateLimitLayer::new`](crate::layer::RateLimitLayer::new)).
@@ -157,6 +158,7 @@ impl Default for MissingKey {
 /// unnoticed just because requests still pass.
 #[derive(Clone, Debug, Default)]
 #[non_exhaustive]
+#[must_use]
 pub enum OnStoreError {
     /// Forward the request unlimited (fail open). The default: a rate limiter
     /// should not take the service down with it, as in Envoy, Kong and Spring.
@@ -182,6 +184,7 @@ pub enum OnStoreError {
 /// See the [module docs](crate::layer#response-headers) for the exact values.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
+#[must_use]
 pub enum HeaderStyle {
     /// `RateLimit-Policy` and `RateLimit`, as in
     /// draft-ietf-httpapi-ratelimit-headers-10 (the default).

@@ -35,6 +35,7 @@ pub enum ShadowRejection {
 /// (whatever [`OnStoreError`](super::OnStoreError) says), so logging and metrics
 /// can count outages. Cheap to clone.
 #[derive(Clone)]
+#[must_use]
 pub struct StoreFailure(Arc<Error>);
 
 impl StoreFailure {
@@ -65,6 +66,7 @@ impl fmt::Display for StoreFailure {
 /// shadow mode, how long it would have held it. Put into the request and
 /// response extensions of every request held for a non-zero wait.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use]
 pub struct Delayed {
     wait: Duration,
 }

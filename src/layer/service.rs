@@ -18,6 +18,7 @@ use super::future::ResponseFuture;
 /// [module docs](crate::layer) for an example and the responses it sends. Its
 /// responses carry a [`ResponseBody`] around the inner service's body, so the
 /// layer can answer by itself whatever that body type is.
+#[must_use]
 pub struct RateLimit<S> {
     inner: S,
     config: Arc<Config>,
