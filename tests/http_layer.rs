@@ -1095,3 +1095,40 @@ async fn shadow_mode_forwards_store_failures() {
         }
     }
 }
+
+/// With Redis down and `OnStoreError::Fallback`, answers are decided in
+/// process under this instance's share of the policy (`share(2)`: 5 of the
+/// 10 a minute), and the headers describe that share, not the full policy.
+#[tokio::test]
+async fn fallback_answers_carry_the_headers_of_their_share() {
+    use tollgate::Fallback;
+
+    let mut redis = RedisServer::start();
+    let store = redis.store();
+    redis.stop();
+    let fallback = Fallback::memory().share(2).unwrap();
+    let layer = RateLimitLayer::new(store, named("api", [Quota::per_minute(10).unwrap()]))
+        .key(Global)
+        .on_store_error(OnStoreError::Fallback(fallback));
+    let server = TestServer::axum(app(layer)).await;
+    let client = Client::new();
+    for left in (0..5).rev() {
+        let r = client.get(&server.url("/")).await;
+        assert_eq!(r.status, StatusCode::OK, "{r:?}");
+        assert_eq!(r.header("ratelimit-policy"), Some("\"api\";q=5;w=60"));
+        assert_eq!(
+            summary(&r.body),
+            format!("allowed=true remaining={left} limit=5")
+        );
+        let item = r.header("ratelimit").unwrap();
+        assert!(item.starts_with(&format!("\"api\";r={left}")), "{item}");
+    }
+    let limited = client.get(&server.url("/")).await;
+    assert_eq!(limited.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(limited.header("ratelimit-policy"), Some("\"api\";q=5;w=60"));
+    // The next of the 5 tokens a minute is due at most 12 s after the first
+    // admission.
+    let t = t_of(limited.header("ratelimit").unwrap());
+    assert!((1..=12).contains(&t), "{t}");
+    assert_eq!(limited.retry_after(), Some(t));
+}
