@@ -1,7 +1,10 @@
 //! Many callers on one key through several limiters, as several application
-//! instances would: the hammer of `tests/concurrency.rs`, shared by the
-//! single-node, memory and cluster tests so that all of them are held to the
-//! same bound. The bounds are explained in `tests/concurrency.rs`.
+//! instances would: the cluster test's hammer. The upper bound is exact
+//! (capacity plus the refill over the Redis time the run took, plus the one
+//! token the rounding can add); the lower bound, which only shows the callers
+//! kept the bucket busy, allows the refill of the time before the first answer
+//! and after the last send. `tests/concurrency.rs` holds the single node and
+//! the memory store to the stamps of the first and last admissions instead.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
