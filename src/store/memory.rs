@@ -48,8 +48,13 @@ const MIN_PER_SHARD: usize = 1024;
 ///   soonest: a key that has already refilled completely if there is one
 ///   (forgetting it changes no decision), else the key closest to full (on a
 ///   tie, the oldest). Each shard keeps its keys ordered by that time, so this
-///   costs a logarithmic step per admission (amortised), never a scan, however hard a flood of
-///   new keys pushes.
+///   costs a logarithmic step per admission, amortised, however hard a flood of
+///   new keys pushes. The order is brought up to date when a key must be
+///   forgotten, so one check can pay for many admissions before it: at worst
+///   every key of its shard (about `max_keys / 64` for large stores), once.
+///   In a review measurement one eviction after 200 000 admissions to a
+///   single shard took 88 ms (the next one 3.3 µs); at the default 100 000
+///   keys a shard holds about 1 600 keys, and the worst case shrinks with it.
 /// - **What eviction can cost, exactly.** A forgotten client starts over with
 ///   full buckets when it comes back, so it may be admitted what it would
 ///   otherwise still have waited for: per quota, the tokens its bucket was
@@ -143,8 +148,7 @@ impl Shard {
     }
 
     /// Files the first key of `order` under its current `full_at` until the
-    /// first one is current, and returns its place and whether its buckets
-    /// are all full at `now`.
+    /// first one is current, and returns its place: `(full_at, id)`.
     fn first_current(&mut self, hasher: &RandomState) -> Option<(u64, u64)> {
         loop {
             let (&(filed_at, id), name) = self.order.first_key_value()?;
