@@ -76,8 +76,11 @@
 #     SIGCONT for a freeze, the restarted server's first PONG (polled every
 #     ~5 ms) for a kill. This counts every answer, also those between wrk runs.
 #   redis: from the return, INFO commandstats polled every ~20 ms: the first
-#     poll at which EVALSHA+EVAL calls grew, since the previous poll, at half
-#     the pre-fault request rate or more. A cross-check with ~20 ms resolution
+#     poll at which the decisions Redis made grew, since the previous poll, at
+#     half the pre-fault request rate or more. Decisions are counted by the
+#     script's SET calls (one per admitted bucket: in the open case every
+#     request is admitted), not by EVALSHA calls, which batching makes fewer
+#     than decisions. A cross-check with ~20 ms resolution
 #     (calls queued in a frozen Redis's sockets run at SIGCONT: a handful, far
 #     below that rate). The polls, and the PING every ~5 ms that finds the
 #     restarted server's first PONG, go over one bash /dev/tcp connection: no
@@ -405,20 +408,18 @@ end_fault() {
   esac
 }
 # poll_redis SECONDS RATE: INFO commandstats every ~20 ms, lines "ms
-# evalsha+eval_calls", until SECONDS have passed or 0.5 s after the calls
-# grew at RATE/2 per second or more.
+# set_calls" (the script's writes: one per admitted decision), until SECONDS
+# have passed or 0.5 s after they grew at RATE/2 per second or more.
 poll_redis() {
-  local deadline t calls pt="" pc="" n evalsha eval
+  local deadline t calls pt="" pc="" n
   now_ms
   deadline=$((REPLY + $1 * 1000))
   redis_open || return 0
   while now_ms && [ "$REPLY" -lt "$deadline" ]; do
     t=$REPLY
     if redis_cmd "INFO commandstats"; then
-      evalsha=0 eval=0
-      [[ $RTEXT =~ cmdstat_evalsha:calls=([0-9]+) ]] && evalsha=${BASH_REMATCH[1]}
-      [[ $RTEXT =~ cmdstat_eval:calls=([0-9]+) ]] && eval=${BASH_REMATCH[1]}
-      calls=$((evalsha + eval))
+      calls=0
+      [[ $RTEXT =~ cmdstat_set:calls=([0-9]+) ]] && calls=${BASH_REMATCH[1]}
       echo "$t $calls"
       if [ -n "$pt" ] && [ "$t" -gt "$pt" ] && [ $(((calls - pc) * 2000)) -ge $(($2 * (t - pt))) ]; then
         n=$((t + 500))
@@ -707,7 +708,7 @@ awk -v conns="$conns" '
         bnon[k] "/" dnon[k] "/" anon[k], res[k], rres[k]
     }
     printf "(x: ratio to before; sock: socket errors; resume: server = last answer not decided by Redis after it returned," \
-      " redis = EVALSHA rate back to half the pre-fault rate; -1 = not within the after window)\n"
+      " redis = decisions in Redis (its SET calls) back to half the pre-fault rate; -1 = not within the after window)\n"
 
     printf "\nconditions per window, before/during/after: what the figures above were measured under\n"
     printf "%-4s %-6s %-8s | %-13s | %-8s | %-11s | %-11s | %-11s | %-11s | %-11s | %-11s | %s\n", "case", "fault", "policy",
