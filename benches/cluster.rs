@@ -266,7 +266,10 @@ fn redis_benchmark(port: u16, key: &str, node: &dyn Server) -> (f64, f64, f64) {
         .args(["-c", "50", "-P", "16", "-r", &KEYS.to_string(), "--csv"])
         .args(["-n", &requests.to_string()])
         .args(["EVALSHA", &sha, "1", key])
-        .args(["1", "", "10", "1", "100000"])
+        // The script's arguments (see lua/token_bucket.lua): no test clock,
+        // one quota (10/s: full 10 x 100 000 units, 1 unit a µs, 100 000
+        // units a token), one decision of one quota, cost 1, no debt.
+        .args(["", "1", "1000000", "1", "100000", "1", "1", "1", "1", "0"])
         .output()
         .expect("redis-benchmark (from the redis-tools package)");
     let stdout = String::from_utf8_lossy(&out.stdout);
