@@ -172,7 +172,7 @@ impl Fallback {
         let wait = reservation.wait();
         let decision = reservation.into_decision().marked_fallback();
         let wait_us = if decision.allowed() {
-            u64::try_from(wait.as_micros()).unwrap_or(u64::MAX)
+            crate::quota::micros(wait)
         } else {
             0
         };

@@ -213,7 +213,7 @@ impl RateLimiter {
         let (decided, wait) = self
             .decide_within(key, "limiter", &self.policy, cost, max_wait)
             .await;
-        let wait_us = u64::try_from(wait.as_micros()).unwrap_or(u64::MAX);
+        let wait_us = crate::quota::micros(wait);
         match decided {
             Decided::Store(decision) | Decided::Fallback { decision, .. } => {
                 Ok(Reservation::new(decision, wait_us))

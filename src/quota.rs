@@ -265,6 +265,11 @@ pub(crate) fn gcd(mut a: u64, mut b: u64) -> u64 {
 }
 
 /// `ceil(a / b)` for `b > 0`.
+/// A duration in whole microseconds, saturating at `u64::MAX`.
+pub(crate) fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
 pub(crate) fn ceil_div(a: u64, b: u64) -> u64 {
     a.div_ceil(b.max(1))
 }

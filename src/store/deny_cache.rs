@@ -181,7 +181,7 @@ fn counted_down(decision: &Decision, elapsed: Duration) -> Decision {
             let q = *s.quota();
             let retry = s.retry_after().saturating_sub(elapsed);
             let reset = s.reset_after().saturating_sub(elapsed);
-            let reset_us = u64::try_from(reset.as_micros()).unwrap_or(u64::MAX);
+            let reset_us = crate::quota::micros(reset);
             // The level is at least full - reset x num (reset was rounded up).
             let missing = u128::from(reset_us) * u128::from(q.num());
             let level = u128::from(q.full()).saturating_sub(missing);
@@ -189,7 +189,7 @@ fn counted_down(decision: &Decision, elapsed: Duration) -> Decision {
             QuotaState::new(
                 q,
                 s.remaining().max(implied),
-                u64::try_from(retry.as_micros()).unwrap_or(u64::MAX),
+                crate::quota::micros(retry),
                 reset_us,
             )
         })

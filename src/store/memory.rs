@@ -16,6 +16,7 @@ use super::sealed::Sealed;
 use std::time::Duration;
 
 use crate::decision::Reservation;
+use crate::quota::micros;
 use crate::{ConfigError, Decision, Error, Policy, Quota};
 
 /// The default key limit of [`MemoryStore::new`].
@@ -336,7 +337,7 @@ impl MemoryStore {
     }
 
     fn now(&self) -> u64 {
-        u64::try_from(self.inner.epoch.elapsed().as_micros()).unwrap_or(u64::MAX)
+        micros(self.inner.epoch.elapsed())
     }
 
     /// The key's hash (computed once per check) and its shard, locked.
@@ -390,8 +391,7 @@ impl MemoryStore {
         max_wait: Duration,
         now_us: u64,
     ) -> Result<Reservation, Error> {
-        let max_wait_us = u64::try_from(max_wait.as_micros()).unwrap_or(u64::MAX);
-        let (decision, wait) = self.spend_at(key, policy, cost, now_us, max_wait_us)?;
+        let (decision, wait) = self.spend_at(key, policy, cost, now_us, micros(max_wait))?;
         Ok(Reservation::new(decision, wait))
     }
 
@@ -463,8 +463,7 @@ impl Store for MemoryStore {
         cost: u64,
         max_wait: Duration,
     ) -> Result<Reservation, Error> {
-        let max_wait_us = u64::try_from(max_wait.as_micros()).unwrap_or(u64::MAX);
-        let (decision, wait) = self.spend_at(key, policy, cost, self.now(), max_wait_us)?;
+        let (decision, wait) = self.spend_at(key, policy, cost, self.now(), micros(max_wait))?;
         Ok(Reservation::new(decision, wait))
     }
 

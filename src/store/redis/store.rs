@@ -14,17 +14,13 @@ use super::script::{Batch, Script};
 use crate::decision::Reservation;
 use crate::error::Error;
 use crate::observe::{self, LogThrottle};
+use crate::quota::micros;
 use crate::store::breaker::{Admit, Breaker};
 use crate::store::contract::{Store, validate};
 use crate::store::deny_cache::DenyCache;
 use crate::store::key::safe_key;
 use crate::store::sealed::Sealed;
 use crate::{Decision, Policy, Quota};
-
-/// A duration in whole microseconds, saturating.
-fn micros(d: Duration) -> u64 {
-    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
-}
 
 /// The `store` label of this store's metrics.
 const STORE: &str = "redis";
