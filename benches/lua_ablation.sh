@@ -49,11 +49,11 @@ def swap(text, old, new):
     if old not in text:
         sys.exit(f"lua_ablation: line not found, update the script: {old}")
     return text.replace(old, new)
-SET = 'call("SET", KEYS[k + i - 1], format("%.0f:%.0f", level, stamp), "PX", ttl)'
-GET = 'local stored = call("GET", KEYS[k + i - 1])'
-no_set = swap(src, SET, 'local _ = format("%.0f:%.0f", level, stamp)')
+SET = 'call("SET", key, format(VALUE, level, stamp), "PX", format(INT, ttl + 1000))'
+GET = 'local stored = call("GET", key)'
+no_set = swap(src, SET, 'local _ = format(VALUE, level, stamp)')
 no_calls = swap(no_set, GET, "local stored = false")
-no_format = swap(no_calls, 'local _ = format("%.0f:%.0f", level, stamp)', "local _ = level")
+no_format = swap(no_calls, 'local _ = format(VALUE, level, stamp)', "local _ = level")
 variants = {"full": src, "no-set": no_set, "no-calls": no_calls, "no-format": no_format}
 for name, text in variants.items():
     open(f"{out}/{name}.lua", "w").write(text)

@@ -43,14 +43,17 @@ local call, floor, tonumber, find, sub, format =
 local now = redis.call("TIME") -- tollgate:clock
 now = tonumber(now[1]) * 1000000 + tonumber(now[2])
 
--- ceil(x / y) for x >= 0, y > 0, exact below 2^53.
-local function ceil_div(x, y)
-  local q = floor(x / y)
-  if q * y < x then
-    q = q + 1
-  end
-  return q
+-- Integers (all below 2^53) are written with %d where a C long holds them
+-- (every 64-bit build: exact, and much cheaper than %.0f), else with %.0f.
+local INT = "%.0f"
+if format("%d", 2 ^ 53) == "9007199254740992" then
+  INT = "%d"
 end
+local VALUE = INT .. ":" .. INT
+
+-- The arguments repeat: most are "0" or "1" (one quota, cost 1, no debt);
+-- those are looked up instead of converted.
+local known = { ["0"] = 0, ["1"] = 1 }
 
 local nq = tonumber(ARGV[2])
 local fulls, nums, dens = {}, {}, {}
@@ -60,83 +63,141 @@ for q = 1, nq do
   a = a + 3
 end
 
+-- The bucket stored at key, refilled up to now: level and stamp (a missing or
+-- unreadable value is a full bucket).
+local function stored_bucket(key, full, num)
+  local stored = call("GET", key)
+  if stored then
+    local sep = find(stored, ":", 1, true)
+    local level = sep and tonumber(sub(stored, 1, sep - 1))
+    local stamp = sep and tonumber(sub(stored, sep + 1))
+    if level and stamp then
+      if level > full then
+        level = full
+      end
+      if now > stamp then
+        -- Compare before multiplying so the product stays below 2^53:
+        -- refilled to full once the gap covers ceil((full - level) / num).
+        local missing = full - level
+        local t = floor(missing / num)
+        if t * num < missing then
+          t = t + 1
+        end
+        if now - stamp >= t then
+          level = full
+        else
+          level = level + (now - stamp) * num
+        end
+        stamp = now
+      end
+      -- A clock behind the stamp (failover) refills nothing and keeps it.
+      return level, stamp
+    end
+  end
+  return full, now
+end
+
 local reply, r, k = {}, 0, 1
+
+-- Spends from one bucket of a decision (if it is admitted and costs
+-- something), writes it back with its TTL, and appends its figures to the
+-- reply: remaining, wait_us, reset_after_us.
+local function finish(key, q, level, stamp, need, allowed, cost)
+  local full, num, den = fulls[q], nums[q], dens[q]
+  -- A clock behind the stamp refills nothing until it reaches the stamp, so
+  -- waits start from the stamp.
+  local ahead = stamp - now
+  local wait = 0
+  if allowed then
+    if cost > 0 then
+      level = level - need
+    end
+    if level < 0 then
+      local t = floor(-level / num)
+      if t * num < -level then
+        t = t + 1
+      end
+      wait = ahead + t
+    end
+  elseif level < need then
+    local x = need - level
+    local t = floor(x / num)
+    if t * num < x then
+      t = t + 1
+    end
+    wait = ahead + t
+  end
+  -- ceil((full - level) / num): when the bucket is full again, counted from
+  -- the stamp; the key lives that long plus a margin of 1 s.
+  local missing = full - level
+  local reset = floor(missing / num)
+  if reset * num < missing then
+    reset = reset + 1
+  end
+  if allowed and cost > 0 then
+    local ms = reset + ahead
+    local ttl = floor(ms / 1000)
+    if ttl * 1000 < ms then
+      ttl = ttl + 1
+    end
+    call("SET", key, format(VALUE, level, stamp), "PX", format(INT, ttl + 1000))
+  end
+  if reset > 0 then
+    reset = reset + ahead
+  end
+  local remaining = 0
+  if level > 0 then
+    remaining = floor(level / den)
+  end
+  reply[r + 1], reply[r + 2], reply[r + 3] = remaining, wait, reset
+  r = r + 3
+end
+
 local nd = tonumber(ARGV[a])
 a = a + 1
--- Per quota of the decision at hand: its index, level and stamp.
+-- A decision over one quota (the common case) is decided at once; one over
+-- several reads all its buckets first, since it is admitted only if every
+-- bucket holds the cost. Per quota of such a decision: index, level, stamp.
 local qs, lv, st = {}, {}, {}
 for _ = 1, nd do
-  local n, cost = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
-  a = a + 2
-  local allowed = 1
-  for i = 1, n do
-    local q, debt = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
-    a = a + 2
+  local n, cost = known[ARGV[a]] or tonumber(ARGV[a]), known[ARGV[a + 1]] or tonumber(ARGV[a + 1])
+  if n == 1 then
+    local q, debt = known[ARGV[a + 2]] or tonumber(ARGV[a + 2]), known[ARGV[a + 3]] or tonumber(ARGV[a + 3])
+    a = a + 4
     local full, need = fulls[q], cost * dens[q]
     if need > full then
       return redis.error_reply("ERR tollgate: cost exceeds capacity")
     end
-    local level, stamp = full, now
-    local stored = call("GET", KEYS[k + i - 1])
-    if stored then
-      local sep = find(stored, ":", 1, true)
-      local l = sep and tonumber(sub(stored, 1, sep - 1))
-      local s = sep and tonumber(sub(stored, sep + 1))
-      if l and s then
-        level, stamp = l, s
-        if level > full then
-          level = full
-        end
-        if now > stamp then
-          -- Compare before multiplying so the product stays below 2^53.
-          if now - stamp >= ceil_div(full - level, nums[q]) then
-            level = full
-          else
-            level = level + (now - stamp) * nums[q]
-          end
-          stamp = now
-        end
-        -- A clock behind the stamp (failover) refills nothing and keeps it.
+    local key = KEYS[k]
+    local level, stamp = stored_bucket(key, full, nums[q])
+    local allowed = level - need >= -debt
+    r = r + 1
+    reply[r] = allowed and 1 or 0
+    finish(key, q, level, stamp, need, allowed, cost)
+    k = k + 1
+  else
+    a = a + 2
+    local allowed = true
+    for i = 1, n do
+      local q, debt = known[ARGV[a]] or tonumber(ARGV[a]), known[ARGV[a + 1]] or tonumber(ARGV[a + 1])
+      a = a + 2
+      local full, need = fulls[q], cost * dens[q]
+      if need > full then
+        return redis.error_reply("ERR tollgate: cost exceeds capacity")
+      end
+      local level, stamp = stored_bucket(KEYS[k + i - 1], full, nums[q])
+      qs[i], lv[i], st[i] = q, level, stamp
+      if level - need < -debt then
+        allowed = false
       end
     end
-    qs[i], lv[i], st[i] = q, level, stamp
-    if level - need < -debt then
-      allowed = 0
+    r = r + 1
+    reply[r] = allowed and 1 or 0
+    for i = 1, n do
+      local q = qs[i]
+      finish(KEYS[k + i - 1], q, lv[i], st[i], cost * dens[q], allowed, cost)
     end
+    k = k + n
   end
-  r = r + 1
-  reply[r] = allowed
-  for i = 1, n do
-    local q, level, stamp = qs[i], lv[i], st[i]
-    local full, num, den = fulls[q], nums[q], dens[q]
-    local need = cost * den
-    -- A clock behind the stamp refills nothing until it reaches the stamp, so
-    -- waits start from the stamp.
-    local ahead = stamp - now
-    local wait = 0
-    if allowed == 1 then
-      if cost > 0 then
-        level = level - need
-        local ttl = ceil_div(ceil_div(full - level, num) + ahead, 1000) + 1000
-        call("SET", KEYS[k + i - 1], format("%.0f:%.0f", level, stamp), "PX", ttl)
-      end
-      if level < 0 then
-        wait = ahead + ceil_div(-level, num)
-      end
-    elseif level < need then
-      wait = ahead + ceil_div(need - level, num)
-    end
-    local reset = ceil_div(full - level, num)
-    if reset > 0 then
-      reset = reset + ahead
-    end
-    local remaining = 0
-    if level > 0 then
-      remaining = floor(level / den)
-    end
-    reply[r + 1], reply[r + 2], reply[r + 3] = remaining, wait, reset
-    r = r + 3
-  end
-  k = k + n
 end
 return reply

@@ -217,6 +217,109 @@ async fn cost_above_capacity_is_refused_by_the_store_and_the_script() {
     assert_eq!(reply[..2], [1, 0]);
 }
 
+/// The script writes integers with `%d` where a C long holds 53 bits, and with
+/// `%.0f` elsewhere (32-bit builds). This Redis takes the first way; the
+/// second is forced here by making the check fail. Both, on the same fixed
+/// clock and the same calls (spends, a reservation that takes the level below
+/// zero, a denial, a two-quota decision, batched and alone), must store the same
+/// values with the same TTLs and answer the same replies.
+#[tokio::test]
+async fn both_number_formats_store_and_answer_the_same() {
+    const CHECK: &str = "if format(\"%d\", 2 ^ 53) == \"9007199254740992\" then";
+    const CLOCK: &str = "local now = redis.call(\"TIME\") -- tollgate:clock";
+    assert!(SCRIPT.contains(CHECK) && SCRIPT.contains(CLOCK));
+    // A fixed clock (1 763 000 000.123456 s) so the two scripts see the same time.
+    let fixed = SCRIPT.replacen(CLOCK, "local now = {\"1763000000\", \"123456\"}", 1);
+    let long = fixed.clone();
+    let float = fixed.replacen(CHECK, "if false then", 1);
+    let server = RedisServer::start();
+    // Quotas: 1 = 10 per second (full 10 x 100 000 units, 1 unit a µs), 2 = a
+    // burst of 3 at 1 per hour (full 3 x 3.6e9 units, 1 unit a µs).
+    let quotas = [
+        "2",
+        "1000000",
+        "1",
+        "100000",
+        "10800000000",
+        "1",
+        "3600000000",
+    ];
+    // (keys, decisions): per decision n, cost, then (quota index, debt) per quota.
+    let calls: [(&[&str], &[&str]); 5] = [
+        (&["a"], &["1", "3", "1", "0"]),
+        (&["a", "b"], &["1", "4", "1", "0", "1", "2", "2", "0"]),
+        // A reservation: 9 tokens from 3 left, debt up to 7 tokens.
+        (&["a"], &["1", "9", "1", "700000"]),
+        // Denied: the level is below zero.
+        (&["a"], &["1", "1", "1", "0"]),
+        // Two quotas at once, then the hourly one alone, in one call.
+        (
+            &["c", "d", "d"],
+            &["2", "1", "1", "0", "2", "0", "1", "1", "2", "0"],
+        ),
+    ];
+    let mut seen = Vec::new();
+    for (name, source) in [("%d", &long), ("%.0f", &float)] {
+        let _: () = server.cmd(&["FLUSHALL"]);
+        let mut replies = Vec::new();
+        for (keys, decisions) in calls {
+            let n = keys.len().to_string();
+            let mut cmd = vec!["EVAL", source.as_str(), n.as_str()];
+            let named: Vec<String> = keys.iter().map(|k| format!("fmt:{{x}}:{k}")).collect();
+            cmd.extend(named.iter().map(String::as_str));
+            cmd.push("");
+            cmd.extend(quotas);
+            // D, the number of decisions, precedes them.
+            let d = decisions_count(decisions);
+            cmd.push(d.as_str());
+            cmd.extend(decisions.iter().copied());
+            let reply: Vec<i64> = server.cmd(&cmd);
+            replies.push(reply);
+        }
+        let mut stored = Vec::new();
+        for k in ["a", "b", "c", "d"] {
+            let key = format!("fmt:{{x}}:{k}");
+            let value: Option<String> = server.cmd(&["GET", &key]);
+            let value = value.unwrap_or_else(|| panic!("{name}: {key} not stored"));
+            let (level, stamp) = value.split_once(':').expect("level:stamp");
+            assert!(
+                level.parse::<i64>().is_ok() && stamp.parse::<u64>().is_ok(),
+                "{name}: {key} = {value:?}"
+            );
+            stored.push((value, pttl(&server, &key)));
+        }
+        seen.push((name, replies, stored));
+    }
+    let (_, replies, stored) = &seen[0];
+    // The reservation took the first bucket below zero, so a negative level was
+    // written, and the denial after it came back with a wait.
+    assert!(stored[0].0.starts_with('-'), "{stored:?}");
+    assert_eq!(replies[3][0], 0, "{replies:?}");
+    let (_, float_replies, float_stored) = &seen[1];
+    assert_eq!(replies, float_replies);
+    for (long, float) in stored.iter().zip(float_stored) {
+        assert_eq!(long.0, float.0);
+        // Both TTLs were set from the same fixed clock; they can differ only
+        // by the real time between the two runs' reads.
+        assert!(
+            (long.1 - float.1).abs() < 5_000,
+            "{stored:?} {float_stored:?}"
+        );
+    }
+}
+
+/// How many decisions a flat list of decision arguments holds.
+fn decisions_count(decisions: &[&str]) -> String {
+    let mut i = 0;
+    let mut count = 0;
+    while i < decisions.len() {
+        let n: usize = decisions[i].parse().unwrap();
+        i += 2 + 2 * n;
+        count += 1;
+    }
+    count.to_string()
+}
+
 // ---------------------------------------------------------------------------
 // Denials, TTLs, peeks and resets
 // ---------------------------------------------------------------------------
