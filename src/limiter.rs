@@ -132,7 +132,8 @@ impl RateLimiter {
                 Decided::Store(decision)
             }
             Err(error) if error.is_store_error() => match &self.fallback {
-                Some(fallback) => match fallback.check(key, policy, cost, &error).await {
+                // Boxed, as the rare path: it would otherwise grow every check's future.
+                Some(fallback) => match Box::pin(fallback.check(key, policy, cost, &error)).await {
                     Ok((decision, policy)) => Decided::Fallback {
                         decision,
                         policy,

@@ -207,10 +207,14 @@ async fn ask(
     let Some((max_wait, slot)) = slot else {
         return (config.limiter.decide(key, kind, policy, cost).await, None);
     };
-    let (decided, wait) = config
-        .limiter
-        .decide_within(key, kind, policy, cost, max_wait)
-        .await;
+    // Boxed: delay mode's future is large, and would otherwise be part of
+    // every request's check future.
+    let (decided, wait) = Box::pin(
+        config
+            .limiter
+            .decide_within(key, kind, policy, cost, max_wait),
+    )
+    .await;
     // Admitted with tokens due now: nothing to hold, the slot goes back.
     let hold = (!wait.is_zero()).then_some(Hold { wait, _slot: slot });
     (decided, hold)

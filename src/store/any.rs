@@ -73,7 +73,10 @@ impl Store for AnyStore {
         match &self.inner {
             Inner::Memory(store) => store.check(key, policy, cost).await,
             #[cfg(feature = "redis")]
-            Inner::Redis(store) => store.check(key, policy, cost).await,
+            // Boxed: a Redis check's future (batching, timeout, breaker) is
+            // kilobytes, and an unboxed one would make every memory check's
+            // future, and the layer's, as large, copied on every request.
+            Inner::Redis(store) => Box::pin(store.check(key, policy, cost)).await,
         }
     }
 
@@ -87,7 +90,7 @@ impl Store for AnyStore {
         match &self.inner {
             Inner::Memory(store) => store.reserve(key, policy, cost, max_wait).await,
             #[cfg(feature = "redis")]
-            Inner::Redis(store) => store.reserve(key, policy, cost, max_wait).await,
+            Inner::Redis(store) => Box::pin(store.reserve(key, policy, cost, max_wait)).await,
         }
     }
 
@@ -95,7 +98,7 @@ impl Store for AnyStore {
         match &self.inner {
             Inner::Memory(store) => store.reset(key, policy).await,
             #[cfg(feature = "redis")]
-            Inner::Redis(store) => store.reset(key, policy).await,
+            Inner::Redis(store) => Box::pin(store.reset(key, policy)).await,
         }
     }
 }
