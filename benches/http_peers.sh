@@ -13,7 +13,8 @@
 #   WARMUP [2]         seconds of wrk before each measured run (not measured)
 #   CONNS [64]         wrk connections;  THREADS [2] wrk threads
 #   KEYS [10000]       client keys in the open case (x-client: c1..cN, random)
-#   VARIANTS           open case  ["none governor trlr tollgate-memory tollgate-redis"]
+#   VARIANTS           open case  ["none governor trlr tollgate-memory tollgate-memory-bare
+#                      tollgate-redis tollgate-redis-bare"]
 #   HOT_VARIANTS       hot case   ["governor trlr tollgate-memory tollgate-redis"] ("" skips it)
 #   PORT, REDIS_PORT   fixed ports, failing if busy (default: free ports below the
 #                      ephemeral range are picked, and picked again if taken)
@@ -28,6 +29,9 @@
 #   hot:  one key ("hot") flooded, quota burst 10 refilled 1 per second: nearly
 #         every request is denied (429). Shows the cost of a denial.
 #   none: the same server without a limiter, the ceiling.
+#   *-bare: tollgate without rate limit headers (HeaderStyle::None). The peers
+#         send none on admitted responses, so the -bare variants compare the
+#         limiters alone; the others include the cost of tollgate's headers.
 #
 # Each run: start peer-server (axum 0.8, tokio multi-thread runtime with 2
 # workers for every variant; Redis FLUSHALL first for the Redis variants),
@@ -83,7 +87,7 @@ warmup=${WARMUP:-2}
 conns=${CONNS:-64}
 threads=${THREADS:-2}
 nkeys=${KEYS:-10000}
-variants=${VARIANTS-none governor trlr tollgate-memory tollgate-redis}
+variants=${VARIANTS-none governor trlr tollgate-memory tollgate-memory-bare tollgate-redis tollgate-redis-bare}
 hot_variants=${HOT_VARIANTS-governor trlr tollgate-memory tollgate-redis}
 pin=${PIN:-1}
 
@@ -95,7 +99,9 @@ for n in "$rounds" "$duration" "$warmup" "$conns" "$threads" "$nkeys"; do
   [[ $n =~ ^[0-9]+$ && $n -gt 0 ]] || die "ROUNDS, DURATION, WARMUP, CONNS, THREADS and KEYS must be positive integers"
 done
 for v in $variants $hot_variants; do
-  case $v in none | governor | trlr | tollgate-memory | tollgate-redis) ;; *) die "unknown variant $v" ;; esac
+  case $v in none | governor | trlr | tollgate-memory | tollgate-memory-bare | tollgate-redis | tollgate-redis-bare) ;;
+    *) die "unknown variant $v" ;;
+  esac
 done
 
 pin_server=() pin_client=() placement="unpinned"
@@ -206,7 +212,7 @@ done
 redis_url="redis://127.0.0.1:$redis_port"
 
 # --- one run -----------------------------------------------------------------
-is_redis() { [ "$1" = trlr ] || [ "$1" = tollgate-redis ]; }
+is_redis() { [ "$1" = trlr ] || [ "$1" = tollgate-redis ] || [ "$1" = tollgate-redis-bare ]; }
 
 # cmdstat lines and two INFO cpu snapshots -> "cmds_per_req usec_per_call cpu_us_per_req check"
 redis_figures() { # stats_file cpu_before cpu_after requests
@@ -288,7 +294,7 @@ run_one() { # case variant round
   rps=$(awk -v n="$r_requests" -v us="$r_duration_us" 'BEGIN { printf "%.0f", n / (us / 1e6) }')
   # case variant round rps non2xx socket_errors p50_us p99_us cmds/req usec/call cpu_us/req check
   echo "$case $v $round $rps $r_non2xx $errors $r_p50_us $r_p99_us $redis" >>"$results"
-  printf '  %-4s %-16s round %d: %8s req/s  non-2xx %-8s p99 %6.2f ms%s\n' \
+  printf '  %-4s %-20s round %d: %8s req/s  non-2xx %-8s p99 %6.2f ms%s\n' \
     "$case" "$v" "$round" "$rps" "$r_non2xx" "$(awk -v u="$r_p99_us" 'BEGIN { print u / 1000 }')" "$shown" >&2
 }
 
@@ -340,7 +346,7 @@ awk -v order="$variants" -v hot_order="$hot_variants" '
     if (!(k in rps)) return
     m = median(rps[k]); minmax(rps[k]); spread = (m > 0) ? (MAX - MIN) / m * 100 : 0
     MED[k] = m; SPREAD[k] = spread
-    printf "%-4s %-16s %9.0f  %8.0f-%-8.0f %5.1f%%  %9s  %6.2f %6.2f", c, v, m, MIN, MAX, spread, median(non2xx[k]), median(p50[k]) / 1000, median(p99[k]) / 1000
+    printf "%-4s %-20s %9.0f  %8.0f-%-8.0f %5.1f%%  %9s  %6.2f %6.2f", c, v, m, MIN, MAX, spread, median(non2xx[k]), median(p50[k]) / 1000, median(p99[k]) / 1000
     if (k in cmds) {
       CMDS[k] = median(cmds[k]); CPU[k] = median(cpu[k])
       printf "  %9.3f %9.2f %9.2f", CMDS[k], median(upc[k]), CPU[k]
@@ -355,19 +361,22 @@ awk -v order="$variants" -v hot_order="$hot_variants" '
   }
   END {
     printf "\nmedians (min-max and spread = (max-min)/median of req/s over the rounds)\n"
-    printf "%-4s %-16s %9s  %-17s %6s  %9s  %6s %6s  %9s %9s %9s\n", "case", "variant", "req/s", "min-max", "spread", "non-2xx", "p50ms", "p99ms", "redis/req", "us/EVALSHA", "redisCPU/req"
+    printf "%-4s %-20s %9s  %-17s %6s  %9s  %6s %6s  %9s %9s %9s\n", "case", "variant", "req/s", "min-max", "spread", "non-2xx", "p50ms", "p99ms", "redis/req", "us/EVALSHA", "redisCPU/req"
     n = split(order, vs, " "); for (i = 1; i <= n; i++) row("open", vs[i])
     n = split(hot_order, vs, " "); for (i = 1; i <= n; i++) row("hot", vs[i])
     printf "(redis/req: Redis commands sent by the client per HTTP request; us/EVALSHA: usec_per_call; redisCPU/req: Redis user+sys CPU us per request)\n"
 
     printf "\nall rounds, req/s (in round order)\n"
-    n = split(order, vs, " "); for (i = 1; i <= n; i++) if (("open " vs[i]) in rps) printf "  open %-16s %s\n", vs[i], rps["open " vs[i]]
-    n = split(hot_order, vs, " "); for (i = 1; i <= n; i++) if (("hot " vs[i]) in rps) printf "  hot  %-16s %s\n", vs[i], rps["hot " vs[i]]
+    n = split(order, vs, " "); for (i = 1; i <= n; i++) if (("open " vs[i]) in rps) printf "  open %-20s %s\n", vs[i], rps["open " vs[i]]
+    n = split(hot_order, vs, " "); for (i = 1; i <= n; i++) if (("hot " vs[i]) in rps) printf "  hot  %-20s %s\n", vs[i], rps["hot " vs[i]]
 
     printf "\nratios of medians (same run, same machine)\n"
     ratio("open: tollgate-redis / trlr, req/s", "open tollgate-redis", "open trlr", MED)
     ratio("open: tollgate-redis / trlr, Redis CPU per request", "open tollgate-redis", "open trlr", CPU)
+    ratio("open: tollgate-redis-bare / trlr, req/s", "open tollgate-redis-bare", "open trlr", MED)
+    ratio("open: tollgate-redis-bare / trlr, Redis CPU per req", "open tollgate-redis-bare", "open trlr", CPU)
     ratio("open: tollgate-memory / governor, req/s", "open tollgate-memory", "open governor", MED)
+    ratio("open: tollgate-memory-bare / governor, req/s", "open tollgate-memory-bare", "open governor", MED)
     ratio("open: tollgate-memory / none, req/s", "open tollgate-memory", "open none", MED)
     ratio("open: tollgate-redis / none, req/s", "open tollgate-redis", "open none", MED)
     ratio("hot: tollgate-redis / tollgate-memory, req/s", "hot tollgate-redis", "hot tollgate-memory", MED)

@@ -3,7 +3,10 @@
 //! `benches/http_peers.sh`.
 //!
 //! - LIMITER: `none`, `governor` (tower_governor, in memory), `trlr`
-//!   (tower-rate-limit-redis), `tollgate-memory`, `tollgate-redis`, or
+//!   (tower-rate-limit-redis), `tollgate-memory`, `tollgate-redis`, the same
+//!   two without rate limit headers (`tollgate-memory-bare`,
+//!   `tollgate-redis-bare`: `HeaderStyle::None`, as the peers send none on
+//!   admitted responses), or
 //!   `tollgate-redis-outage` for `benches/outage.sh`: tollgate with a
 //!   RedisStore (300 ms store timeout, default circuit breaker, checked with
 //!   `ping` at start-up) and the store-error policy named by `ON_STORE_ERROR`
@@ -53,7 +56,7 @@ mod tollgate_limiter {
     use axum::Router;
     use axum::http::Response;
     use tollgate::key::Header;
-    use tollgate::layer::{OnStoreError, RateLimitLayer, StoreFailure};
+    use tollgate::layer::{HeaderStyle, OnStoreError, RateLimitLayer, StoreFailure};
     use tollgate::store::CircuitBreaker;
     use tollgate::{Decision, Fallback, MemoryStore, Quota, RedisStore};
 
@@ -70,22 +73,33 @@ mod tollgate_limiter {
     /// Puts tollgate in front of `router`: in memory, or in Redis at `redis_url`.
     /// Store errors answer 503 (not the default fail-open) so a broken Redis shows
     /// up as non-2xx responses instead of as free throughput.
+    ///
+    /// `bare`: no rate limit headers (`HeaderStyle::None`) instead of the
+    /// default IETF `RateLimit` headers.
     pub(crate) fn layer(
         router: Router,
         case: Case,
         redis_url: Option<&str>,
+        bare: bool,
     ) -> Result<Router, BoxError> {
+        let headers = if bare {
+            HeaderStyle::None
+        } else {
+            HeaderStyle::Ietf
+        };
         let key = Header::new(KEY_HEADER).verbatim();
         let quota = quota(case)?;
         Ok(match redis_url {
             None => router.layer(
                 RateLimitLayer::new(MemoryStore::new(), quota)
                     .key(key)
+                    .headers(headers)
                     .on_store_error(OnStoreError::Deny),
             ),
             Some(url) => router.layer(
                 RateLimitLayer::new(RedisStore::from_url(url)?, quota)
                     .key(key)
+                    .headers(headers)
                     .on_store_error(OnStoreError::Deny),
             ),
         })
@@ -391,7 +405,7 @@ fn status(code: StatusCode) -> Response<Body> {
 }
 
 fn usage() -> BoxError {
-    "usage: peer-server none|governor|trlr|tollgate-memory|tollgate-redis|tollgate-redis-outage \
+    "usage: peer-server none|governor|trlr|tollgate-memory[-bare]|tollgate-redis[-bare]|tollgate-redis-outage \
      [open|hot] (env PORT, REDIS_URL, ON_STORE_ERROR=allow|deny|fallback for the outage variant)"
         .into()
 }
@@ -416,8 +430,10 @@ async fn run() -> Result<(), BoxError> {
         "none" => router,
         "governor" => governor_limiter::layer(router, case)?,
         "trlr" => trlr_limiter::layer(router, case, &redis_url).await?,
-        "tollgate-memory" => tollgate_limiter::layer(router, case, None)?,
-        "tollgate-redis" => tollgate_limiter::layer(router, case, Some(&redis_url))?,
+        "tollgate-memory" => tollgate_limiter::layer(router, case, None, false)?,
+        "tollgate-memory-bare" => tollgate_limiter::layer(router, case, None, true)?,
+        "tollgate-redis" => tollgate_limiter::layer(router, case, Some(&redis_url), false)?,
+        "tollgate-redis-bare" => tollgate_limiter::layer(router, case, Some(&redis_url), true)?,
         "tollgate-redis-outage" => {
             let on_error = std::env::var("ON_STORE_ERROR").unwrap_or_else(|_| "allow".to_owned());
             let router =
