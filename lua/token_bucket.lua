@@ -41,7 +41,7 @@ local call, floor, tonumber, find, sub, format =
   redis.call, math.floor, tonumber, string.find, string.sub, string.format
 
 local now = redis.call("TIME") -- tollgate:clock
-now = tonumber(now[1]) * 1000000 + tonumber(now[2])
+now = now[1] * 1000000 + now[2]
 
 -- Integers (all below 2^53) are written with %d where a C long holds them
 -- (every 64-bit build: exact, and much cheaper than %.0f), else with %.0f.
@@ -51,15 +51,16 @@ if format("%d", 2 ^ 53) == "9007199254740992" then
 end
 local VALUE = INT .. ":" .. INT
 
--- The arguments repeat: most are "0" or "1" (one quota, cost 1, no debt);
--- those are looked up instead of converted.
+-- Numbers arrive as strings. Arithmetic converts one (`s + 0`) with a single
+-- strtod, where tonumber() runs two; most are "0" or "1" (one quota, cost 1,
+-- no debt), and those are looked up instead of converted.
 local known = { ["0"] = 0, ["1"] = 1 }
 
-local nq = tonumber(ARGV[2])
+local nq = ARGV[2] + 0
 local fulls, nums, dens = {}, {}, {}
 local a = 3
 for q = 1, nq do
-  fulls[q], nums[q], dens[q] = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+  fulls[q], nums[q], dens[q] = ARGV[a] + 0, ARGV[a + 1] + 0, ARGV[a + 2] + 0
   a = a + 3
 end
 
@@ -153,16 +154,16 @@ local function finish(key, q, level, stamp, need, allowed, cost)
   r = r + 3
 end
 
-local nd = tonumber(ARGV[a])
+local nd = ARGV[a] + 0
 a = a + 1
 -- A decision over one quota (the common case) is decided at once; one over
 -- several reads all its buckets first, since it is admitted only if every
 -- bucket holds the cost. Per quota of such a decision: index, level, stamp.
 local qs, lv, st = {}, {}, {}
 for _ = 1, nd do
-  local n, cost = known[ARGV[a]] or tonumber(ARGV[a]), known[ARGV[a + 1]] or tonumber(ARGV[a + 1])
+  local n, cost = known[ARGV[a]] or ARGV[a] + 0, known[ARGV[a + 1]] or ARGV[a + 1] + 0
   if n == 1 then
-    local q, debt = known[ARGV[a + 2]] or tonumber(ARGV[a + 2]), known[ARGV[a + 3]] or tonumber(ARGV[a + 3])
+    local q, debt = known[ARGV[a + 2]] or ARGV[a + 2] + 0, known[ARGV[a + 3]] or ARGV[a + 3] + 0
     a = a + 4
     local full, need = fulls[q], cost * dens[q]
     if need > full then
@@ -179,7 +180,7 @@ for _ = 1, nd do
     a = a + 2
     local allowed = true
     for i = 1, n do
-      local q, debt = known[ARGV[a]] or tonumber(ARGV[a]), known[ARGV[a + 1]] or tonumber(ARGV[a + 1])
+      local q, debt = known[ARGV[a]] or ARGV[a] + 0, known[ARGV[a + 1]] or ARGV[a + 1] + 0
       a = a + 2
       local full, need = fulls[q], cost * dens[q]
       if need > full then
