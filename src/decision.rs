@@ -17,6 +17,7 @@
 //! # }
 //! ```
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::Quota;
@@ -32,8 +33,36 @@ use crate::Quota;
 pub struct Decision {
     allowed: bool,
     binding: usize,
-    states: Vec<QuotaState>,
+    states: States,
     fallback: bool,
+}
+
+/// Every quota's state: held inline for one quota (the common case, so a
+/// decision allocates nothing and a clone is a copy), shared otherwise (a
+/// clone counts a reference). One quota is always `One`, so the derived
+/// equality compares states.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum States {
+    One(QuotaState),
+    Many(Arc<[QuotaState]>),
+}
+
+impl States {
+    fn as_slice(&self) -> &[QuotaState] {
+        match self {
+            States::One(state) => std::slice::from_ref(state),
+            States::Many(states) => states,
+        }
+    }
+}
+
+impl From<Vec<QuotaState>> for States {
+    fn from(states: Vec<QuotaState>) -> Self {
+        match states.as_slice() {
+            [one] => States::One(*one),
+            _ => States::Many(states.into()),
+        }
+    }
 }
 
 /// One quota's part in a [`Decision`].
@@ -89,11 +118,14 @@ impl QuotaState {
 
 impl Decision {
     /// Builds a decision from every quota's state. `states` must not be empty.
-    pub(crate) fn new(allowed: bool, states: Vec<QuotaState>) -> Self {
+    pub(crate) fn new(allowed: bool, states: impl Into<States>) -> Self {
+        let states = states.into();
         let binding = if allowed {
-            most_restrictive(&states, |s| (std::cmp::Reverse(s.remaining), s.reset_after))
+            most_restrictive(states.as_slice(), |s| {
+                (std::cmp::Reverse(s.remaining), s.reset_after)
+            })
         } else {
-            most_restrictive(&states, |s| (std::cmp::Reverse(0), s.retry_after))
+            most_restrictive(states.as_slice(), |s| (std::cmp::Reverse(0), s.retry_after))
         };
         Decision {
             allowed,
@@ -116,7 +148,7 @@ impl Decision {
     }
 
     fn binding(&self) -> Option<&QuotaState> {
-        self.states.get(self.binding)
+        self.states.as_slice().get(self.binding)
     }
 
     /// True when the cost was admitted (and consumed from every quota).
@@ -158,7 +190,7 @@ impl Decision {
 
     /// Every quota checked, in the order they were given.
     pub fn states(&self) -> &[QuotaState] {
-        &self.states
+        self.states.as_slice()
     }
 }
 

@@ -27,6 +27,10 @@ pub(crate) struct Checked {
     pub(crate) verdict: Verdict,
 }
 
+#[expect(
+    clippy::large_enum_variant,
+    reason = "moved once per request; boxing `After` would allocate on every admitted request"
+)]
 pub(crate) enum Verdict {
     /// Call the inner service, then add `After` to its response.
     Forward(After),

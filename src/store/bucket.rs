@@ -6,7 +6,7 @@
 //! `stamp` the microsecond it was last brought up to date. Refilling adds
 //! `elapsed x quota.num()` units, an exact integer, and caps at `quota.full()`.
 
-use crate::decision::{Decision, QuotaState};
+use crate::decision::{Decision, QuotaState, States};
 use crate::quota::{MAX_EXACT, Quota, ceil_div};
 
 /// One bucket's stored state. The level is signed: a reservation may leave it
@@ -103,7 +103,9 @@ pub(crate) fn spend(
         .zip(levels.iter())
         .enumerate()
         .all(|(i, (q, l))| l.level - signed(cost * q.den()) >= -debt(i));
-    let mut states = Vec::with_capacity(quotas.len());
+    // One quota's state stays inline (no allocation); several are collected.
+    let mut one = None;
+    let mut many = Vec::new();
     let mut wait_us = 0;
     for (q, l) in quotas.iter().zip(levels.iter_mut()) {
         let need = signed(cost * q.den());
@@ -122,9 +124,18 @@ pub(crate) fn spend(
             to_full => ahead + to_full,
         };
         let remaining = l.level.max(0).unsigned_abs() / q.den();
-        states.push(QuotaState::new(*q, remaining, retry_us, reset_us));
+        let state = QuotaState::new(*q, remaining, retry_us, reset_us);
+        if quotas.len() == 1 {
+            one = Some(state);
+        } else {
+            many.push(state);
+        }
     }
-    (Decision::new(allowed, states), wait_us)
+    let decision = match one {
+        Some(state) => Decision::new(allowed, States::One(state)),
+        None => Decision::new(allowed, many),
+    };
+    (decision, wait_us)
 }
 
 #[cfg(test)]

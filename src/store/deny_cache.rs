@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::decision::{Decision, QuotaState};
+use crate::decision::{Decision, QuotaState, States};
 
 /// Default number of denials a store keeps.
 pub const DEFAULT_DENY_CACHE: usize = 10_000;
@@ -174,27 +174,27 @@ impl DenyCache {
 /// `decision`, `elapsed` later: every wait shorter by `elapsed`, and each
 /// bucket's remaining tokens at least what its shorter time to full implies.
 fn counted_down(decision: &Decision, elapsed: Duration) -> Decision {
-    let states = decision
-        .states()
-        .iter()
-        .map(|s| {
-            let q = *s.quota();
-            let retry = s.retry_after().saturating_sub(elapsed);
-            let reset = s.reset_after().saturating_sub(elapsed);
-            let reset_us = crate::quota::micros(reset);
-            // The level is at least full - reset x num (reset was rounded up).
-            let missing = u128::from(reset_us) * u128::from(q.num());
-            let level = u128::from(q.full()).saturating_sub(missing);
-            let implied = u64::try_from(level / u128::from(q.den())).unwrap_or(u64::MAX);
-            QuotaState::new(
-                q,
-                s.remaining().max(implied),
-                crate::quota::micros(retry),
-                reset_us,
-            )
-        })
-        .collect();
-    Decision::new(false, states)
+    let count = |s: &QuotaState| {
+        let q = *s.quota();
+        let retry = s.retry_after().saturating_sub(elapsed);
+        let reset = s.reset_after().saturating_sub(elapsed);
+        let reset_us = crate::quota::micros(reset);
+        // The level is at least full - reset x num (reset was rounded up).
+        let missing = u128::from(reset_us) * u128::from(q.num());
+        let level = u128::from(q.full()).saturating_sub(missing);
+        let implied = u64::try_from(level / u128::from(q.den())).unwrap_or(u64::MAX);
+        QuotaState::new(
+            q,
+            s.remaining().max(implied),
+            crate::quota::micros(retry),
+            reset_us,
+        )
+    };
+    // One quota (the common case) stays inline: a cached denial allocates nothing.
+    match decision.states() {
+        [one] => Decision::new(false, States::One(count(one))),
+        many => Decision::new(false, many.iter().map(count).collect::<Vec<_>>()),
+    }
 }
 
 #[cfg(test)]
