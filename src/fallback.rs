@@ -134,7 +134,7 @@ impl Fallback {
 
     /// Decides in memory for a store that failed with `error`; the policy the
     /// decision was made under comes back with it.
-    pub(crate) async fn check(
+    pub(crate) fn check(
         &self,
         key: &str,
         policy: &Policy,
@@ -145,7 +145,7 @@ impl Fallback {
             observe::fallback(true, Some(error));
         }
         let scaled = self.scaled(policy);
-        let decision = self.inner.store.check(key, &scaled, cost).await?;
+        let decision = self.inner.store.check_now(key, &scaled, cost)?;
         Ok((decision.marked_fallback(), scaled))
     }
 
@@ -262,13 +262,13 @@ mod tests {
         let policy = Policy::from(Quota::per_minute(4).unwrap());
         let error = Error::Timeout(Duration::from_millis(1));
         for left in [1, 0] {
-            let (d, scaled) = fallback.check("k", &policy, 1, &error).await.unwrap();
+            let (d, scaled) = fallback.check("k", &policy, 1, &error).unwrap();
             assert!(d.is_fallback() && d.allowed());
             assert_eq!(d.remaining(), left);
             assert_eq!(scaled.quotas()[0].capacity(), 2);
         }
         assert!(fallback.is_active());
-        let (d, _) = fallback.check("k", &policy, 1, &error).await.unwrap();
+        let (d, _) = fallback.check("k", &policy, 1, &error).unwrap();
         assert!(!d.allowed());
         fallback.store_answered();
         assert!(!fallback.is_active());

@@ -26,7 +26,7 @@ use std::time::Duration;
 use crate::decision::Reservation;
 use crate::fallback::Fallback;
 use crate::observe::{self, Outcome};
-use crate::store::{AnyStore, Store};
+use crate::store::{AnyStore, Store, Unsent};
 use crate::{Decision, Error, Policy, Quota};
 
 /// Checks keys against a [`Policy`] (one quota or several) in a store. See the
@@ -124,7 +124,53 @@ impl RateLimiter {
         policy: &Policy,
         cost: u64,
     ) -> Decided {
-        let decided = match self.store.check(key, policy, cost).await {
+        match self.decide_now(key, key_kind, policy, cost) {
+            Ok(decided) => decided,
+            // Boxed: a Redis call's future would otherwise grow every
+            // check's future, the memory store's too.
+            Err(unsent) => Box::pin(self.decide_unsent(unsent, key, key_kind, policy, cost)).await,
+        }
+    }
+
+    /// [`decide`](Self::decide) as far as it goes without waiting: the
+    /// decision when the store has it at once (a memory store; a Redis
+    /// store's deny cache), else what is left to send with
+    /// [`decide_unsent`](Self::decide_unsent). Nothing has been sent then.
+    pub(crate) fn decide_now(
+        &self,
+        key: &str,
+        key_kind: &str,
+        policy: &Policy,
+        cost: u64,
+    ) -> Result<Decided, Unsent> {
+        let result = self.store.check_now(key, policy, cost)?;
+        Ok(self.settle(result, key, key_kind, policy, cost))
+    }
+
+    /// Sends what [`decide_now`](Self::decide_now) left, and decides.
+    pub(crate) async fn decide_unsent(
+        &self,
+        unsent: Unsent,
+        key: &str,
+        key_kind: &str,
+        policy: &Policy,
+        cost: u64,
+    ) -> Decided {
+        let result = self.store.check_unsent(unsent, policy, cost).await;
+        self.settle(result, key, key_kind, policy, cost)
+    }
+
+    /// The store's answer, with the fallback deciding when the store failed,
+    /// reported to tracing and metrics.
+    fn settle(
+        &self,
+        result: Result<Decision, Error>,
+        key: &str,
+        key_kind: &str,
+        policy: &Policy,
+        cost: u64,
+    ) -> Decided {
+        let decided = match result {
             Ok(decision) => {
                 if let Some(fallback) = &self.fallback {
                     fallback.store_answered();
@@ -132,8 +178,7 @@ impl RateLimiter {
                 Decided::Store(decision)
             }
             Err(error) if error.is_store_error() => match &self.fallback {
-                // Boxed, as the rare path: it would otherwise grow every check's future.
-                Some(fallback) => match Box::pin(fallback.check(key, policy, cost, &error)).await {
+                Some(fallback) => match fallback.check(key, policy, cost, &error) {
                     Ok((decision, policy)) => Decided::Fallback {
                         decision,
                         policy,

@@ -1,9 +1,16 @@
 //! The decision for one request: choose the policy, extract the key, ask the
-//! store, and render the layer's own answer if there is one. Runs as one boxed
-//! future that owns the request head, so the request body (`Send` but not
-//! `Sync`) is never borrowed across an `.await`.
-
+//! store, and render the layer's own answer if there is one.
+//!
+//! Most requests are decided where they arrive, in the service's `call`
+//! ([`check_now`]): the built-in extractors are ready at once, and so are a
+//! memory store and a Redis store's deny cache. Nothing is boxed or cloned
+//! for them. A request whose store has to be asked gets one boxed future
+//! ([`check_unsent`]); an extractor whose future waits, and delay mode, run the
+//! whole check as one boxed future ([`check`]). The boxed futures own the
+//! request head, so the request body (`Send` but not `Sync`) is never
+//! borrowed across an `.await`.
 use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -18,6 +25,7 @@ use super::outcome::{After, Answer, Delayed, StoreFailure};
 use super::report::{report, shadow_report};
 use crate::key::present;
 use crate::limiter::Decided;
+use crate::store::Unsent;
 use crate::store::safe_key;
 use crate::{Error, Policy};
 
@@ -46,31 +54,107 @@ struct Hold {
     _slot: OwnedSemaphorePermit,
 }
 
-pub(crate) async fn check(config: Arc<Config>, mut parts: Parts) -> Checked {
-    let (after, hold) = match decide(&config, &parts).await {
-        Ok(admitted) => admitted,
-        // Shadow mode reports everything but never stands between client and
-        // service: what would have been answered is forwarded with its report.
-        Err(answer) if config.shadow => (shadow_report(answer, config.headers), None),
-        Err(answer) => {
-            let res = match grpc::flavor(&parts) {
-                Some(kind) => grpc::render(answer, kind, config.headers),
-                None => http_answer::render(answer, config.headers, &config.rejection),
-            };
-            return Checked {
-                parts,
-                verdict: Verdict::Respond(res),
-            };
+/// How far [`check_now`] got without waiting.
+#[expect(
+    clippy::large_enum_variant,
+    reason = "returned once per request; boxing the verdict would allocate on every request"
+)]
+pub(crate) enum Now {
+    /// Decided: what to do with the request (its extensions are set).
+    Decided(Verdict),
+    /// The key is known, the store has to be asked: send it with
+    /// [`check_unsent`].
+    Unsent(Ask, Unsent),
+    /// Something has to be awaited (an extractor whose future waits, delay
+    /// mode): [`check`] does it all.
+    Wait,
+}
+
+/// The decision for a request without waiting for anything, the common
+/// case: built-in extractors are ready at once, a memory store (and a Redis
+/// store's deny cache) answers at once. No future is made, boxed or polled
+/// for such a request; nothing is sent to a store here.
+pub(crate) fn check_now(config: &Config, parts: &mut Parts) -> Now {
+    if config.delay.is_some() {
+        return Now::Wait;
+    }
+    let prepared = {
+        let prepare = std::pin::pin!(prepare(config, parts, false));
+        match prepare.poll(&mut Context::from_waker(Waker::noop())) {
+            Poll::Ready(prepared) => prepared,
+            Poll::Pending => return Now::Wait,
         }
     };
+    let result = match prepared {
+        Prepared::Early(result) => result,
+        Prepared::Ask(ask) => {
+            match config
+                .limiter
+                .decide_now(&ask.key, &ask.kind, &ask.policy, ask.cost)
+            {
+                Ok(decided) => outcome(config, ask, decided, None),
+                Err(unsent) => return Now::Unsent(ask, unsent),
+            }
+        }
+    };
+    Now::Decided(verdict(config, parts, result))
+}
+
+/// Sends a request's check that [`check_now`] left, then decides.
+pub(crate) async fn check_unsent(
+    config: Arc<Config>,
+    mut parts: Parts,
+    ask: Ask,
+    unsent: Unsent,
+) -> Checked {
+    let decided = config
+        .limiter
+        .decide_unsent(unsent, &ask.key, &ask.kind, &ask.policy, ask.cost)
+        .await;
+    let result = outcome(&config, ask, decided, None);
+    let verdict = verdict(&config, &mut parts, result);
+    Checked { parts, verdict }
+}
+
+/// The whole check, awaiting whatever has to be awaited: an extractor whose
+/// future waits, and delay mode's hold.
+pub(crate) async fn check(config: Arc<Config>, mut parts: Parts) -> Checked {
+    let (result, hold) = match prepare(&config, &parts, true).await {
+        Prepared::Early(result) => (result, None),
+        Prepared::Ask(ask) => {
+            let (decided, hold) = self::ask(&config, &ask).await;
+            let delayed = hold.as_ref().map(|h| Delayed::new(h.wait));
+            (outcome(&config, ask, decided, delayed), hold)
+        }
+    };
+    let verdict = verdict(&config, &mut parts, result);
     // Delay mode: forward when the reserved tokens are due. Waiting here, in
     // the check, keeps the response future's states as they are: it polls the
     // check until the request may go on. Shadow mode never holds a request.
     if let Some(hold) = hold
+        && matches!(verdict, Verdict::Forward(_))
         && !config.shadow
     {
         tokio::time::sleep(hold.wait).await;
     }
+    Checked { parts, verdict }
+}
+
+/// What to do with the request once decided: answer it, or forward it with
+/// the decision (and whatever else) in its extensions. Shadow mode reports
+/// everything but never stands between client and service: what would have
+/// been answered is forwarded with its report.
+fn verdict(config: &Config, parts: &mut Parts, result: Result<After, Answer>) -> Verdict {
+    let after = match result {
+        Ok(after) => after,
+        Err(answer) if config.shadow => shadow_report(answer, config.headers),
+        Err(answer) => {
+            return Verdict::Respond(match grpc::flavor(parts) {
+                Some(kind) => grpc::render(answer, kind, config.headers),
+                None => http_answer::render(answer, config.headers, &config.rejection),
+            });
+        }
+    };
     if let Some(decision) = &after.decision {
         parts.extensions.insert(decision.clone());
     }
@@ -83,37 +167,57 @@ pub(crate) async fn check(config: Arc<Config>, mut parts: Parts) -> Checked {
     if let Some(shadow) = &after.shadow {
         parts.extensions.insert(shadow.clone());
     }
-    Checked {
-        parts,
-        verdict: Verdict::Forward(after),
-    }
+    Verdict::Forward(after)
 }
 
-/// `Ok` to forward the request (in delay mode, once its hold is over), `Err`
-/// to answer it without the inner service.
-async fn decide(config: &Config, parts: &Parts) -> Result<(After, Option<Hold>), Answer> {
+/// What a request asks of the store: its policy, key and cost.
+pub(crate) struct Ask {
+    policy: Policy,
+    /// The kind of the key's extractor (for answers and reports).
+    kind: Arc<str>,
+    /// The storage key: `policy:kind:value`.
+    key: String,
+    cost: u64,
+}
+
+/// A request before the store is asked.
+#[expect(
+    clippy::large_enum_variant,
+    reason = "returned once per request; boxing would allocate on every request"
+)]
+enum Prepared {
+    /// Decided without the store: `Ok` forwards (exempt, or no key and
+    /// missing keys are allowed), `Err` answers.
+    Early(Result<After, Answer>),
+    Ask(Ask),
+}
+
+/// Chooses the policy, extracts the key (without waiting unless `wait`: a
+/// waiting extractor then leaves this pending for good) and prices the
+/// request.
+async fn prepare(config: &Config, parts: &Parts, wait: bool) -> Prepared {
     let (policy, own_key) = match &config.select {
         None => (config.limiter.policy().clone(), None),
         Some(select) => match select(parts) {
             Selected::Default => (config.limiter.policy().clone(), None),
             Selected::Policy(p) => (p, None),
             Selected::Keyed(p, key) => (p, Some(key)),
-            Selected::Exempt => return Ok((After::default(), None)),
+            Selected::Exempt => return Prepared::Early(Ok(After::default())),
         },
     };
     // A table rule with a key of its own uses it; everything else the layer's.
     let key = own_key.as_ref().unwrap_or(&config.key);
-    let (kind, value) = match present(key.extract(parts).await) {
-        Some(value) => (key.kind(), value),
+    let (kind, value) = match present(key.extract(parts, wait).await) {
+        Some(value) => (key.name(), value),
         None => match &config.missing {
-            Missing::Allow => return Ok((After::default(), None)),
-            Missing::Reject => return Err(missing(key)),
-            Missing::Fallback(other) => match present(other.extract(parts).await) {
-                Some(value) => (other.kind(), value),
+            Missing::Allow => return Prepared::Early(Ok(After::default())),
+            Missing::Reject => return Prepared::Early(Err(missing(key))),
+            Missing::Fallback(other) => match present(other.extract(parts, wait).await) {
+                Some(value) => (other.name(), value),
                 None => {
-                    return Err(Answer::MissingKey {
+                    return Prepared::Early(Err(Answer::MissingKey {
                         kind: format!("{} or {}", key.kind(), other.kind()),
-                    });
+                    }));
                 }
             },
         },
@@ -123,14 +227,31 @@ async fn decide(config: &Config, parts: &Parts) -> Result<(After, Option<Hold>),
         Cost::Dynamic(f) => f(parts),
     };
     if cost > policy.max_cost() {
-        return Err(too_costly(cost, policy, kind));
+        return Prepared::Early(Err(too_costly(cost, policy, kind)));
     }
     // Policy name first: policies with different names never share a bucket.
     // The value is made safe here too: `from_fn` extractors return whatever
     // their closure built.
     let key = bucket_key(policy.name(), kind, &safe_key(&value));
-    let (decided, hold) = ask(config, &key, kind, &policy, cost).await;
-    let delayed = hold.as_ref().map(|h| Delayed::new(h.wait));
+    Prepared::Ask(Ask {
+        policy,
+        kind: Arc::clone(kind),
+        key,
+        cost,
+    })
+}
+
+/// What the store's decision means for the request: `Ok` to forward it (in
+/// delay mode, once its hold is over), `Err` to answer it.
+fn outcome(
+    config: &Config,
+    ask: Ask,
+    decided: Decided,
+    delayed: Option<Delayed>,
+) -> Result<After, Answer> {
+    let Ask {
+        policy, kind, cost, ..
+    } = ask;
     let after = match decided {
         Decided::Store(decision) if decision.allowed() => After {
             headers: report(config.headers, &policy, &decision),
@@ -142,7 +263,7 @@ async fn decide(config: &Config, parts: &Parts) -> Result<(After, Option<Hold>),
             return Err(Answer::TooMany {
                 policy,
                 decision,
-                kind: kind.to_owned(),
+                kind: Arc::clone(&kind),
             });
         }
         // The fallback decided under this instance's share of the quotas:
@@ -164,11 +285,11 @@ async fn decide(config: &Config, parts: &Parts) -> Result<(After, Option<Hold>),
             return Err(Answer::TooMany {
                 policy,
                 decision,
-                kind: kind.to_owned(),
+                kind: Arc::clone(&kind),
             });
         }
         Decided::Failed(Error::CostExceedsCapacity { .. }) => {
-            return Err(too_costly(cost, policy, kind));
+            return Err(too_costly(cost, policy, &kind));
         }
         // Every other error means no decision could be made; the layer never
         // turns it into a service error. (A full MemoryStore no longer refuses
@@ -184,7 +305,7 @@ async fn decide(config: &Config, parts: &Parts) -> Result<(After, Option<Hold>),
             }
         }
     };
-    Ok((after, hold))
+    Ok(after)
 }
 
 /// Asks the store: a check or, in delay mode, a reservation that may wait up
@@ -194,29 +315,29 @@ async fn decide(config: &Config, parts: &Parts) -> Result<(After, Option<Hold>),
 /// off: admitted if it needs no wait, refused (429) otherwise. So the bound
 /// never refuses a request its bucket admits now, and never holds more. A
 /// free request (cost 0) only looks, and is never held.
-async fn ask(
-    config: &Config,
-    key: &str,
-    kind: &str,
-    policy: &Policy,
-    cost: u64,
-) -> (Decided, Option<Hold>) {
+async fn ask(config: &Config, ask: &Ask) -> (Decided, Option<Hold>) {
+    let Ask {
+        policy,
+        kind,
+        key,
+        cost,
+    } = ask;
     let slot = match &config.delay {
-        Some(holding) if cost > 0 => Arc::clone(&holding.slots)
+        Some(holding) if *cost > 0 => Arc::clone(&holding.slots)
             .try_acquire_owned()
             .ok()
             .map(|slot| (holding.delay.max_wait(), slot)),
         _ => None,
     };
     let Some((max_wait, slot)) = slot else {
-        return (config.limiter.decide(key, kind, policy, cost).await, None);
+        return (config.limiter.decide(key, kind, policy, *cost).await, None);
     };
     // Boxed: delay mode's future is large, and would otherwise be part of
     // every request's check future.
     let (decided, wait) = Box::pin(
         config
             .limiter
-            .decide_within(key, kind, policy, cost, max_wait),
+            .decide_within(key, kind, policy, *cost, max_wait),
     )
     .await;
     // Admitted with tokens due now: nothing to hold, the slot goes back.

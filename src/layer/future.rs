@@ -4,6 +4,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
+use bytes::Bytes;
 use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower_service::Service;
@@ -44,6 +45,10 @@ pin_project! {
             future: S::Future,
             after: Option<After>,
         },
+        // Answered by the layer when the request came (no check to wait for).
+        Answered {
+            res: Option<Response<Bytes>>,
+        },
         // Answered: the layer's own response went out, or the inner future ended.
         Done,
     }
@@ -53,6 +58,25 @@ impl<S, ReqBody> ResponseFuture<S, ReqBody>
 where
     S: Service<Request<ReqBody>>,
 {
+    /// Calls the inner service's `future` (the request was admitted at once),
+    /// then adds `after` to its response.
+    pub(crate) fn calling(future: S::Future, after: After) -> Self {
+        ResponseFuture {
+            state: State::Calling {
+                future,
+                after: Some(after),
+            },
+        }
+    }
+
+    /// Answers `res` (the layer decided at once not to call the service).
+    pub(crate) fn answered(res: Response<Bytes>) -> Self {
+        ResponseFuture {
+            state: State::Answered { res: Some(res) },
+        }
+    }
+
+    /// Waits for `check`, then calls `inner` with the request or answers.
     pub(crate) fn new(check: BoxFuture<'static, Checked>, inner: S, body: ReqBody) -> Self {
         ResponseFuture {
             state: State::Checking {
@@ -118,6 +142,13 @@ where
                         }
                     }
                     return Poll::Ready(Ok(res));
+                }
+                StateProj::Answered { res } => {
+                    let Some(res) = res.take() else {
+                        polled_after_completion()
+                    };
+                    this.state.set(State::Done);
+                    return Poll::Ready(Ok(res.map(ResponseBody::own)));
                 }
                 StateProj::Done => polled_after_completion(),
             }

@@ -52,16 +52,24 @@ fn too_many(
 ) -> Response<Bytes> {
     let retry = retry_after_secs(&decision);
     let mut res = match reject {
-        Reject::Text => plain(
-            StatusCode::TOO_MANY_REQUESTS,
-            format!("Too Many Requests: retry in {retry} s\n"),
-        ),
+        Reject::Text => {
+            // Built to its exact length: the body's bytes are then handed to
+            // `Bytes` without another allocation.
+            let mut digits = itoa::Buffer::new();
+            let digits = digits.format(retry);
+            let (head, tail) = ("Too Many Requests: retry in ", " s\n");
+            let mut body = String::with_capacity(head.len() + digits.len() + tail.len());
+            body.push_str(head);
+            body.push_str(digits);
+            body.push_str(tail);
+            plain(StatusCode::TOO_MANY_REQUESTS, body)
+        }
         Reject::Problem => problem(policy, &decision, retry),
         Reject::Custom(f) => f(&decision),
     };
     let headers = res.headers_mut();
     if !headers.contains_key(RETRY_AFTER) {
-        headers.insert(RETRY_AFTER, retry.into());
+        headers.insert(RETRY_AFTER, seconds(retry));
     }
     if !headers.contains_key(CACHE_CONTROL) {
         headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
@@ -92,6 +100,17 @@ fn problem(policy: &Policy, decision: &Decision, retry: u64) -> Response<Bytes> 
         HeaderValue::from_static("application/problem+json"),
     );
     res
+}
+
+/// A number of seconds as a header value (one allocation: `From<u64>` makes
+/// two).
+fn seconds(n: u64) -> HeaderValue {
+    let mut digits = itoa::Buffer::new();
+    match HeaderValue::from_str(digits.format(n)) {
+        Ok(value) => value,
+        // Digits are always a valid header value.
+        Err(_) => HeaderValue::from_static("0"),
+    }
 }
 
 /// A short `text/plain` answer that no cache may store.

@@ -88,7 +88,7 @@ pub(crate) enum Answer {
     TooMany {
         policy: Policy,
         decision: Decision,
-        kind: String,
+        kind: Arc<str>,
     },
     /// The request's cost exceeds a capacity of its policy: it can never pass.
     CostTooHigh {

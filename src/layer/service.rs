@@ -8,7 +8,8 @@ use http::{Request, Response};
 use tower_service::Service;
 
 use super::body::ResponseBody;
-use super::check::check;
+use super::check::{Checked, Now, Verdict, check, check_now, check_unsent};
+use super::config::BoxFuture;
 use super::config::Config;
 use super::future::ResponseFuture;
 
@@ -73,13 +74,26 @@ where
     }
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
-        // The service that was driven to readiness is `self.inner`; take it for
-        // this request and leave a fresh clone behind (tower-service docs, "Be
-        // careful when cloning inner services").
+        let (mut parts, body) = req.into_parts();
+        let check: BoxFuture<'static, Checked> = match check_now(&self.config, &mut parts) {
+            // Decided at once (the common case): the service driven to
+            // readiness is called right away, or not at all.
+            Now::Decided(Verdict::Forward(after)) => {
+                let future = self.inner.call(Request::from_parts(parts, body));
+                return ResponseFuture::calling(future, after);
+            }
+            Now::Decided(Verdict::Respond(res)) => return ResponseFuture::answered(res),
+            Now::Unsent(ask, unsent) => {
+                Box::pin(check_unsent(Arc::clone(&self.config), parts, ask, unsent))
+            }
+            Now::Wait => Box::pin(check(Arc::clone(&self.config), parts)),
+        };
+        // The decision comes later: the service that was driven to readiness
+        // is `self.inner`; take it for this request and leave a fresh clone
+        // behind (tower-service docs, "Be careful when cloning inner
+        // services").
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        let (parts, body) = req.into_parts();
-        let check = Box::pin(check(Arc::clone(&self.config), parts));
         ResponseFuture::new(check, inner, body)
     }
 }
@@ -93,7 +107,7 @@ mod tests {
     use bytes::Bytes;
     use http::{Request, Response, StatusCode};
     use http_body_util::{BodyExt, Full};
-    use tower::{Layer, ServiceExt};
+    use tower::{Layer, Service, ServiceExt};
 
     use crate::layer::{OnStoreError, RateLimitLayer, ResponseBody, ShadowRejection, StoreFailure};
     use crate::{Decision, MemoryStore, Quota};
@@ -254,18 +268,42 @@ mod tests {
         assert_eq!(body, "Too Many Requests: retry in 60 s\n");
     }
 
-    /// Every request's check future is moved into a box: it must not carry the
-    /// kilobytes of a Redis check, a fallback or a reservation, whose futures
-    /// are boxed where they are awaited. (It was 2 424 bytes before they were.)
+    /// A request decided at once (memory store, deny cache) boxes no future;
+    /// the others move their check future into a box, which must not carry
+    /// the kilobytes of a Redis call's, a fallback's or a reservation's
+    /// futures more than once. (The one check future was 2 424 bytes before
+    /// those were boxed where they are awaited.)
     #[test]
-    fn the_check_future_stays_small() {
+    fn the_check_futures_stay_small() {
         let inner = tower::service_fn(|_: Request<()>| async { text("ok") });
         let svc =
             RateLimitLayer::new(MemoryStore::new(), Quota::per_minute(1).unwrap()).layer(inner);
         let (parts, ()) = Request::new(()).into_parts();
         let future = super::check(Arc::clone(&svc.config), parts);
         let size = std::mem::size_of_val(&future);
-        assert!(size <= 1_200, "the check future is {size} bytes");
+        assert!(size <= 1_400, "the check future is {size} bytes");
+    }
+
+    /// A Redis check the deny cache cannot answer is the one boxed future of
+    /// its request: the Redis call's future is in it, nothing else large.
+    #[cfg(feature = "redis")]
+    #[test]
+    fn a_redis_checks_future_is_boxed_once_and_stays_small() {
+        use crate::layer::check::{Now, check_now, check_unsent};
+        let inner = tower::service_fn(|_: Request<()>| async { text("ok") });
+        // Built without connecting: nothing here talks to a server.
+        let store = crate::RedisStore::from_url("redis://127.0.0.1:1").unwrap();
+        let svc = RateLimitLayer::new(store, Quota::per_minute(1).unwrap())
+            .key(crate::key::Global)
+            .layer(inner);
+        let (mut parts, ()) = Request::new(()).into_parts();
+        let Now::Unsent(ask, unsent) = check_now(&svc.config, &mut parts) else {
+            panic!("a Redis check with nothing cached must be sent");
+        };
+        let future = check_unsent(Arc::clone(&svc.config), parts, ask, unsent);
+        let size = std::mem::size_of_val(&future);
+        // 2 224 bytes when written: the Redis call's future and the request head.
+        assert!(size <= 2_400, "the Redis check future is {size} bytes");
     }
 
     #[tokio::test]
@@ -449,5 +487,85 @@ mod tests {
             res.extensions().get::<Delayed>(),
             Some(&Delayed::new(Duration::from_millis(500)))
         );
+    }
+
+    /// An extractor whose future waits once before answering, counting how
+    /// often it is asked.
+    struct Waiting(Arc<AtomicUsize>);
+
+    impl crate::key::KeyExtractor for Waiting {
+        fn kind(&self) -> crate::key::Kind {
+            crate::key::Kind::custom("waiting")
+        }
+
+        async fn extract(&self, _: &http::request::Parts) -> Option<String> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            tokio::task::yield_now().await;
+            Some("client".to_owned())
+        }
+    }
+
+    #[tokio::test]
+    async fn an_extractor_that_waits_is_awaited_and_asked_again_only_once() {
+        let asked = Arc::new(AtomicUsize::new(0));
+        let inner = tower::service_fn(|_: Request<()>| async { text("ok") });
+        let svc = RateLimitLayer::new(MemoryStore::new(), Quota::per_minute(2).unwrap())
+            .key(Waiting(Arc::clone(&asked)))
+            .layer(inner);
+        for status in [200, 200, 429, 429] {
+            let res = svc.clone().oneshot(Request::new(())).await.unwrap();
+            assert_eq!(res.status(), status);
+        }
+        // The first request's try without waiting polled a future once and
+        // dropped it; from then on every request's future is awaited, once.
+        assert_eq!(asked.load(Ordering::SeqCst), 5);
+    }
+
+    /// An inner service that counts its clones.
+    struct Counted(Arc<AtomicUsize>);
+
+    impl Clone for Counted {
+        fn clone(&self) -> Self {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            Counted(Arc::clone(&self.0))
+        }
+    }
+
+    impl Service<Request<()>> for Counted {
+        type Response = Response<Full<Bytes>>;
+        type Error = Infallible;
+        type Future = std::future::Ready<Result<Self::Response, Infallible>>;
+
+        fn poll_ready(
+            &mut self,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Result<(), Infallible>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, _: Request<()>) -> Self::Future {
+            std::future::ready(text("ok"))
+        }
+    }
+
+    #[tokio::test]
+    async fn requests_decided_at_once_call_the_ready_service_without_cloning_it() {
+        let clones = Arc::new(AtomicUsize::new(0));
+        let mut svc = RateLimitLayer::new(MemoryStore::new(), Quota::per_minute(1).unwrap())
+            .key(crate::key::Global)
+            .layer(Counted(Arc::clone(&clones)));
+        for status in [200, 429] {
+            let res = svc.ready().await.unwrap().call(Request::new(())).await;
+            assert_eq!(res.unwrap().status(), status);
+        }
+        assert_eq!(clones.load(Ordering::SeqCst), 0);
+        // A check that waits (here: for its extractor) takes the ready
+        // service with it and leaves a clone behind.
+        let mut waiting = RateLimitLayer::new(MemoryStore::new(), Quota::per_minute(1).unwrap())
+            .key(Waiting(Arc::new(AtomicUsize::new(0))))
+            .layer(Counted(Arc::clone(&clones)));
+        let res = waiting.ready().await.unwrap().call(Request::new(())).await;
+        assert_eq!(res.unwrap().status(), 200);
+        assert_eq!(clones.load(Ordering::SeqCst), 1);
     }
 }

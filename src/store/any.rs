@@ -49,6 +49,59 @@ impl AnyStore {
     }
 }
 
+/// A check that [`AnyStore::check_now`] could not answer without waiting:
+/// what is left to send. (A memory store always answers at once.)
+pub(crate) enum Unsent {
+    /// The storage keys of a Redis check.
+    #[cfg(feature = "redis")]
+    Redis(Vec<String>),
+}
+
+impl AnyStore {
+    /// [`Store::check`] as far as it goes without waiting: the decision (a
+    /// memory store's, or a Redis store's deny cache), or what is left to
+    /// send with [`check_unsent`](Self::check_unsent). Nothing is sent to a
+    /// store here, so dropping an [`Unsent`] spends nothing.
+    pub(crate) fn check_now(
+        &self,
+        key: &str,
+        policy: &Policy,
+        cost: u64,
+    ) -> Result<Result<Decision, Error>, Unsent> {
+        match &self.inner {
+            Inner::Memory(store) => Ok(store.check_now(key, policy, cost)),
+            #[cfg(feature = "redis")]
+            Inner::Redis(store) => match store.check_now(key, policy, cost) {
+                Ok(Ok(decision)) => Ok(Ok(decision)),
+                Ok(Err(keys)) => Err(Unsent::Redis(keys)),
+                Err(error) => Ok(Err(error)),
+            },
+        }
+    }
+
+    /// Sends what [`check_now`](Self::check_now) left, for the same key,
+    /// policy and cost.
+    pub(crate) async fn check_unsent(
+        &self,
+        unsent: Unsent,
+        policy: &Policy,
+        cost: u64,
+    ) -> Result<Decision, Error> {
+        #[cfg(not(feature = "redis"))]
+        let _ = (policy, cost);
+        match unsent {
+            #[cfg(feature = "redis")]
+            Unsent::Redis(keys) => match &self.inner {
+                Inner::Redis(store) => store.check_keys(keys, policy, cost).await,
+                Inner::Memory(_) => Err(Error::store(
+                    crate::ErrorKind::Server,
+                    "a Redis check was sent to a memory store",
+                )),
+            },
+        }
+    }
+}
+
 impl From<MemoryStore> for AnyStore {
     fn from(store: MemoryStore) -> Self {
         AnyStore {

@@ -451,9 +451,21 @@ impl MemoryStore {
 
 impl Sealed for MemoryStore {}
 
+impl MemoryStore {
+    /// [`Store::check`] without a future: a memory store never waits.
+    pub(crate) fn check_now(
+        &self,
+        key: &str,
+        policy: &Policy,
+        cost: u64,
+    ) -> Result<Decision, Error> {
+        self.decide_at(key, policy, cost, self.now())
+    }
+}
+
 impl Store for MemoryStore {
     async fn check(&self, key: &str, policy: &Policy, cost: u64) -> Result<Decision, Error> {
-        self.decide_at(key, policy, cost, self.now())
+        self.check_now(key, policy, cost)
     }
 
     async fn reserve(

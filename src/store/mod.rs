@@ -64,6 +64,7 @@ mod redis;
 mod sealed;
 
 pub use any::AnyStore;
+pub(crate) use any::Unsent;
 #[cfg(feature = "redis")]
 pub use breaker::{
     CircuitBreaker, DEFAULT_BREAKER_FAILURES, DEFAULT_FIRST_PROBE, DEFAULT_MAX_COOLDOWN,

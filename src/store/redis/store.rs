@@ -153,7 +153,19 @@ impl RedisStore {
 
     /// The storage key of `key`'s bucket for `quota`.
     pub fn bucket_key(&self, key: &str, quota: &Quota) -> String {
-        format!("{}{{{}}}:{}", self.inner.prefix, safe_key(key), quota.id())
+        use std::fmt::Write;
+        let key = safe_key(key);
+        let prefix = &self.inner.prefix;
+        // One allocation: room for the quota id's at most 3 numbers of 20
+        // digits and a unit, so writing it never grows the string.
+        let mut out = String::with_capacity(prefix.len() + key.len() + 3 + 64);
+        out.push_str(prefix);
+        out.push('{');
+        out.push_str(&key);
+        out.push_str("}:");
+        // Writing to a String cannot fail.
+        let _ = write!(out, "{}", quota.id());
+        out
     }
 
     /// Connects (if needed) and sends a `PING`, for a start-up check: returns
@@ -241,19 +253,71 @@ impl RedisStore {
         clock: Option<u64>,
     ) -> Result<(Decision, u64), Error> {
         validate(policy, cost)?;
-        let keys: Vec<String> = policy
+        let keys = self.keys_of(key, policy);
+        let cacheable = clock.is_none() && max_wait_us == 0 && cost > 0;
+        if cacheable && let Some(decision) = self.cached_denial(&keys, cost) {
+            return Ok((decision, 0));
+        }
+        self.send(keys, policy, cost, max_wait_us, clock).await
+    }
+
+    /// The storage keys of `key`'s buckets, one per quota of `policy`.
+    fn keys_of(&self, key: &str, policy: &Policy) -> Vec<String> {
+        policy
             .quotas()
             .iter()
             .map(|q| self.bucket_key(key, q))
-            .collect();
-        let cacheable = clock.is_none() && max_wait_us == 0 && cost > 0;
-        if cacheable
-            && let Some(cache) = &self.inner.denials
-            && let Some(decision) = cache.lookup(&keys, cost)
+            .collect()
+    }
+
+    /// A denial of `cost` the deny cache still holds for `keys`.
+    fn cached_denial(&self, keys: &[String], cost: u64) -> Option<Decision> {
+        let decision = self.inner.denials.as_ref()?.lookup(keys, cost)?;
+        observe::deny_cache_hit(STORE);
+        Some(decision)
+    }
+
+    /// A plain check as far as it goes without waiting: the deny cache's
+    /// answer, or the storage keys to send with [`check_keys`](Self::check_keys).
+    pub(crate) fn check_now(
+        &self,
+        key: &str,
+        policy: &Policy,
+        cost: u64,
+    ) -> Result<Result<Decision, Vec<String>>, Error> {
+        validate(policy, cost)?;
+        let keys = self.keys_of(key, policy);
+        if cost > 0
+            && let Some(decision) = self.cached_denial(&keys, cost)
         {
-            observe::deny_cache_hit(STORE);
-            return Ok((decision, 0));
+            return Ok(Ok(decision));
         }
+        Ok(Err(keys))
+    }
+
+    /// Sends the check that [`check_now`](Self::check_now) could not answer.
+    pub(crate) async fn check_keys(
+        &self,
+        keys: Vec<String>,
+        policy: &Policy,
+        cost: u64,
+    ) -> Result<Decision, Error> {
+        self.send(keys, policy, cost, 0, None)
+            .await
+            .map(|(decision, _)| decision)
+    }
+
+    /// Sends a validated check or reservation on `keys` (batched when it
+    /// can be) and remembers a denial of a plain check in the deny cache.
+    async fn send(
+        &self,
+        keys: Vec<String>,
+        policy: &Policy,
+        cost: u64,
+        max_wait_us: u64,
+        clock: Option<u64>,
+    ) -> Result<(Decision, u64), Error> {
+        let cacheable = clock.is_none() && max_wait_us == 0 && cost > 0;
         // Batch only while the breaker is closed: when it is open, a check is
         // answered at once (or is the probe) instead of queueing behind calls
         // that may hang.
