@@ -16,6 +16,15 @@ pub trait KeyExtractor: Send + Sync + 'static {
     fn kind(&self) -> Kind;
 
     /// The client key of this request, or `None` when it has none.
+    ///
+    /// The layer polls this future once where the request arrives, without
+    /// boxing it, and decides the request there when it is ready (as every
+    /// built-in extractor's and [`from_fn`](super::from_fn)'s is). A future
+    /// that is not ready at that first poll is dropped, and from then on this
+    /// extractor's futures are boxed and awaited inside the request's future:
+    /// the first such request's extraction starts over once, so an extractor
+    /// that does real asynchronous work should be safe to cancel at its
+    /// first `.await`.
     fn extract(&self, parts: &Parts) -> impl Future<Output = Option<String>> + Send;
 }
 
