@@ -101,7 +101,7 @@ impl Batcher {
 
 /// The script call for `checks`, in order.
 pub(crate) fn batch_of(checks: &[Pending]) -> Batch {
-    let mut batch = Batch::new(None);
+    let mut batch = Batch::with_capacity(checks.len());
     for c in checks {
         batch.push(c.keys.iter().cloned(), &c.policy, c.cost, c.max_wait_us);
     }

@@ -72,6 +72,18 @@ impl Batch {
         }
     }
 
+    /// An empty batch with room for `n` decisions of one quota each, read
+    /// from Redis `TIME`.
+    pub(crate) fn with_capacity(n: usize) -> Self {
+        Batch {
+            clock: None,
+            quotas: Vec::with_capacity(1),
+            keys: Vec::with_capacity(n),
+            shapes: Vec::with_capacity(n),
+            args: Vec::with_capacity(4 * n),
+        }
+    }
+
     /// Adds a decision of `cost` against every quota of `policy`, with one key
     /// per quota; `max_wait_us` above 0 makes it a reservation that may wait
     /// that long.
@@ -128,8 +140,20 @@ impl Batch {
     }
 
     fn command(&self, name: &str, script: &str) -> redis::Cmd {
-        let mut cmd = redis::cmd(name);
-        cmd.arg(script).arg(self.keys.len()).arg(&self.keys);
+        // Sized up front, so building a batch's command never grows it: the
+        // name, the script, the key count, the keys, the clock, the quota
+        // count, three numbers per quota, the decision count and the
+        // decisions' numbers (at most 20 digits each).
+        let numbers = 4 + 3 * self.quotas.len() + self.args.len();
+        let bytes = name.len()
+            + script.len()
+            + self.keys.iter().map(String::len).sum::<usize>()
+            + 20 * numbers;
+        let mut cmd = redis::Cmd::with_capacity(2 + self.keys.len() + numbers, bytes);
+        cmd.arg(name)
+            .arg(script)
+            .arg(self.keys.len())
+            .arg(&self.keys);
         match self.clock {
             Some(now) => cmd.arg(now),
             None => cmd.arg(""),
