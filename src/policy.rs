@@ -51,6 +51,9 @@ struct Inner {
     name: Box<str>,
     quotas: Box<[Quota]>,
     smallest: u64,
+    /// Per quota, the end of its buckets' storage keys: `}:` and the quota
+    /// id (`}:10/1s:10`), written once instead of per check.
+    key_tails: Box<[Box<str>]>,
     /// Values derived once per policy by the HTTP layer (its header values), so
     /// they are not rebuilt for every request.
     derived: OnceLock<Box<dyn std::any::Any + Send + Sync>>,
@@ -84,11 +87,16 @@ impl Policy {
 
     fn build(name: &str, quotas: Box<[Quota]>) -> Self {
         let smallest = quotas.iter().map(Quota::capacity).min().unwrap_or(0);
+        let key_tails = quotas
+            .iter()
+            .map(|q| format!("}}:{}", q.id()).into_boxed_str())
+            .collect();
         Policy {
             inner: Arc::new(Inner {
                 name: name.into(),
                 quotas,
                 smallest,
+                key_tails,
                 derived: OnceLock::new(),
             }),
         }
@@ -102,6 +110,11 @@ impl Policy {
     /// The quotas, in the order given.
     pub fn quotas(&self) -> &[Quota] {
         &self.inner.quotas
+    }
+
+    /// Per quota, in order, the end of its storage keys: `}:` and its id.
+    pub(crate) fn key_tails(&self) -> &[Box<str>] {
+        &self.inner.key_tails
     }
 
     /// The smallest capacity: the largest cost a check may ever be admitted with.

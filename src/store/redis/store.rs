@@ -153,19 +153,11 @@ impl RedisStore {
 
     /// The storage key of `key`'s bucket for `quota`.
     pub fn bucket_key(&self, key: &str, quota: &Quota) -> String {
-        use std::fmt::Write;
-        let key = safe_key(key);
-        let prefix = &self.inner.prefix;
-        // One allocation: room for the quota id's at most 3 numbers of 20
-        // digits and a unit, so writing it never grows the string.
-        let mut out = String::with_capacity(prefix.len() + key.len() + 3 + 64);
-        out.push_str(prefix);
-        out.push('{');
-        out.push_str(&key);
-        out.push_str("}:");
-        // Writing to a String cannot fail.
-        let _ = write!(out, "{}", quota.id());
-        out
+        storage_key(
+            &self.inner.prefix,
+            &safe_key(key),
+            &format!("}}:{}", quota.id()),
+        )
     }
 
     /// Connects (if needed) and sends a `PING`, for a start-up check: returns
@@ -263,10 +255,11 @@ impl RedisStore {
 
     /// The storage keys of `key`'s buckets, one per quota of `policy`.
     fn keys_of(&self, key: &str, policy: &Policy) -> Vec<String> {
+        let key = safe_key(key);
         policy
-            .quotas()
+            .key_tails()
             .iter()
-            .map(|q| self.bucket_key(key, q))
+            .map(|tail| storage_key(&self.inner.prefix, &key, tail))
             .collect()
     }
 
@@ -569,6 +562,17 @@ impl RedisStore {
     }
 }
 
+/// `{prefix}{{{key}` and the quota's `tail` (`}:` and its id), in one
+/// allocation.
+fn storage_key(prefix: &str, key: &str, tail: &str) -> String {
+    let mut out = String::with_capacity(prefix.len() + 1 + key.len() + tail.len());
+    out.push_str(prefix);
+    out.push('{');
+    out.push_str(key);
+    out.push_str(tail);
+    out
+}
+
 impl Sealed for RedisStore {}
 
 impl Store for RedisStore {
@@ -590,11 +594,7 @@ impl Store for RedisStore {
     }
 
     async fn reset(&self, key: &str, policy: &Policy) -> Result<(), Error> {
-        let keys: Vec<String> = policy
-            .quotas()
-            .iter()
-            .map(|q| self.bucket_key(key, q))
-            .collect();
+        let keys = self.keys_of(key, policy);
         if let Some(cache) = &self.inner.denials {
             cache.forget(&keys);
         }
@@ -604,5 +604,39 @@ impl Store for RedisStore {
         self.guarded(|mut conn| async move { del.query_async::<Value>(&mut conn).await })
             .await
             .map(drop)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_checks_keys_are_the_bucket_keys_of_its_quotas() {
+        let store = RedisStore::builder()
+            .url("redis://127.0.0.1:1")
+            .prefix("app:rl:")
+            .build()
+            .unwrap();
+        let policy = Policy::new(
+            "p",
+            [
+                Quota::per_second(10).unwrap(),
+                Quota::per_hour(1_000).unwrap().burst(50).unwrap(),
+            ],
+        )
+        .unwrap();
+        for key in ["user:42", "a key with spaces", &"x".repeat(300)] {
+            let expected: Vec<String> = policy
+                .quotas()
+                .iter()
+                .map(|q| store.bucket_key(key, q))
+                .collect();
+            assert_eq!(store.keys_of(key, &policy), expected);
+        }
+        assert_eq!(
+            store.bucket_key("user:42", &policy.quotas()[0]),
+            "app:rl:{user:42}:10/1s:10"
+        );
     }
 }

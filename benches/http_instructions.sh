@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# What each limiter costs the server per HTTP request, counted in instructions
+# instead of timed: the axum server of benches/http_peers.sh (peer-server) runs
+# under valgrind's callgrind, wrk drives it, and callgrind's counters are
+# zeroed after a warm-up and dumped after a measured run, so the count covers
+# exactly the requests wrk reports. Instructions per request in the server's
+# user space are then compared with the same server without a limiter and with
+# tower_governor, in one run. Unlike requests per second on a shared 2-core VM
+# (which move by tens of percent between rounds, see BENCHMARKS.md), these
+# counts repeat closely, so a change to the layer can be priced. They leave out
+# the kernel (the socket reads and writes, most of the server's CPU in `perf`),
+# cache misses and Redis's own work: benches/http_peers.sh measures the whole
+# request, benches/lua_instructions.sh Redis's side.
+#
+#   bash benches/http_instructions.sh          # about 2 minutes
+#   VARIANTS="none governor tollgate-memory-bare" bash benches/http_instructions.sh
+#
+# Environment: VARIANTS (default below), SECONDS_MEASURED [5] (wrk's measured
+# run; callgrind runs the server about 50x slower, so a few thousand requests),
+# CONNS [16]. The open case: 10 000 random client keys, every request admitted.
+# The Redis variants count only the server's instructions, with batching as the
+# slowed server makes it; Redis runs outside valgrind.
+# Needs valgrind (callgrind_annotate, callgrind_control), wrk, curl,
+# redis-server and redis-cli, cargo.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+die() { echo "http_instructions.sh: $*" >&2; exit 1; }
+for tool in valgrind callgrind_annotate callgrind_control wrk curl redis-server redis-cli cargo; do
+  command -v "$tool" >/dev/null || die "$tool not found (apt-get install -y valgrind wrk redis-server)"
+done
+variants=${VARIANTS-none governor tollgate-memory-bare tollgate-memory trlr tollgate-redis-bare tollgate-redis}
+measured=${SECONDS_MEASURED:-5}
+conns=${CONNS:-16}
+
+echo "building peer-server (release)..." >&2
+cargo build --release --quiet --manifest-path benches/http_peers/Cargo.toml
+target_dir=$(cargo metadata --format-version 1 --no-deps --manifest-path benches/http_peers/Cargo.toml |
+  sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
+bin="$target_dir/release/peer-server"
+[ -x "$bin" ] || die "built binary not found at $bin"
+
+work=$(mktemp -d -t http_instructions.XXXXXX)
+server_pid=""
+redis_pid=""
+cleanup() {
+  [ -n "$server_pid" ] && kill "$server_pid" 2>/dev/null || true
+  [ -n "$redis_pid" ] && kill "$redis_pid" 2>/dev/null || true
+  wait 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+# Free loopback ports below the ephemeral range.
+port_busy() { ss -Htan "sport = :$1" 2>/dev/null | grep -q .; }
+free_port() {
+  local p
+  for _ in $(seq 200); do
+    p=$((10000 + RANDOM % 20000))
+    port_busy "$p" || { echo "$p"; return; }
+  done
+  die "no free port found"
+}
+redis_port=$(free_port)
+redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no --dir "$work" \
+  --daemonize yes --pidfile "$work/redis.pid" --logfile "$work/redis.log" >/dev/null
+for _ in $(seq 50); do redis-cli -p "$redis_port" ping >/dev/null 2>&1 && break; sleep 0.1; done
+redis_pid=$(cat "$work/redis.pid")
+
+wrk_run() { # seconds output
+  WRK_KEYS=10000 wrk -t1 -c"$conns" -d"$1"s -s benches/http_peers/wrk.lua "http://127.0.0.1:$port/" >"$2" 2>&1
+}
+
+declare -A per_request
+echo "peer-server user-space instructions per request (callgrind; wrk -t1 -c$conns for ${measured}s after a 2 s warm-up; open case, 10 000 keys):"
+for v in $variants; do
+  dir="$work/$v"
+  mkdir -p "$dir"
+  port=$(free_port)
+  redis-cli -p "$redis_port" flushall >/dev/null
+  PORT=$port REDIS_URL="redis://127.0.0.1:$redis_port" valgrind --tool=callgrind \
+    --callgrind-out-file="$dir/cg.%p" --dump-instr=no "$bin" "$v" open >"$dir/server.log" 2>&1 &
+  server_pid=$!
+  up=""
+  for _ in $(seq 300); do
+    if curl -s -o /dev/null -H 'x-client: c1' "http://127.0.0.1:$port/"; then up=1; break; fi
+    sleep 0.1
+  done
+  [ -n "$up" ] || die "$v did not answer (see $dir/server.log)"
+  wrk_run 2 "$dir/warmup.txt"
+  callgrind_control -z "$server_pid" >/dev/null 2>&1
+  wrk_run "$measured" "$dir/wrk.txt"
+  callgrind_control -d "$server_pid" >/dev/null 2>&1
+  kill "$server_pid" 2>/dev/null || true
+  wait "$server_pid" 2>/dev/null || true
+  server_pid=""
+  requests=$(sed -n 's/.*RESULT requests=\([0-9]*\).*/\1/p' "$dir/wrk.txt")
+  non2xx=$(sed -n 's/.*non2xx=\([0-9]*\).*/\1/p' "$dir/wrk.txt")
+  [ -n "$requests" ] && [ "$requests" -gt 0 ] || die "$v: wrk reported no requests"
+  [ "$non2xx" = 0 ] || die "$v: $non2xx non-2xx responses in the open case"
+  dump=$(ls "$dir"/cg.*.1 2>/dev/null | head -1)
+  [ -n "$dump" ] || die "$v: no callgrind dump"
+  ir=$(callgrind_annotate "$dump" 2>/dev/null | awk '/PROGRAM TOTALS/ { gsub(",", "", $1); print $1; exit }')
+  per_request[$v]=$((ir / requests))
+  printf '  %-22s %7d instructions per request (%d requests)\n' "$v" "${per_request[$v]}" "$requests"
+done
+
+has() { [ -n "${per_request[$1]:-}" ]; }
+if has none; then
+  echo "the limiter's own, over none (${per_request[none]}):"
+  for v in $variants; do
+    [ "$v" = none ] && continue
+    printf '  %-22s %7d\n' "$v" $((per_request[$v] - per_request[none]))
+  done
+fi
+ratio() { awk -v a="${per_request[$1]}" -v b="${per_request[$2]}" 'BEGIN { printf "%.3f", a / b }'; }
+line="ratios (instructions per request, whole server):"
+has governor && has tollgate-memory-bare && line="$line tollgate-memory-bare/governor = $(ratio tollgate-memory-bare governor)"
+has governor && has tollgate-memory && line="$line, tollgate-memory/governor = $(ratio tollgate-memory governor)"
+has trlr && has tollgate-redis-bare && line="$line, tollgate-redis-bare/trlr = $(ratio tollgate-redis-bare trlr)"
+echo "$line"
