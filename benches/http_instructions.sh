@@ -12,12 +12,15 @@
 # cache misses and Redis's own work: benches/http_peers.sh measures the whole
 # request, benches/lua_instructions.sh Redis's side.
 #
-#   bash benches/http_instructions.sh          # about 2 minutes
+#   bash benches/http_instructions.sh          # about 1 minute
 #   VARIANTS="none governor tollgate-memory-bare" bash benches/http_instructions.sh
+#   BASE=84b6475 bash benches/http_instructions.sh   # also tollgate at a past commit
 #
 # Environment: VARIANTS (default below), SECONDS_MEASURED [5] (wrk's measured
 # run; callgrind runs the server about 50x slower, so a few thousand requests),
-# CONNS [16]. The open case: 10 000 random client keys, every request admitted.
+# CONNS [16], BASE (a commit: its peer-server, built in a temporary git
+# worktree with its own target directory, runs the tollgate variants again as
+# base/VARIANT). The open case: 10 000 random client keys, every request admitted.
 # The Redis variants count only the server's instructions, with batching as the
 # slowed server makes it; Redis runs outside valgrind.
 # Needs valgrind (callgrind_annotate, callgrind_control), wrk, curl,
@@ -45,11 +48,29 @@ server_pid=""
 redis_pid=""
 cleanup() {
   [ -n "$server_pid" ] && kill "$server_pid" 2>/dev/null || true
-  [ -n "$redis_pid" ] && kill "$redis_pid" 2>/dev/null || true
+  if [ -n "$redis_pid" ]; then
+    kill "$redis_pid" 2>/dev/null || true
+    for _ in $(seq 50); do kill -0 "$redis_pid" 2>/dev/null || break; sleep 0.1; done
+  fi
   wait 2>/dev/null || true
+  if [ -d "$work/base-tree" ]; then git worktree remove --force "$work/base-tree" 2>/dev/null || true; fi
   rm -rf "$work"
 }
 trap cleanup EXIT
+
+# The same server at a past commit, for before/after figures in one run.
+declare -A bins
+for v in $variants; do bins[$v]=$bin; done
+order=$variants
+if [ -n "${BASE:-}" ]; then
+  echo "building peer-server at $BASE (release)..." >&2
+  git worktree add --quiet --detach "$work/base-tree" "$BASE"
+  CARGO_TARGET_DIR="$target_dir/base" cargo build --release --quiet \
+    --manifest-path "$work/base-tree/benches/http_peers/Cargo.toml"
+  for v in $variants; do
+    case $v in tollgate-*) bins[base/$v]="$target_dir/base/release/peer-server"; order="$order base/$v" ;; esac
+  done
+fi
 
 # Free loopback ports below the ephemeral range.
 port_busy() { ss -Htan "sport = :$1" 2>/dev/null | grep -q .; }
@@ -73,13 +94,13 @@ wrk_run() { # seconds output
 
 declare -A per_request
 echo "peer-server user-space instructions per request (callgrind; wrk -t1 -c$conns for ${measured}s after a 2 s warm-up; open case, 10 000 keys):"
-for v in $variants; do
-  dir="$work/$v"
+for v in $order; do
+  dir="$work/${v//\//-}"
   mkdir -p "$dir"
   port=$(free_port)
   redis-cli -p "$redis_port" flushall >/dev/null
   PORT=$port REDIS_URL="redis://127.0.0.1:$redis_port" valgrind --tool=callgrind \
-    --callgrind-out-file="$dir/cg.%p" --dump-instr=no "$bin" "$v" open >"$dir/server.log" 2>&1 &
+    --callgrind-out-file="$dir/cg.%p" --dump-instr=no "${bins[$v]}" "${v#base/}" open >"$dir/server.log" 2>&1 &
   server_pid=$!
   up=""
   for _ in $(seq 300); do
@@ -102,15 +123,15 @@ for v in $variants; do
   [ -n "$dump" ] || die "$v: no callgrind dump"
   ir=$(callgrind_annotate "$dump" 2>/dev/null | awk '/PROGRAM TOTALS/ { gsub(",", "", $1); print $1; exit }')
   per_request[$v]=$((ir / requests))
-  printf '  %-22s %7d instructions per request (%d requests)\n' "$v" "${per_request[$v]}" "$requests"
+  printf '  %-27s %7d instructions per request (%d requests)\n' "$v" "${per_request[$v]}" "$requests"
 done
 
 has() { [ -n "${per_request[$1]:-}" ]; }
 if has none; then
   echo "the limiter's own, over none (${per_request[none]}):"
-  for v in $variants; do
+  for v in $order; do
     [ "$v" = none ] && continue
-    printf '  %-22s %7d\n' "$v" $((per_request[$v] - per_request[none]))
+    printf '  %-27s %7d\n' "$v" $((${per_request[$v]} - ${per_request[none]}))
   done
 fi
 ratio() { awk -v a="${per_request[$1]}" -v b="${per_request[$2]}" 'BEGIN { printf "%.3f", a / b }'; }
@@ -119,3 +140,12 @@ has governor && has tollgate-memory-bare && line="$line tollgate-memory-bare/gov
 has governor && has tollgate-memory && line="$line, tollgate-memory/governor = $(ratio tollgate-memory governor)"
 has trlr && has tollgate-redis-bare && line="$line, tollgate-redis-bare/trlr = $(ratio tollgate-redis-bare trlr)"
 echo "$line"
+if [ -n "${BASE:-}" ]; then
+  line="against $BASE (the limiter's own instructions, now / then):"
+  for v in $variants; do
+    case $v in tollgate-*)
+      has none && line="$line $v $(awk -v a=$((${per_request[$v]} - ${per_request[none]})) -v b=$((${per_request[base/$v]} - ${per_request[none]})) 'BEGIN { printf "%.3f", a / b }')," ;;
+    esac
+  done
+  echo "${line%,}"
+fi
