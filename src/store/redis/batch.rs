@@ -99,9 +99,14 @@ impl Batcher {
     }
 }
 
-/// The script call for `checks`, in order.
-pub(crate) fn batch_of(checks: &[Pending]) -> Batch {
-    let mut batch = Batch::new(None);
+/// The script call for `checks`, in order; `spread` for clients in several
+/// slots of one cluster node (see `nodes.rs`).
+pub(crate) fn batch_of(checks: &[Pending], spread: bool) -> Batch {
+    let mut batch = if spread {
+        Batch::spread(None)
+    } else {
+        Batch::new(None)
+    };
     for c in checks {
         batch.push(c.keys.iter().cloned(), &c.policy, c.cost, c.max_wait_us);
     }

@@ -375,20 +375,17 @@ impl RedisStoreBuilder {
             #[cfg(feature = "sentinel")]
             primary_auth: self.primary_auth,
         })?;
-        // Every key of one call must be in one slot of a cluster, and a batch
-        // mixes clients: a cluster store sends each check on its own.
-        let max_batch = if source.single_slot_calls() {
-            1
-        } else {
-            self.max_batch
-        };
+        // Every declared key of one call must be in one slot of a cluster,
+        // and a batch mixes clients: a cluster store batches per node.
+        let per_node = source.single_slot_calls();
         Ok(RedisStore::assemble(Parts {
             link: Link::new(source, host, self.timeout, self.connect_timeout),
             breaker: Breaker::new(self.breaker, "redis"),
             prefix: self.prefix,
             timeout: self.timeout,
             connect_timeout: self.connect_timeout,
-            max_batch,
+            max_batch: self.max_batch,
+            per_node,
             deny_cache: self.deny_cache,
         }))
     }

@@ -12,6 +12,11 @@ use crate::{Policy, Quota};
 /// The token bucket script as production runs it: the clock is Redis `TIME`.
 pub(crate) const SOURCE: &str = include_str!("../../../lua/token_bucket.lua");
 
+/// What goes in front of [`SOURCE`] for a batch whose clients live in
+/// several slots of one cluster node (see `lua/cluster_batch.lua`).
+#[cfg(feature = "cluster")]
+const SPREAD_PROLOGUE: &str = include_str!("../../../lua/cluster_batch.lua");
+
 /// The line of [`SOURCE`] that reads the clock.
 #[cfg(feature = "test-util")]
 const CLOCK_LINE: &str = "local now = redis.call(\"TIME\") -- tollgate:clock";
@@ -35,10 +40,23 @@ impl Script {
     /// run it.
     #[cfg(feature = "test-util")]
     pub(crate) fn with_test_clock() -> Self {
-        let clock = "local now = ARGV[1] ~= \"\" and \
-                     {math.floor(tonumber(ARGV[1]) / 1000000), tonumber(ARGV[1]) % 1000000} \
-                     or redis.call(\"TIME\")";
-        Self::new(SOURCE.replacen(CLOCK_LINE, clock, 1))
+        Self::new(test_clock_source())
+    }
+
+    /// The script for a batch spread over several slots of one cluster node
+    /// (`Batch::spread`): the same body behind a prologue that takes the keys
+    /// from `ARGV`, checks that the node serves every one of them before
+    /// anything is written, and replies `{-1}` if not. Another SHA; no shebang
+    /// line, so it runs as the production script does (see the prologue).
+    #[cfg(feature = "cluster")]
+    pub(crate) fn spread() -> Self {
+        Self::new(format!("{SPREAD_PROLOGUE}{SOURCE}"))
+    }
+
+    /// [`Script::spread`] over the test clock of [`Script::with_test_clock`].
+    #[cfg(all(feature = "cluster", feature = "test-util"))]
+    pub(crate) fn spread_with_test_clock() -> Self {
+        Self::new(format!("{SPREAD_PROLOGUE}{}", test_clock_source()))
     }
 
     fn new(source: String) -> Self {
@@ -47,10 +65,22 @@ impl Script {
     }
 }
 
+/// The test variant's source: the clock from `ARGV[1]` when it is not empty.
+#[cfg(feature = "test-util")]
+fn test_clock_source() -> String {
+    let clock = "local now = ARGV[1] ~= \"\" and \
+                 {math.floor(tonumber(ARGV[1]) / 1000000), tonumber(ARGV[1]) % 1000000} \
+                 or redis.call(\"TIME\")";
+    SOURCE.replacen(CLOCK_LINE, clock, 1)
+}
+
 /// One call of the script: the keys and arguments of one or more decisions,
 /// decided in order.
 pub(crate) struct Batch {
     clock: Option<u64>,
+    /// Keys in `ARGV`, only the first decision's declared (for
+    /// [`Script::spread`]); otherwise every key declared.
+    spread: bool,
     /// The distinct quotas of the batch; decisions refer to them by index.
     quotas: Vec<Quota>,
     keys: Vec<String>,
@@ -65,11 +95,27 @@ impl Batch {
     pub(crate) fn new(clock: Option<u64>) -> Self {
         Batch {
             clock,
+            spread: false,
             quotas: Vec::new(),
             keys: Vec::new(),
             shapes: Vec::new(),
             args: Vec::new(),
         }
+    }
+
+    /// An empty batch for [`Script::spread`]: its decisions' clients may be
+    /// in several slots of one cluster node.
+    pub(crate) fn spread(clock: Option<u64>) -> Self {
+        Batch {
+            spread: true,
+            ..Self::new(clock)
+        }
+    }
+
+    /// Whether `reply` says that the node does not serve every key of this
+    /// batch (it then wrote nothing).
+    pub(crate) fn not_local(&self, reply: &[i64]) -> bool {
+        self.spread && reply == [-1]
     }
 
     /// Adds a decision of `cost` against every quota of `policy`, with one key
@@ -129,7 +175,11 @@ impl Batch {
 
     fn command(&self, name: &str, script: &str) -> redis::Cmd {
         let mut cmd = redis::cmd(name);
-        cmd.arg(script).arg(self.keys.len()).arg(&self.keys);
+        let declared = match (self.spread, self.shapes.first()) {
+            (true, Some(first)) => self.keys.get(..first.len()).unwrap_or(&self.keys),
+            _ => &self.keys,
+        };
+        cmd.arg(script).arg(declared.len()).arg(declared);
         match self.clock {
             Some(now) => cmd.arg(now),
             None => cmd.arg(""),
@@ -139,6 +189,9 @@ impl Batch {
             cmd.arg(q.full()).arg(q.num()).arg(q.den());
         }
         cmd.arg(self.shapes.len()).arg(&self.args);
+        if self.spread {
+            cmd.arg(&self.keys).arg(self.keys.len());
+        }
         cmd
     }
 
@@ -242,6 +295,59 @@ mod tests {
         assert!(out[0].0.allowed() && out[1].0.allowed());
         assert_eq!(out[1].1, 500);
         assert_eq!(out[1].0.retry_after(), std::time::Duration::ZERO);
+    }
+
+    /// The arguments of `cmd` as text.
+    fn args(cmd: &redis::Cmd) -> Vec<String> {
+        cmd.args_iter()
+            .map(|a| match a {
+                redis::Arg::Simple(b) => String::from_utf8_lossy(b).into_owned(),
+                _ => "<cursor>".to_owned(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_spread_batch_declares_the_first_decisions_keys_and_passes_all_in_argv() {
+        let q = Quota::per_second(10).unwrap();
+        let both = Policy::new("both", [q, Quota::per_hour(100).unwrap()]).unwrap();
+        let mut plain = Batch::new(None);
+        let mut spread = Batch::spread(None);
+        for batch in [&mut plain, &mut spread] {
+            batch.push(["{a}:1".to_owned(), "{a}:2".to_owned()], &both, 1, 0);
+            batch.push(["{b}:1".to_owned()], &q.into(), 1, 0);
+        }
+        let plain_args = args(&plain.command("EVALSHA", "sha"));
+        let spread_args = args(&spread.command("EVALSHA", "sha"));
+        assert_eq!(
+            plain_args[..6],
+            ["EVALSHA", "sha", "3", "{a}:1", "{a}:2", "{b}:1"]
+        );
+        // Only the first decision's keys declared (they route the call)...
+        assert_eq!(spread_args[..5], ["EVALSHA", "sha", "2", "{a}:1", "{a}:2"]);
+        // ...the same arguments after them...
+        assert_eq!(spread_args[5..spread_args.len() - 4], plain_args[6..]);
+        // ...then every key in order, and their number.
+        assert_eq!(
+            spread_args[spread_args.len() - 4..],
+            ["{a}:1", "{a}:2", "{b}:1", "3"]
+        );
+        assert!(spread.not_local(&[-1]));
+        assert!(!plain.not_local(&[-1]), "only a spread call can be refused");
+        assert!(!spread.not_local(&[1, 0, 0, 0]));
+    }
+
+    #[cfg(feature = "cluster")]
+    #[test]
+    fn the_spread_script_is_the_body_behind_a_prologue_without_shebang() {
+        let spread = Script::spread();
+        let production = Script::production();
+        assert_ne!(spread.sha, production.sha);
+        assert!(spread.source.ends_with(SOURCE));
+        // A shebang would change how Redis 7 runs the script (and Redis 6.2
+        // refuses it); none is needed for undeclared local keys.
+        assert!(!spread.source.starts_with("#!"));
+        assert!(!production.source.starts_with("#!"));
     }
 
     #[cfg(feature = "test-util")]
