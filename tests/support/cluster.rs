@@ -427,6 +427,56 @@ impl RedisCluster {
         self.node(range.primary)
     }
 
+    /// The primary that serves `slot` now.
+    pub fn primary_for_slot(&self, slot: u16) -> Node {
+        let range = self
+            .slots()
+            .into_iter()
+            .find(|r| r.start <= slot && slot <= r.end)
+            .unwrap_or_else(|| panic!("slot {slot} is not assigned"));
+        self.node(range.primary)
+    }
+
+    /// Moves `slot` to the primary `to`, as `redis-cli --cluster reshard`
+    /// does: `IMPORTING` on `to`, `MIGRATING` on its owner, every key of the
+    /// slot moved with `MIGRATE`, then `SETSLOT .. NODE` on both and on every
+    /// other primary; waits until every node agrees. Clients that hold the
+    /// old slot map get `ASK` meanwhile and `MOVED` after.
+    pub fn move_slot(&self, slot: u16, to: &Node) {
+        let from = self.primary_for_slot(slot);
+        assert_ne!(&from, to, "slot {slot} is on {to:?} already");
+        let view = self.view();
+        let id = |n: &Node| {
+            view.iter()
+                .find(|l| l.port == n.port())
+                .unwrap_or_else(|| panic!("{n:?} is not in the cluster"))
+                .id
+                .clone()
+        };
+        let (from_id, to_id) = (id(&from), id(to));
+        let s = slot.to_string();
+        let _: () = to.cmd(&["CLUSTER", "SETSLOT", &s, "IMPORTING", &from_id]);
+        let _: () = from.cmd(&["CLUSTER", "SETSLOT", &s, "MIGRATING", &to_id]);
+        let port = to.port().to_string();
+        loop {
+            let keys: Vec<String> = from.cmd(&["CLUSTER", "GETKEYSINSLOT", &s, "100"]);
+            if keys.is_empty() {
+                break;
+            }
+            let mut args = vec!["MIGRATE", "127.0.0.1", &port, "", "0", "5000", "KEYS"];
+            args.extend(keys.iter().map(String::as_str));
+            let _: redis::Value = from.cmd(&args);
+        }
+        let _: () = to.cmd(&["CLUSTER", "SETSLOT", &s, "NODE", &to_id]);
+        let _: () = from.cmd(&["CLUSTER", "SETSLOT", &s, "NODE", &to_id]);
+        for p in self.primaries() {
+            if p != from && p != *to {
+                let _: () = p.cmd(&["CLUSTER", "SETSLOT", &s, "NODE", &to_id]);
+            }
+        }
+        self.wait_until_consistent();
+    }
+
     /// `DBSIZE` of every primary, by port.
     pub fn keys_per_primary(&self) -> BTreeMap<u16, u64> {
         self.primaries()
