@@ -2,10 +2,16 @@
 -- slots of one node. Put in front of token_bucket.lua, whose body runs
 -- unchanged after it (one script, its own SHA: src/store/redis/script.rs).
 --
--- KEYS        the first decision's keys only: what routes the call to the
---             primary of that client's slot.
+-- KEYS        the batch's keys in the slot of its first key (the store sends
+--             other clients of that slot apart, so these are one client's):
+--             they route the call to that slot's primary, and while that
+--             slot migrates Redis serves them together or not at all. No
+--             other key of that slot may be undeclared: after ASK, the
+--             slot's new primary would read it as missing (ASKING) while it
+--             still lives on the old one.
 -- ARGV        the arguments of token_bucket.lua, then every key of the batch
---             in the order token_bucket.lua reads KEYS, then their number.
+--             (declared or not) in the order token_bucket.lua reads KEYS,
+--             then their number.
 --
 -- A script without a shebang line may touch keys it did not declare, in any
 -- slot, as long as this node serves them (Redis 7 sets SCRIPT_ALLOW_CROSS_SLOT
@@ -14,6 +20,11 @@
 -- first, before anything is written: if one is not served here, the call
 -- writes nothing and replies {-1}, and the client sends the batch's
 -- decisions one by one, each routed to its own slot's primary.
+--
+-- Left open: a call sent on with ASK runs with ASKING for every slot its
+-- node imports, so a key of a second slot being imported into the same node
+-- at that moment, not yet moved, would read as missing. redis-cli moves one
+-- slot at a time, so this needs two slots moved into one node in parallel.
 --
 -- The values read are kept and the body's GET reads them from here; its SET
 -- updates them, so a key that comes twice in the batch is read as the

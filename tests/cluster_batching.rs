@@ -100,6 +100,9 @@ fn cluster_batching_scenarios_on_one_shared_cluster() {
     runtime.block_on(cluster_slot_moved_under_load_loses_no_token(Arc::clone(
         &cluster,
     )));
+    runtime.block_on(
+        cluster_batch_sent_on_by_ask_never_reads_a_client_left_behind(Arc::clone(&cluster)),
+    );
 }
 
 fn policies() -> Vec<Policy> {
@@ -482,4 +485,71 @@ async fn cluster_slot_moved_under_load_loses_no_token(cluster: Arc<RedisCluster>
     let sent = calls.get("evalsha").copied().unwrap_or(0) + calls.get("eval").copied().unwrap_or(0);
     println!("cluster after the move: {decisions} decisions, {sent} calls: {calls:?}");
     assert!(sent < decisions, "{sent} calls for {decisions} decisions");
+}
+
+/// Two clients whose buckets share a slot: `x` (no bucket yet) and `y` (its
+/// bucket spent), while that slot migrates and `y` has not moved yet. A call
+/// with both that the old primary sends on with `ASK` (for `x`, which it
+/// lacks) must not reach the new primary with `y` undeclared, where `ASKING`
+/// lets a script read `y` as missing (a full bucket: tokens created, and the
+/// migration of `y` then fails with `BUSYKEY`, as it did before the fix).
+/// The store sends `y` apart, to the old primary, and it is denied.
+async fn cluster_batch_sent_on_by_ask_never_reads_a_client_left_behind(cluster: Arc<RedisCluster>) {
+    let quota = Quota::per_hour(2).unwrap();
+    let policy = Policy::from(quota);
+    let store = store(&cluster, "ask:");
+    // Two clients in one slot.
+    let mut by_slot: BTreeMap<u16, String> = BTreeMap::new();
+    let (x, y, slot) = (0..)
+        .find_map(|i| {
+            let client = format!("c{i}");
+            let slot = cluster.keyslot(&store.bucket_key(&client, &quota));
+            by_slot
+                .insert(slot, client.clone())
+                .map(|other| (client, other, slot))
+        })
+        .unwrap();
+    let memory = MemoryStore::new();
+    for now in [T0, T0 + 1] {
+        let d = store.check_at(&y, &policy, 1, now).await.unwrap();
+        assert_eq!(d, memory.check_at(&y, &policy, 1, now - T0).unwrap());
+    }
+    // The store's slot map: read now, before the move starts.
+    let _ = store
+        .check_batch_at(&[(&y, &policy, 0)], T0 + 2)
+        .await
+        .unwrap();
+    let _ = memory.check_at(&y, &policy, 0, 2).unwrap();
+    let from = cluster.primary_for_slot(slot);
+    let to = cluster
+        .primaries()
+        .into_iter()
+        .find(|p| *p != from)
+        .unwrap();
+    cluster.open_slot_move(slot, &to);
+    let finish = {
+        let (cluster, from, to) = (Arc::clone(&cluster), from.clone(), to.clone());
+        let key = store.bucket_key(&y, &quota);
+        tokio::task::spawn_blocking(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            cluster.migrate_keys(&from, &to, &[key]);
+            cluster.close_slot_move(slot, &from, &to);
+        })
+    };
+    let now = T0 + 3;
+    let list: Vec<(&str, &Policy, u64)> = vec![(&x, &policy, 1), (&y, &policy, 1)];
+    let started = std::time::Instant::now();
+    let together = store.check_batch_at(&list, now).await;
+    let waited = started.elapsed();
+    finish.await.unwrap();
+    println!("cluster: a batch over a migrating slot took {waited:?}");
+    let together = together.unwrap();
+    for (i, (client, policy, cost)) in list.iter().enumerate() {
+        let mem = memory.check_at(client, policy, *cost, now - T0).unwrap();
+        assert_eq!(
+            together[i], mem,
+            "{client} ({i} of {x} and {y}, slot {slot})"
+        );
+    }
+    assert!(!together[1].allowed(), "{y} was spent");
 }

@@ -443,38 +443,59 @@ impl RedisCluster {
     /// other primary; waits until every node agrees. Clients that hold the
     /// old slot map get `ASK` meanwhile and `MOVED` after.
     pub fn move_slot(&self, slot: u16, to: &Node) {
-        let from = self.primary_for_slot(slot);
-        assert_ne!(&from, to, "slot {slot} is on {to:?} already");
-        let view = self.view();
-        let id = |n: &Node| {
-            view.iter()
-                .find(|l| l.port == n.port())
-                .unwrap_or_else(|| panic!("{n:?} is not in the cluster"))
-                .id
-                .clone()
-        };
-        let (from_id, to_id) = (id(&from), id(to));
-        let s = slot.to_string();
-        let _: () = to.cmd(&["CLUSTER", "SETSLOT", &s, "IMPORTING", &from_id]);
-        let _: () = from.cmd(&["CLUSTER", "SETSLOT", &s, "MIGRATING", &to_id]);
-        let port = to.port().to_string();
+        let from = self.open_slot_move(slot, to);
         loop {
-            let keys: Vec<String> = from.cmd(&["CLUSTER", "GETKEYSINSLOT", &s, "100"]);
+            let keys: Vec<String> =
+                from.cmd(&["CLUSTER", "GETKEYSINSLOT", &slot.to_string(), "100"]);
             if keys.is_empty() {
                 break;
             }
-            let mut args = vec!["MIGRATE", "127.0.0.1", &port, "", "0", "5000", "KEYS"];
-            args.extend(keys.iter().map(String::as_str));
-            let _: redis::Value = from.cmd(&args);
+            self.migrate_keys(&from, to, &keys);
         }
+        self.close_slot_move(slot, &from, to);
+    }
+
+    /// The first step of [`move_slot`](Self::move_slot): `slot` `IMPORTING`
+    /// on `to` and `MIGRATING` on its owner, which is returned. Its keys stay
+    /// where they are until [`migrate_keys`](Self::migrate_keys).
+    pub fn open_slot_move(&self, slot: u16, to: &Node) -> Node {
+        let from = self.primary_for_slot(slot);
+        assert_ne!(&from, to, "slot {slot} is on {to:?} already");
+        let s = slot.to_string();
+        let _: () = to.cmd(&["CLUSTER", "SETSLOT", &s, "IMPORTING", &self.id_of(&from)]);
+        let _: () = from.cmd(&["CLUSTER", "SETSLOT", &s, "MIGRATING", &self.id_of(to)]);
+        from
+    }
+
+    /// Moves `keys` from `from` to `to` with `MIGRATE`.
+    pub fn migrate_keys(&self, from: &Node, to: &Node, keys: &[String]) {
+        let port = to.port().to_string();
+        let mut args = vec!["MIGRATE", "127.0.0.1", &port, "", "0", "5000", "KEYS"];
+        args.extend(keys.iter().map(String::as_str));
+        let _: redis::Value = from.cmd(&args);
+    }
+
+    /// The last step of [`move_slot`](Self::move_slot): `SETSLOT .. NODE` on
+    /// `to`, `from` and every other primary; waits until every node agrees.
+    pub fn close_slot_move(&self, slot: u16, from: &Node, to: &Node) {
+        let (s, to_id) = (slot.to_string(), self.id_of(to));
         let _: () = to.cmd(&["CLUSTER", "SETSLOT", &s, "NODE", &to_id]);
         let _: () = from.cmd(&["CLUSTER", "SETSLOT", &s, "NODE", &to_id]);
         for p in self.primaries() {
-            if p != from && p != *to {
+            if p != *from && p != *to {
                 let _: () = p.cmd(&["CLUSTER", "SETSLOT", &s, "NODE", &to_id]);
             }
         }
         self.wait_until_consistent();
+    }
+
+    /// The node id of `node`.
+    pub fn id_of(&self, node: &Node) -> String {
+        self.view()
+            .into_iter()
+            .find(|l| l.port == node.port())
+            .unwrap_or_else(|| panic!("{node:?} is not in the cluster"))
+            .id
     }
 
     /// `DBSIZE` of every primary, by port.

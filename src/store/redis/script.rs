@@ -45,7 +45,7 @@ impl Script {
 
     /// The script for a batch spread over several slots of one cluster node
     /// (`Batch::spread`): the same body behind a prologue that takes the keys
-    /// from `ARGV`, checks that the node serves every one of them before
+    /// from `ARGV` (only those of the first key's slot are declared), checks that the node serves every one of them before
     /// anything is written, and replies `{-1}` if not. Another SHA; no shebang
     /// line, so it runs as the production script does (see the prologue).
     #[cfg(feature = "cluster")]
@@ -72,6 +72,62 @@ fn test_clock_source() -> String {
                  {math.floor(tonumber(ARGV[1]) / 1000000), tonumber(ARGV[1]) % 1000000} \
                  or redis.call(\"TIME\")";
     SOURCE.replacen(CLOCK_LINE, clock, 1)
+}
+
+/// Hash slots of a Redis Cluster.
+pub(crate) const SLOTS: u16 = 16_384;
+
+/// The hash slot of `key`: CRC16 (XMODEM) of its hash tag (the part between
+/// the first `{` and the next `}`, if not empty) or of the whole key, modulo
+/// 16 384, as Redis Cluster computes it.
+pub(crate) fn hash_slot(key: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for &byte in hash_tag(key) {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc % SLOTS
+}
+
+fn hash_tag(key: &[u8]) -> &[u8] {
+    let Some(open) = key.iter().position(|&b| b == b'{') else {
+        return key;
+    };
+    let rest = key.get(open + 1..).unwrap_or_default();
+    match rest.iter().position(|&b| b == b'}') {
+        Some(close) if close > 0 => rest.get(..close).unwrap_or(key),
+        _ => key,
+    }
+}
+
+/// Takes out of `items` those of other clients whose keys hash to the slot
+/// of the first item's (`key` gives an item's first key). A spread call
+/// declares only the keys of its first slot, and while that slot migrates
+/// Redis keeps declared keys of several clients waiting (`TRYAGAIN`) until
+/// the move ends: such checks go apart instead, one call each. (Two clients
+/// in one slot meet in a batch rarely: 16 384 slots.)
+pub(crate) fn others_in_first_slot<T>(
+    items: &mut Vec<T>,
+    key: impl Fn(&T) -> Option<&str>,
+) -> Vec<T> {
+    let Some(first) = items.first().and_then(&key).map(|k| k.as_bytes().to_vec()) else {
+        return Vec::new();
+    };
+    let (slot, tag) = (hash_slot(&first), hash_tag(&first));
+    items
+        .extract_if(.., |item| {
+            key(item).is_some_and(|k| {
+                let k = k.as_bytes();
+                hash_slot(k) == slot && hash_tag(k) != tag
+            })
+        })
+        .collect()
 }
 
 /// One call of the script: the keys and arguments of one or more decisions,
@@ -175,11 +231,25 @@ impl Batch {
 
     fn command(&self, name: &str, script: &str) -> redis::Cmd {
         let mut cmd = redis::cmd(name);
-        let declared = match (self.spread, self.shapes.first()) {
-            (true, Some(first)) => self.keys.get(..first.len()).unwrap_or(&self.keys),
-            _ => &self.keys,
-        };
-        cmd.arg(script).arg(declared.len()).arg(declared);
+        if self.spread {
+            // Every key in the first key's slot is declared, the others are
+            // not. The declared keys route the call, and Redis treats them
+            // as one while that slot migrates: the old primary serves them
+            // only if it holds them all (else `ASK` or `TRYAGAIN`), the new
+            // one only after `ASKING` and then with the keys it holds. An
+            // undeclared key of that slot would be read as missing on the
+            // new primary under `ASKING`, while its bucket is still on the
+            // old one.
+            let first = self.keys.first().map(|k| hash_slot(k.as_bytes()));
+            let declared: Vec<&String> = self
+                .keys
+                .iter()
+                .filter(|k| Some(hash_slot(k.as_bytes())) == first)
+                .collect();
+            cmd.arg(script).arg(declared.len()).arg(declared);
+        } else {
+            cmd.arg(script).arg(self.keys.len()).arg(&self.keys);
+        }
         match self.clock {
             Some(now) => cmd.arg(now),
             None => cmd.arg(""),
@@ -308,29 +378,72 @@ mod tests {
     }
 
     #[test]
-    fn a_spread_batch_declares_the_first_decisions_keys_and_passes_all_in_argv() {
+    fn slots_are_those_of_redis_cluster() {
+        // Values from CLUSTER KEYSLOT (Redis 7.0).
+        assert_eq!(hash_slot(b"123456789"), 12_739);
+        assert_eq!(hash_slot(b"foo"), 12_182);
+        assert_eq!(hash_slot(b"{user1000}.following"), hash_slot(b"user1000"));
+        assert_eq!(
+            hash_slot(b"tollgate:{user:42}:10/1s:10"),
+            hash_slot(b"user:42")
+        );
+        // An empty tag is no tag (the whole key counts); only the first `{`
+        // opens a tag.
+        assert_eq!(hash_slot(b"foo{}{bar}"), 8_363);
+        assert_eq!(hash_slot(b"foo{{bar}}zap"), hash_slot(b"{bar"));
+        assert_eq!(hash_slot(b"{bar"), 4_015);
+    }
+
+    #[test]
+    fn other_clients_in_the_first_slot_go_apart() {
+        let mut keys = vec!["p:{a}:1", "p:{b}:1", "p:{u106810}:1", "p:{a}:2", "p:{a}:1"];
+        let apart = others_in_first_slot(&mut keys, |k| Some(*k));
+        assert_eq!(apart, ["p:{u106810}:1"]);
+        assert_eq!(keys, ["p:{a}:1", "p:{b}:1", "p:{a}:2", "p:{a}:1"]);
+        let mut none: Vec<&str> = Vec::new();
+        assert!(others_in_first_slot(&mut none, |k| Some(*k)).is_empty());
+    }
+
+    #[test]
+    fn a_spread_batch_declares_the_keys_of_the_first_slot_and_passes_all_in_argv() {
         let q = Quota::per_second(10).unwrap();
         let both = Policy::new("both", [q, Quota::per_hour(100).unwrap()]).unwrap();
+        // {u106810} hashes to the slot of {a} (15495), {b} elsewhere.
+        assert_eq!(hash_slot(b"{u106810}"), hash_slot(b"{a}"));
+        assert_ne!(hash_slot(b"{b}"), hash_slot(b"{a}"));
         let mut plain = Batch::new(None);
         let mut spread = Batch::spread(None);
         for batch in [&mut plain, &mut spread] {
             batch.push(["{a}:1".to_owned(), "{a}:2".to_owned()], &both, 1, 0);
             batch.push(["{b}:1".to_owned()], &q.into(), 1, 0);
+            batch.push(["{u106810}:1".to_owned()], &q.into(), 1, 0);
         }
         let plain_args = args(&plain.command("EVALSHA", "sha"));
         let spread_args = args(&spread.command("EVALSHA", "sha"));
         assert_eq!(
-            plain_args[..6],
-            ["EVALSHA", "sha", "3", "{a}:1", "{a}:2", "{b}:1"]
+            plain_args[..7],
+            [
+                "EVALSHA",
+                "sha",
+                "4",
+                "{a}:1",
+                "{a}:2",
+                "{b}:1",
+                "{u106810}:1"
+            ]
         );
-        // Only the first decision's keys declared (they route the call)...
-        assert_eq!(spread_args[..5], ["EVALSHA", "sha", "2", "{a}:1", "{a}:2"]);
+        // Only the keys of the first key's slot declared (they route the
+        // call, and keep it whole while that slot migrates)...
+        assert_eq!(
+            spread_args[..6],
+            ["EVALSHA", "sha", "3", "{a}:1", "{a}:2", "{u106810}:1"]
+        );
         // ...the same arguments after them...
-        assert_eq!(spread_args[5..spread_args.len() - 4], plain_args[6..]);
+        assert_eq!(spread_args[6..spread_args.len() - 5], plain_args[7..]);
         // ...then every key in order, and their number.
         assert_eq!(
-            spread_args[spread_args.len() - 4..],
-            ["{a}:1", "{a}:2", "{b}:1", "3"]
+            spread_args[spread_args.len() - 5..],
+            ["{a}:1", "{a}:2", "{b}:1", "{u106810}:1", "4"]
         );
         assert!(spread.not_local(&[-1]));
         assert!(!plain.not_local(&[-1]), "only a spread call can be refused");

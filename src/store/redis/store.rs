@@ -12,7 +12,7 @@ use super::connection::{Conn, Link};
 use super::failure::{classify, is_connection_error};
 #[cfg(feature = "cluster")]
 use super::nodes::Nodes;
-use super::script::{Batch, Script};
+use super::script::{Batch, Script, others_in_first_slot};
 use crate::decision::Reservation;
 use crate::error::Error;
 use crate::observe::{self, LogThrottle};
@@ -428,6 +428,14 @@ impl RedisStore {
     /// clients of several slots.
     async fn drain(&self, queue: Arc<Batcher>, mut checks: Vec<Pending>, spread: bool) {
         loop {
+            if spread {
+                let apart =
+                    others_in_first_slot(&mut checks, |c| c.keys.first().map(String::as_str));
+                for check in apart {
+                    let store = self.clone();
+                    tokio::spawn(async move { store.alone(check).await });
+                }
+            }
             // One check needs no spread call: the production script decides
             // it, routed by its own slot.
             let spread = spread && checks.len() > 1;
@@ -553,31 +561,39 @@ impl RedisStore {
         if !nodes.has_map() && nodes.begin_refresh(false) {
             self.read_slots().await;
         }
-        // Per node (by its queue), the indices of its checks, in order.
-        let mut groups: Vec<(Option<Arc<Batcher>>, Vec<usize>)> = Vec::new();
+        // Per node (by its queue), its checks in order: index, first key.
+        type Members = Vec<(usize, String)>;
+        let mut groups: Vec<(Option<Arc<Batcher>>, Members)> = Vec::new();
         for (i, (key, policy, cost)) in checks.iter().enumerate() {
             validate(policy, *cost)?;
-            let first = policy.quotas().first().map(|q| self.bucket_key(key, q));
-            let queue = first.and_then(|k| nodes.queue_for(&k));
+            let first = policy
+                .quotas()
+                .first()
+                .map(|q| self.bucket_key(key, q))
+                .unwrap_or_default();
+            let queue = nodes.queue_for(&first);
             let same = |g: &Option<Arc<Batcher>>| match (g, &queue) {
                 (Some(a), Some(b)) => Arc::ptr_eq(a, b),
                 _ => false,
             };
             match groups.iter_mut().find(|(g, _)| same(g)) {
-                Some((_, members)) => members.push(i),
-                None => groups.push((queue, vec![i])),
+                Some((_, members)) => members.push((i, first)),
+                None => groups.push((queue, vec![(i, first)])),
             }
         }
         let mut out: Vec<Option<Decision>> = checks.iter().map(|_| None).collect();
-        for (_, members) in groups {
+        for (_, mut members) in groups {
+            // As `drain` does: other clients of the first one's slot apart,
+            // and one by one after a call the node refused.
+            let mut alone = others_in_first_slot(&mut members, |(_, k)| Some(k.as_str()));
             let spread = members.len() > 1;
             let mut batch = if spread {
                 Batch::spread(Some(now_us))
             } else {
                 Batch::new(Some(now_us))
             };
-            for &i in &members {
-                let (key, policy, cost) = checks.get(i).copied().ok_or_else(|| {
+            for (i, _) in &members {
+                let (key, policy, cost) = checks.get(*i).copied().ok_or_else(|| {
                     Error::store(crate::ErrorKind::Server, "check index out of range")
                 })?;
                 let keys = policy.quotas().iter().map(|q| self.bucket_key(key, q));
@@ -593,21 +609,21 @@ impl RedisStore {
                 .guarded(|mut conn| async move { call.run(&mut conn, script).await })
                 .await?;
             if batch.not_local(&reply) {
-                // As `drain` does: one by one, then a fresh map.
-                for &i in &members {
-                    if let (Some((key, policy, cost)), Some(slot)) = (checks.get(i), out.get_mut(i))
-                    {
-                        *slot = Some(self.decide(key, policy, *cost, Some(now_us)).await?);
-                    }
-                }
+                alone.append(&mut members);
                 if nodes.begin_refresh(false) {
                     self.read_slots().await;
                 }
-                continue;
+            } else {
+                for ((i, _), (decision, _)) in members.iter().zip(batch.outcomes(&reply)?) {
+                    if let Some(slot) = out.get_mut(*i) {
+                        *slot = Some(decision);
+                    }
+                }
             }
-            for (&i, (decision, _)) in members.iter().zip(batch.outcomes(&reply)?) {
-                if let Some(slot) = out.get_mut(i) {
-                    *slot = Some(decision);
+            alone.sort_unstable_by_key(|(i, _)| *i);
+            for (i, _) in alone {
+                if let (Some((key, policy, cost)), Some(slot)) = (checks.get(i), out.get_mut(i)) {
+                    *slot = Some(self.decide(key, policy, *cost, Some(now_us)).await?);
                 }
             }
         }
