@@ -23,8 +23,10 @@
 //!   the primaries' writes) apart;
 //! - the benchmark process's own CPU per decision (`/proc/self/stat`: the
 //!   client, routing included, and the tokio runtime);
-//! - per primary: its share of the decisions (its `EVALSHA` count) and its CPU
-//!   per decision it served;
+//! - per primary: its share of the decisions (by the slot of each decision's
+//!   client, counted by the benchmark), the decisions per script call it ran
+//!   (decisions / `EVALSHA`: the depth of its batches) and its CPU per
+//!   decision it served;
 //! - `usec_per_call` of `evalsha` (the script's execution, wall time);
 //! - commands the clients sent per decision (all but the `GET`/`SET`/`TIME`
 //!   the script runs inside Redis).
@@ -64,9 +66,45 @@ fn quota() -> Quota {
     Quota::per_second(10).expect("quota")
 }
 
-fn client(task: usize, n: u64) -> String {
-    let k = (task as u64 * 7_919 + n).wrapping_mul(2_654_435_761) % KEYS;
+/// The client of a task's `n`th check: an index below `KEYS`...
+fn client_index(task: usize, n: u64) -> u64 {
+    (task as u64 * 7_919 + n).wrapping_mul(2_654_435_761) % KEYS
+}
+
+/// ...and its name.
+fn client_name(k: u64) -> String {
     format!("user:{k:012}")
+}
+
+fn client(task: usize, n: u64) -> String {
+    client_name(client_index(task, n))
+}
+
+/// The cluster slot of a key (CRC16 of its `{hash tag}`, as Redis computes
+/// it), to count which primary decides each check.
+fn key_slot(key: &str) -> u16 {
+    let bytes = key.as_bytes();
+    let tag = bytes
+        .iter()
+        .position(|&b| b == b'{')
+        .and_then(|open| {
+            let rest = &bytes[open + 1..];
+            let close = rest.iter().position(|&b| b == b'}')?;
+            (close > 0).then(|| &rest[..close])
+        })
+        .unwrap_or(bytes);
+    let mut crc: u16 = 0;
+    for &byte in tag {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc % 16_384
 }
 
 /// One redis-server as the benchmark sees it.
@@ -152,6 +190,8 @@ fn commandstats(s: &dyn Server) -> BTreeMap<String, (u64, f64)> {
 
 struct Node1 {
     name: String,
+    /// Decisions whose client this server serves (counted by the benchmark).
+    decided: u64,
     evalsha: u64,
     cpu_s: f64,
     usec: f64,
@@ -187,11 +227,14 @@ impl Run {
 }
 
 /// Runs `TASKS` tasks checking through `limiter` for `RUN`, measuring
-/// `deciding` (and `replicas`, whose CPU is reported apart).
+/// `deciding` (and `replicas`, whose CPU is reported apart); `owners` gives
+/// for each client index the index in `deciding` of the server that decides
+/// it (empty: the first).
 async fn drive(
     limiter: RateLimiter,
     deciding: &[(String, &dyn Server)],
     replicas: &[&dyn Server],
+    owners: Arc<Vec<usize>>,
 ) -> Run {
     for (_, s) in deciding {
         s.reset();
@@ -202,28 +245,36 @@ async fn drive(
     let start = Instant::now();
     let deadline = start + RUN;
     let limiter = Arc::new(limiter);
+    let servers = deciding.len();
     let tasks: Vec<_> = (0..TASKS)
         .map(|task| {
             let limiter = Arc::clone(&limiter);
+            let owners = Arc::clone(&owners);
             tokio::spawn(async move {
                 let mut n = 0;
+                let mut per_server = vec![0u64; servers];
                 while n < MAX_PER_TASK && Instant::now() < deadline {
-                    let _ = limiter.check(&client(task, n), 1).await.expect("check");
+                    let k = client_index(task, n);
+                    let _ = limiter.check(&client_name(k), 1).await.expect("check");
+                    per_server[owners.get(k as usize).copied().unwrap_or(0)] += 1;
                     n += 1;
                 }
-                n
+                per_server
             })
         })
         .collect();
-    let mut decisions = 0;
+    let mut decided = vec![0u64; servers];
     for t in tasks {
-        decisions += t.await.expect("task");
+        for (sum, n) in decided.iter_mut().zip(t.await.expect("task")) {
+            *sum += n;
+        }
     }
+    let decisions = decided.iter().sum();
     let secs = start.elapsed().as_secs_f64();
     let client_cpu_s = own_cpu_seconds() - client_before;
     let mut nodes = Vec::new();
     let mut sent = 0;
-    for ((name, s), before) in deciding.iter().zip(cpu_before) {
+    for (((name, s), before), decided) in deciding.iter().zip(cpu_before).zip(decided) {
         let cpu_s = cpu_seconds(*s) - before;
         let mut stats = commandstats(*s);
         let (evalsha, usec) = stats.get("evalsha").copied().unwrap_or((0, 0.0));
@@ -233,6 +284,7 @@ async fn drive(
         sent += stats.values().map(|(calls, _)| calls).sum::<u64>();
         nodes.push(Node1 {
             name: name.clone(),
+            decided,
             evalsha,
             cpu_s,
             usec,
@@ -317,6 +369,9 @@ struct Setup<'a> {
     limiter: RateLimiter,
     deciding: Vec<(String, &'a dyn Server)>,
     replicas: Vec<&'a dyn Server>,
+    /// Per client index, the index in `deciding` of its server (empty: one
+    /// server decides everything).
+    owners: Arc<Vec<usize>>,
 }
 
 fn main() {
@@ -350,6 +405,29 @@ fn main() {
         RUN.as_secs(),
         quota()
     );
+    // Which primary decides each client: the slot of its bucket's key.
+    let slot_map = cluster.slots();
+    let cluster_owners: Vec<usize> = (0..KEYS)
+        .map(|k| {
+            // Every key of a client hashes by its {hash tag}.
+            let slot = key_slot(&format!("tollgate:{{{}}}:", client_name(k)));
+            let port = slot_map
+                .iter()
+                .find(|r| r.start <= slot && slot <= r.end)
+                .expect("every slot is served")
+                .primary;
+            primaries
+                .iter()
+                .position(|p| p.port() == port)
+                .expect("a primary")
+        })
+        .collect();
+    // The benchmark's slots are Redis's.
+    for k in [0, 1, 4_321, KEYS - 1] {
+        let key = format!("tollgate:{{{}}}:10/1s:10", client_name(k));
+        assert_eq!(key_slot(&key), cluster.keyslot(&key), "{key}");
+    }
+    let cluster_owners = Arc::new(cluster_owners);
     let limiter = |builder: tollgate::store::RedisStoreBuilder| {
         let store = builder
             .timeout(Duration::from_secs(5))
@@ -363,6 +441,7 @@ fn main() {
             limiter: limiter(RedisStore::builder().url(single.url())),
             deciding: vec![(format!("single :{}", single.port()), &single as &dyn Server)],
             replicas: vec![],
+            owners: Arc::default(),
         },
         Setup {
             name: "single node + replica",
@@ -372,12 +451,14 @@ fn main() {
                 &replicated as &dyn Server,
             )],
             replicas: vec![&replica as &dyn Server],
+            owners: Arc::default(),
         },
         Setup {
             name: "cluster of 1 node, all slots",
             limiter: limiter(RedisStore::builder().cluster([one.url()])),
             deciding: vec![(format!("node :{}", one.port()), &one as &dyn Server)],
             replicas: vec![],
+            owners: Arc::default(),
         },
         Setup {
             name: "cluster, 3 primaries (summed)",
@@ -387,6 +468,23 @@ fn main() {
                 .map(|p| (format!("primary :{}", p.port()), p as &dyn Server))
                 .collect(),
             replicas: replicas.iter().map(|r| r as &dyn Server).collect(),
+            owners: Arc::clone(&cluster_owners),
+        },
+        // The same cluster with batching off: one script call per decision,
+        // what a cluster store did before it batched per node.
+        Setup {
+            name: "cluster, 3 primaries, unbatched",
+            limiter: limiter(
+                RedisStore::builder()
+                    .cluster(cluster.seed_urls())
+                    .max_batch(1),
+            ),
+            deciding: primaries
+                .iter()
+                .map(|p| (format!("primary :{}", p.port()), p as &dyn Server))
+                .collect(),
+            replicas: replicas.iter().map(|r| r as &dyn Server).collect(),
+            owners: Arc::clone(&cluster_owners),
         },
     ];
     // Connect everywhere and load the script on every node before measuring.
@@ -407,7 +505,8 @@ fn main() {
         println!("round {round}/{ROUNDS}");
         for (setup, runs) in setups.iter().zip(&mut runs) {
             let limiter = setup.limiter.clone();
-            runs.push(runtime.block_on(drive(limiter, &setup.deciding, &setup.replicas)));
+            let owners = Arc::clone(&setup.owners);
+            runs.push(runtime.block_on(drive(limiter, &setup.deciding, &setup.replicas, owners)));
         }
     }
 
@@ -446,17 +545,21 @@ fn main() {
     }
     let clusters = &runs[3];
     println!();
-    println!("Per primary (cluster runs): share of decisions, CPU µs per decision it served");
+    println!(
+        "Per primary (cluster runs): share of decisions (by client slot), decisions per \
+         EVALSHA, CPU µs per decision it served"
+    );
     for (i, r) in clusters.iter().enumerate() {
         let line: Vec<String> = r
             .nodes
             .iter()
             .map(|n| {
                 format!(
-                    "{} {:.1}% {:.2} µs/d",
+                    "{} {:.1}% {:.1} d/call {:.2} µs/d",
                     n.name,
-                    100.0 * n.evalsha as f64 / r.decisions as f64,
-                    n.cpu_s * 1e6 / n.evalsha.max(1) as f64
+                    100.0 * n.decided as f64 / r.decisions as f64,
+                    n.decided as f64 / n.evalsha.max(1) as f64,
+                    n.cpu_s * 1e6 / n.decided.max(1) as f64
                 )
             })
             .collect();
@@ -465,7 +568,7 @@ fn main() {
     let mean =
         |runs: &[Run], f: fn(&Run) -> f64| runs.iter().map(f).sum::<f64>() / runs.len() as f64;
     println!();
-    for (of, to) in [(3, 0), (3, 1), (2, 0)] {
+    for (of, to) in [(3, 0), (3, 1), (2, 0), (4, 0), (3, 4)] {
         let (a, b) = (&runs[of], &runs[to]);
         println!(
             "{} / {}, means of the runs: Redis CPU per decision {:.2}x, \

@@ -53,6 +53,7 @@ struct Inner {
     smallest: u64,
     /// Per quota, the end of its buckets' storage keys: `}:` and the quota
     /// id (`}:10/1s:10`), written once instead of per check.
+    #[cfg(feature = "redis")]
     key_tails: Box<[Box<str>]>,
     /// Values derived once per policy by the HTTP layer (its header values), so
     /// they are not rebuilt for every request.
@@ -87,6 +88,7 @@ impl Policy {
 
     fn build(name: &str, quotas: Box<[Quota]>) -> Self {
         let smallest = quotas.iter().map(Quota::capacity).min().unwrap_or(0);
+        #[cfg(feature = "redis")]
         let key_tails = quotas
             .iter()
             .map(|q| format!("}}:{}", q.id()).into_boxed_str())
@@ -96,6 +98,7 @@ impl Policy {
                 name: name.into(),
                 quotas,
                 smallest,
+                #[cfg(feature = "redis")]
                 key_tails,
                 derived: OnceLock::new(),
             }),
@@ -113,6 +116,7 @@ impl Policy {
     }
 
     /// Per quota, in order, the end of its storage keys: `}:` and its id.
+    #[cfg(feature = "redis")]
     pub(crate) fn key_tails(&self) -> &[Box<str>] {
         &self.inner.key_tails
     }

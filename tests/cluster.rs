@@ -85,10 +85,14 @@ async fn cluster_scenarios_on_one_shared_cluster() {
     the_applications_cluster_pool_works_as_seeds_do(&cluster).await;
 }
 
-/// After warm-up, K decisions are K `EVALSHA`s summed over the primaries;
+/// After warm-up, K decisions sent one after the other are K `EVALSHA`s
+/// summed over the primaries (nothing is in flight, so nothing is batched);
 /// everything else the primaries count is what the script runs inside Redis
-/// (one `TIME`, a `GET` per quota, a `SET` per admitted quota). The replicas
-/// serve nothing: they only apply the primaries' writes.
+/// (one `TIME`, a `GET` per quota, a `SET` per admitted quota). Then K
+/// decisions from 10 tasks at once: batched per node, at most K `EVALSHA`s
+/// (and an `EVAL` per primary that loads the batch script), one `TIME` each,
+/// at most one `GET` per bucket. The replicas serve
+/// nothing: they only apply the primaries' writes.
 async fn one_round_trip_per_decision_summed_over_the_primaries(cluster: &RedisCluster) {
     let policy = Policy::new(
         "trips",
@@ -101,24 +105,56 @@ async fn one_round_trip_per_decision_summed_over_the_primaries(cluster: &RedisCl
     let store = store(cluster, "trips:");
     let limiter = RateLimiter::new(store.clone(), policy.clone());
     let clients = clients_on_every_primary(cluster, &store, &policy.quotas()[0], "c", 10);
-    // Warm-up: the connections to every primary, the script on every primary.
+    // Warm-up: the connections to every primary, the script on every primary,
+    // the store's slot map.
     for (client, _) in &clients {
         let _ = limiter.check(client, 1).await.unwrap();
     }
     // Asked now: the harness's own CLUSTER NODES would count otherwise.
     let (primaries, replicas) = (cluster.primaries(), cluster.replicas());
+    let summed = |primaries: &[Node]| {
+        let mut summed: BTreeMap<String, u64> = BTreeMap::new();
+        for p in primaries {
+            let mut calls = p.all_calls();
+            // The replicas' acknowledgements (REPLCONF ACK, once a second)
+            // come over the replication link, not from the store.
+            calls.remove("replconf");
+            assert!(
+                calls.get("evalsha").is_some_and(|n| *n > 0),
+                "{p:?} decided nothing: {calls:?}"
+            );
+            for (command, n) in calls {
+                *summed.entry(command).or_default() += n;
+            }
+        }
+        summed
+    };
     cluster.reset_stats_all();
 
-    const K: u64 = 300;
-    for i in 0..K / 2 {
+    const K: u64 = 150;
+    for i in 0..K {
         let (client, _) = &clients[i as usize % clients.len()];
         let _ = limiter.check(client, 1).await.unwrap();
     }
+    let mut sequential = summed(&primaries);
+    println!("cluster: commands on the primaries for {K} decisions in a row: {sequential:?}");
+    // Inside the script: one TIME per decision, a GET per quota, a SET per
+    // quota of an admitted decision. They are not round trips.
+    assert_eq!(sequential.remove("time"), Some(K));
+    assert_eq!(sequential.remove("get"), Some(2 * K));
+    assert!(sequential.remove("set").is_some_and(|set| set <= 2 * K));
+    assert_eq!(
+        sequential,
+        BTreeMap::from([("evalsha".to_string(), K)]),
+        "commands sent to the primaries for {K} decisions"
+    );
+
+    cluster.reset_stats_all();
     let tasks: Vec<_> = (0..10)
         .map(|t| {
             let (limiter, clients) = (limiter.clone(), clients.clone());
             tokio::spawn(async move {
-                for i in 0..K / 20 {
+                for i in 0..K / 10 {
                     let (client, _) = &clients[(t * 7 + i as usize) % clients.len()];
                     let _ = limiter.check(client, 1).await.unwrap();
                 }
@@ -128,32 +164,22 @@ async fn one_round_trip_per_decision_summed_over_the_primaries(cluster: &RedisCl
     for t in tasks {
         t.await.unwrap();
     }
-
-    let mut summed: BTreeMap<String, u64> = BTreeMap::new();
-    for p in &primaries {
-        let mut calls = p.all_calls();
-        // The replicas' acknowledgements (REPLCONF ACK, once a second) come
-        // over the replication link, not from the store.
-        calls.remove("replconf");
-        assert!(
-            calls.get("evalsha").is_some_and(|n| *n > 0),
-            "{p:?} decided nothing: {calls:?}"
-        );
-        for (command, n) in calls {
-            *summed.entry(command).or_default() += n;
-        }
-    }
-    println!("cluster: commands on the primaries for {K} decisions: {summed:?}");
-    // Inside the script: one TIME per decision, a GET per quota, a SET per
-    // quota of an admitted decision. They are not round trips.
-    assert_eq!(summed.remove("time"), Some(K));
-    assert_eq!(summed.remove("get"), Some(2 * K));
-    assert!(summed.remove("set").is_some_and(|set| set <= 2 * K));
-    assert_eq!(
-        summed,
-        BTreeMap::from([("evalsha".to_string(), K)]),
-        "commands sent to the primaries for {K} decisions"
-    );
+    let mut concurrent = summed(&primaries);
+    println!("cluster: commands on the primaries for {K} decisions from 10 tasks: {concurrent:?}");
+    let calls = concurrent.remove("evalsha").unwrap_or(0);
+    // The first batches of several clients on each primary load the batch
+    // script there: NOSCRIPT, then EVAL (both calls a primary has in flight
+    // may find it missing).
+    let reloads = concurrent.remove("eval").unwrap_or(0);
+    assert!(reloads <= 2 * 3, "{reloads} EVALs");
+    // One TIME per call (an EVALSHA, or the EVAL that completes it after
+    // NOSCRIPT); each bucket read once per call (a client twice in one batch
+    // is read once).
+    assert_eq!(concurrent.remove("time"), Some(calls));
+    assert!(concurrent.remove("get").is_some_and(|get| get <= 2 * K));
+    assert!(concurrent.remove("set").is_some_and(|set| set <= 2 * K));
+    assert!(concurrent.is_empty(), "{concurrent:?}");
+    assert!((1..=K).contains(&calls), "{calls} calls for {K} decisions");
     for r in &replicas {
         let calls = r.all_calls();
         for command in ["evalsha", "eval", "get", "time"] {

@@ -427,6 +427,77 @@ impl RedisCluster {
         self.node(range.primary)
     }
 
+    /// The primary that serves `slot` now.
+    pub fn primary_for_slot(&self, slot: u16) -> Node {
+        let range = self
+            .slots()
+            .into_iter()
+            .find(|r| r.start <= slot && slot <= r.end)
+            .unwrap_or_else(|| panic!("slot {slot} is not assigned"));
+        self.node(range.primary)
+    }
+
+    /// Moves `slot` to the primary `to`, as `redis-cli --cluster reshard`
+    /// does: `IMPORTING` on `to`, `MIGRATING` on its owner, every key of the
+    /// slot moved with `MIGRATE`, then `SETSLOT .. NODE` on both and on every
+    /// other primary; waits until every node agrees. Clients that hold the
+    /// old slot map get `ASK` meanwhile and `MOVED` after.
+    pub fn move_slot(&self, slot: u16, to: &Node) {
+        let from = self.open_slot_move(slot, to);
+        loop {
+            let keys: Vec<String> =
+                from.cmd(&["CLUSTER", "GETKEYSINSLOT", &slot.to_string(), "100"]);
+            if keys.is_empty() {
+                break;
+            }
+            self.migrate_keys(&from, to, &keys);
+        }
+        self.close_slot_move(slot, &from, to);
+    }
+
+    /// The first step of [`move_slot`](Self::move_slot): `slot` `IMPORTING`
+    /// on `to` and `MIGRATING` on its owner, which is returned. Its keys stay
+    /// where they are until [`migrate_keys`](Self::migrate_keys).
+    pub fn open_slot_move(&self, slot: u16, to: &Node) -> Node {
+        let from = self.primary_for_slot(slot);
+        assert_ne!(&from, to, "slot {slot} is on {to:?} already");
+        let s = slot.to_string();
+        let _: () = to.cmd(&["CLUSTER", "SETSLOT", &s, "IMPORTING", &self.id_of(&from)]);
+        let _: () = from.cmd(&["CLUSTER", "SETSLOT", &s, "MIGRATING", &self.id_of(to)]);
+        from
+    }
+
+    /// Moves `keys` from `from` to `to` with `MIGRATE`.
+    pub fn migrate_keys(&self, from: &Node, to: &Node, keys: &[String]) {
+        let port = to.port().to_string();
+        let mut args = vec!["MIGRATE", "127.0.0.1", &port, "", "0", "5000", "KEYS"];
+        args.extend(keys.iter().map(String::as_str));
+        let _: redis::Value = from.cmd(&args);
+    }
+
+    /// The last step of [`move_slot`](Self::move_slot): `SETSLOT .. NODE` on
+    /// `to`, `from` and every other primary; waits until every node agrees.
+    pub fn close_slot_move(&self, slot: u16, from: &Node, to: &Node) {
+        let (s, to_id) = (slot.to_string(), self.id_of(to));
+        let _: () = to.cmd(&["CLUSTER", "SETSLOT", &s, "NODE", &to_id]);
+        let _: () = from.cmd(&["CLUSTER", "SETSLOT", &s, "NODE", &to_id]);
+        for p in self.primaries() {
+            if p != *from && p != *to {
+                let _: () = p.cmd(&["CLUSTER", "SETSLOT", &s, "NODE", &to_id]);
+            }
+        }
+        self.wait_until_consistent();
+    }
+
+    /// The node id of `node`.
+    pub fn id_of(&self, node: &Node) -> String {
+        self.view()
+            .into_iter()
+            .find(|l| l.port == node.port())
+            .unwrap_or_else(|| panic!("{node:?} is not in the cluster"))
+            .id
+    }
+
     /// `DBSIZE` of every primary, by port.
     pub fn keys_per_primary(&self) -> BTreeMap<u16, u64> {
         self.primaries()

@@ -12,7 +12,8 @@
 //!   seeing the buckets as the ones before it left them, all with one Redis
 //!   `TIME`: the same answers as the checks sent one by one at that instant.
 //! - **Redis Cluster** runs every key of one script call on one node, so a
-//!   store on a cluster does not batch (see `Conn::single_slot_calls`).
+//!   store on a cluster keeps one queue like this per primary and batches the
+//!   checks of the slots that primary serves (see `nodes.rs`).
 
 use std::sync::{Mutex, MutexGuard};
 
@@ -99,9 +100,10 @@ impl Batcher {
     }
 }
 
-/// The script call for `checks`, in order.
-pub(crate) fn batch_of(checks: &[Pending]) -> Batch {
-    let mut batch = Batch::with_capacity(checks.len());
+/// The script call for `checks`, in order; `spread` for clients in several
+/// slots of one cluster node (see `nodes.rs`).
+pub(crate) fn batch_of(checks: &[Pending], spread: bool) -> Batch {
+    let mut batch = Batch::with_capacity(checks.len(), spread);
     for c in checks {
         batch.push(c.keys.iter().cloned(), &c.policy, c.cost, c.max_wait_us);
     }

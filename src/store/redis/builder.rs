@@ -196,10 +196,11 @@ impl RedisStoreBuilder {
     }
 
     /// Connects to the Redis Cluster that the nodes at `seed_urls` belong to
-    /// (cargo feature `cluster`). Each check is one script call, sent to the
-    /// primary of its client's slot; redis-rs follows `MOVED` and `ASK`,
-    /// refreshes the slot map and reconnects nodes after a failover. The
-    /// store's timeouts apply to every node.
+    /// (cargo feature `cluster`). Each check is decided by the primary of its
+    /// client's slot: alone, or under load in a batch with other checks that
+    /// primary serves (see [`max_batch`](Self::max_batch)); redis-rs follows
+    /// `MOVED` and `ASK`, refreshes its slot map and reconnects nodes after a
+    /// failover. The store's timeouts apply to every node.
     #[cfg(feature = "cluster")]
     pub fn cluster<I, S>(mut self, seed_urls: I) -> Self
     where
@@ -292,13 +293,16 @@ impl RedisStoreBuilder {
     }
 
     /// The most checks sent in one script call ([`DEFAULT_MAX_BATCH`]
-    /// otherwise, 1 to 1024; 1 sends every check on its own; a store on a Redis
-    /// Cluster never batches, since a batch mixes clients and a cluster runs
-    /// every key of one call on one node). Checks are
+    /// otherwise, 1 to 1024; 1 sends every check on its own). Checks are
     /// batched only while other calls are in flight, so this adds no latency at
     /// low load; under load it cuts Redis's cost per decision (one call, one
     /// `TIME`, one reply for the batch). The answers are the same as unbatched:
-    /// the script decides a batch's checks in order.
+    /// the script decides a batch's checks in order. On a Redis Cluster a
+    /// batch holds the checks of one primary (by the slot map the store reads
+    /// with `CLUSTER SLOTS`), each primary with its own queue; a batch the
+    /// primary turns out not to serve entirely (a slot moved) writes nothing
+    /// and its checks go one by one. A Redis-compatible server that refuses
+    /// keys a script did not declare cannot run such batches: use 1 there.
     pub fn max_batch(mut self, checks: usize) -> Self {
         self.max_batch = checks;
         self
@@ -375,20 +379,17 @@ impl RedisStoreBuilder {
             #[cfg(feature = "sentinel")]
             primary_auth: self.primary_auth,
         })?;
-        // Every key of one call must be in one slot of a cluster, and a batch
-        // mixes clients: a cluster store sends each check on its own.
-        let max_batch = if source.single_slot_calls() {
-            1
-        } else {
-            self.max_batch
-        };
+        // Every declared key of one call must be in one slot of a cluster,
+        // and a batch mixes clients: a cluster store batches per node.
+        let per_node = source.single_slot_calls();
         Ok(RedisStore::assemble(Parts {
             link: Link::new(source, host, self.timeout, self.connect_timeout),
             breaker: Breaker::new(self.breaker, "redis"),
             prefix: self.prefix,
             timeout: self.timeout,
             connect_timeout: self.connect_timeout,
-            max_batch,
+            max_batch: self.max_batch,
+            per_node,
             deny_cache: self.deny_cache,
         }))
     }

@@ -131,9 +131,10 @@ pub(crate) enum Conn {
 }
 
 impl Source {
-    /// Whether every key of one call must be in one hash slot (a cluster:
-    /// otherwise `CROSSSLOT`). One client's keys always share a slot (the
-    /// `{hash tag}`), but a batch mixes clients: a cluster store does not batch.
+    /// Whether every declared key of one call must be in one hash slot (a
+    /// cluster: otherwise `CROSSSLOT`). One client's keys always share a slot
+    /// (the `{hash tag}`), but a batch mixes clients: a cluster store batches
+    /// per node, declaring one client's keys (see `nodes.rs`).
     pub(crate) fn single_slot_calls(&self) -> bool {
         match self {
             #[cfg(feature = "cluster")]

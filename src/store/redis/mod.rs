@@ -4,14 +4,18 @@
 //! Files, bottom up: `failure.rs` (what a Redis error means), `script.rs` (the
 //! Lua script, its arguments and its reply), `connection.rs` (the held
 //! connection and its lifecycle, for one server, a cluster or the primary that
-//! sentinels name), `store.rs` (the store: breaker, timeouts, retries),
-//! `target.rs` (where connections come from, TLS, checked at build time),
-//! `builder.rs` (configuration).
+//! sentinels name), `batch.rs` (checks queued for one script call),
+//! `nodes.rs` (on a cluster: the slot map and a queue per primary),
+//! `store.rs` (the store: breaker, timeouts, retries, batching), `target.rs`
+//! (where connections come from, TLS, checked at build time), `builder.rs`
+//! (configuration).
 
 mod batch;
 mod builder;
 mod connection;
 mod failure;
+#[cfg(feature = "cluster")]
+mod nodes;
 mod script;
 mod store;
 mod target;

@@ -12,6 +12,11 @@ use crate::{Policy, Quota};
 /// The token bucket script as production runs it: the clock is Redis `TIME`.
 pub(crate) const SOURCE: &str = include_str!("../../../lua/token_bucket.lua");
 
+/// What goes in front of [`SOURCE`] for a batch whose clients live in
+/// several slots of one cluster node (see `lua/cluster_batch.lua`).
+#[cfg(feature = "cluster")]
+const SPREAD_PROLOGUE: &str = include_str!("../../../lua/cluster_batch.lua");
+
 /// The line of [`SOURCE`] that reads the clock.
 #[cfg(feature = "test-util")]
 const CLOCK_LINE: &str = "local now = redis.call(\"TIME\") -- tollgate:clock";
@@ -35,10 +40,23 @@ impl Script {
     /// run it.
     #[cfg(feature = "test-util")]
     pub(crate) fn with_test_clock() -> Self {
-        let clock = "local now = ARGV[1] ~= \"\" and \
-                     {math.floor(tonumber(ARGV[1]) / 1000000), tonumber(ARGV[1]) % 1000000} \
-                     or redis.call(\"TIME\")";
-        Self::new(SOURCE.replacen(CLOCK_LINE, clock, 1))
+        Self::new(test_clock_source())
+    }
+
+    /// The script for a batch spread over several slots of one cluster node
+    /// (`Batch::spread`): the same body behind a prologue that takes the keys
+    /// from `ARGV` (only those of the first key's slot are declared), checks that the node serves every one of them before
+    /// anything is written, and replies `{-1}` if not. Another SHA; no shebang
+    /// line, so it runs as the production script does (see the prologue).
+    #[cfg(feature = "cluster")]
+    pub(crate) fn spread() -> Self {
+        Self::new(format!("{SPREAD_PROLOGUE}{SOURCE}"))
+    }
+
+    /// [`Script::spread`] over the test clock of [`Script::with_test_clock`].
+    #[cfg(all(feature = "cluster", feature = "test-util"))]
+    pub(crate) fn spread_with_test_clock() -> Self {
+        Self::new(format!("{SPREAD_PROLOGUE}{}", test_clock_source()))
     }
 
     fn new(source: String) -> Self {
@@ -47,10 +65,78 @@ impl Script {
     }
 }
 
+/// The test variant's source: the clock from `ARGV[1]` when it is not empty.
+#[cfg(feature = "test-util")]
+fn test_clock_source() -> String {
+    let clock = "local now = ARGV[1] ~= \"\" and \
+                 {math.floor(tonumber(ARGV[1]) / 1000000), tonumber(ARGV[1]) % 1000000} \
+                 or redis.call(\"TIME\")";
+    SOURCE.replacen(CLOCK_LINE, clock, 1)
+}
+
+/// Hash slots of a Redis Cluster.
+pub(crate) const SLOTS: u16 = 16_384;
+
+/// The hash slot of `key`: CRC16 (XMODEM) of its hash tag (the part between
+/// the first `{` and the next `}`, if not empty) or of the whole key, modulo
+/// 16 384, as Redis Cluster computes it.
+pub(crate) fn hash_slot(key: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for &byte in hash_tag(key) {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc % SLOTS
+}
+
+fn hash_tag(key: &[u8]) -> &[u8] {
+    let Some(open) = key.iter().position(|&b| b == b'{') else {
+        return key;
+    };
+    let rest = key.get(open + 1..).unwrap_or_default();
+    match rest.iter().position(|&b| b == b'}') {
+        Some(close) if close > 0 => rest.get(..close).unwrap_or(key),
+        _ => key,
+    }
+}
+
+/// Takes out of `items` those of other clients whose keys hash to the slot
+/// of the first item's (`key` gives an item's first key). A spread call
+/// declares only the keys of its first slot, and while that slot migrates
+/// Redis keeps declared keys of several clients waiting (`TRYAGAIN`) until
+/// the move ends: such checks go apart instead, one call each. (Two clients
+/// in one slot meet in a batch rarely: 16 384 slots.)
+pub(crate) fn others_in_first_slot<T>(
+    items: &mut Vec<T>,
+    key: impl Fn(&T) -> Option<&str>,
+) -> Vec<T> {
+    let Some(first) = items.first().and_then(&key).map(|k| k.as_bytes().to_vec()) else {
+        return Vec::new();
+    };
+    let (slot, tag) = (hash_slot(&first), hash_tag(&first));
+    items
+        .extract_if(.., |item| {
+            key(item).is_some_and(|k| {
+                let k = k.as_bytes();
+                hash_slot(k) == slot && hash_tag(k) != tag
+            })
+        })
+        .collect()
+}
+
 /// One call of the script: the keys and arguments of one or more decisions,
 /// decided in order.
 pub(crate) struct Batch {
     clock: Option<u64>,
+    /// Keys in `ARGV`, only the first decision's declared (for
+    /// [`Script::spread`]); otherwise every key declared.
+    spread: bool,
     /// The distinct quotas of the batch; decisions refer to them by index.
     quotas: Vec<Quota>,
     keys: Vec<String>,
@@ -65,6 +151,7 @@ impl Batch {
     pub(crate) fn new(clock: Option<u64>) -> Self {
         Batch {
             clock,
+            spread: false,
             quotas: Vec::new(),
             keys: Vec::new(),
             shapes: Vec::new(),
@@ -73,15 +160,32 @@ impl Batch {
     }
 
     /// An empty batch with room for `n` decisions of one quota each, read
-    /// from Redis `TIME`.
-    pub(crate) fn with_capacity(n: usize) -> Self {
+    /// from Redis `TIME`; `spread` as [`spread`](Self::spread) makes it.
+    pub(crate) fn with_capacity(n: usize, spread: bool) -> Self {
         Batch {
             clock: None,
+            spread,
             quotas: Vec::with_capacity(1),
             keys: Vec::with_capacity(n),
             shapes: Vec::with_capacity(n),
             args: Vec::with_capacity(4 * n),
         }
+    }
+
+    /// An empty batch for [`Script::spread`]: its decisions' clients may be
+    /// in several slots of one cluster node.
+    #[cfg(any(test, feature = "test-util"))]
+    pub(crate) fn spread(clock: Option<u64>) -> Self {
+        Batch {
+            spread: true,
+            ..Self::new(clock)
+        }
+    }
+
+    /// Whether `reply` says that the node does not serve every key of this
+    /// batch (it then wrote nothing).
+    pub(crate) fn not_local(&self, reply: &[i64]) -> bool {
+        self.spread && reply == [-1]
     }
 
     /// Adds a decision of `cost` against every quota of `policy`, with one key
@@ -141,19 +245,38 @@ impl Batch {
 
     fn command(&self, name: &str, script: &str) -> redis::Cmd {
         // Sized up front, so building a batch's command never grows it: the
-        // name, the script, the key count, the keys, the clock, the quota
-        // count, three numbers per quota, the decision count and the
-        // decisions' numbers (at most 20 digits each).
-        let numbers = 4 + 3 * self.quotas.len() + self.args.len();
+        // name, the script, the key count, the keys (a spread batch's twice:
+        // its declared ones, and all of them after the arguments), the
+        // clock, the quota count, three numbers per quota, the decision
+        // count, the decisions' numbers and a spread batch's key count (at
+        // most 20 digits each).
+        let numbers = 5 + 3 * self.quotas.len() + self.args.len();
+        let copies = if self.spread { 2 } else { 1 };
         let bytes = name.len()
             + script.len()
-            + self.keys.iter().map(String::len).sum::<usize>()
+            + copies * self.keys.iter().map(String::len).sum::<usize>()
             + 20 * numbers;
-        let mut cmd = redis::Cmd::with_capacity(2 + self.keys.len() + numbers, bytes);
-        cmd.arg(name)
-            .arg(script)
-            .arg(self.keys.len())
-            .arg(&self.keys);
+        let mut cmd = redis::Cmd::with_capacity(2 + copies * self.keys.len() + numbers, bytes);
+        cmd.arg(name);
+        if self.spread {
+            // Every key in the first key's slot is declared, the others are
+            // not. The declared keys route the call, and Redis treats them
+            // as one while that slot migrates: the old primary serves them
+            // only if it holds them all (else `ASK` or `TRYAGAIN`), the new
+            // one only after `ASKING` and then with the keys it holds. An
+            // undeclared key of that slot would be read as missing on the
+            // new primary under `ASKING`, while its bucket is still on the
+            // old one.
+            let first = self.keys.first().map(|k| hash_slot(k.as_bytes()));
+            let declared: Vec<&String> = self
+                .keys
+                .iter()
+                .filter(|k| Some(hash_slot(k.as_bytes())) == first)
+                .collect();
+            cmd.arg(script).arg(declared.len()).arg(declared);
+        } else {
+            cmd.arg(script).arg(self.keys.len()).arg(&self.keys);
+        }
         match self.clock {
             Some(now) => cmd.arg(now),
             None => cmd.arg(""),
@@ -163,6 +286,9 @@ impl Batch {
             cmd.arg(q.full()).arg(q.num()).arg(q.den());
         }
         cmd.arg(self.shapes.len()).arg(&self.args);
+        if self.spread {
+            cmd.arg(&self.keys).arg(self.keys.len());
+        }
         cmd
     }
 
@@ -266,6 +392,102 @@ mod tests {
         assert!(out[0].0.allowed() && out[1].0.allowed());
         assert_eq!(out[1].1, 500);
         assert_eq!(out[1].0.retry_after(), std::time::Duration::ZERO);
+    }
+
+    /// The arguments of `cmd` as text.
+    fn args(cmd: &redis::Cmd) -> Vec<String> {
+        cmd.args_iter()
+            .map(|a| match a {
+                redis::Arg::Simple(b) => String::from_utf8_lossy(b).into_owned(),
+                _ => "<cursor>".to_owned(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn slots_are_those_of_redis_cluster() {
+        // Values from CLUSTER KEYSLOT (Redis 7.0).
+        assert_eq!(hash_slot(b"123456789"), 12_739);
+        assert_eq!(hash_slot(b"foo"), 12_182);
+        assert_eq!(hash_slot(b"{user1000}.following"), hash_slot(b"user1000"));
+        assert_eq!(
+            hash_slot(b"tollgate:{user:42}:10/1s:10"),
+            hash_slot(b"user:42")
+        );
+        // An empty tag is no tag (the whole key counts); only the first `{`
+        // opens a tag.
+        assert_eq!(hash_slot(b"foo{}{bar}"), 8_363);
+        assert_eq!(hash_slot(b"foo{{bar}}zap"), hash_slot(b"{bar"));
+        assert_eq!(hash_slot(b"{bar"), 4_015);
+    }
+
+    #[test]
+    fn other_clients_in_the_first_slot_go_apart() {
+        let mut keys = vec!["p:{a}:1", "p:{b}:1", "p:{u106810}:1", "p:{a}:2", "p:{a}:1"];
+        let apart = others_in_first_slot(&mut keys, |k| Some(*k));
+        assert_eq!(apart, ["p:{u106810}:1"]);
+        assert_eq!(keys, ["p:{a}:1", "p:{b}:1", "p:{a}:2", "p:{a}:1"]);
+        let mut none: Vec<&str> = Vec::new();
+        assert!(others_in_first_slot(&mut none, |k| Some(*k)).is_empty());
+    }
+
+    #[test]
+    fn a_spread_batch_declares_the_keys_of_the_first_slot_and_passes_all_in_argv() {
+        let q = Quota::per_second(10).unwrap();
+        let both = Policy::new("both", [q, Quota::per_hour(100).unwrap()]).unwrap();
+        // {u106810} hashes to the slot of {a} (15495), {b} elsewhere.
+        assert_eq!(hash_slot(b"{u106810}"), hash_slot(b"{a}"));
+        assert_ne!(hash_slot(b"{b}"), hash_slot(b"{a}"));
+        let mut plain = Batch::new(None);
+        let mut spread = Batch::spread(None);
+        for batch in [&mut plain, &mut spread] {
+            batch.push(["{a}:1".to_owned(), "{a}:2".to_owned()], &both, 1, 0);
+            batch.push(["{b}:1".to_owned()], &q.into(), 1, 0);
+            batch.push(["{u106810}:1".to_owned()], &q.into(), 1, 0);
+        }
+        let plain_args = args(&plain.command("EVALSHA", "sha"));
+        let spread_args = args(&spread.command("EVALSHA", "sha"));
+        assert_eq!(
+            plain_args[..7],
+            [
+                "EVALSHA",
+                "sha",
+                "4",
+                "{a}:1",
+                "{a}:2",
+                "{b}:1",
+                "{u106810}:1"
+            ]
+        );
+        // Only the keys of the first key's slot declared (they route the
+        // call, and keep it whole while that slot migrates)...
+        assert_eq!(
+            spread_args[..6],
+            ["EVALSHA", "sha", "3", "{a}:1", "{a}:2", "{u106810}:1"]
+        );
+        // ...the same arguments after them...
+        assert_eq!(spread_args[6..spread_args.len() - 5], plain_args[7..]);
+        // ...then every key in order, and their number.
+        assert_eq!(
+            spread_args[spread_args.len() - 5..],
+            ["{a}:1", "{a}:2", "{b}:1", "{u106810}:1", "4"]
+        );
+        assert!(spread.not_local(&[-1]));
+        assert!(!plain.not_local(&[-1]), "only a spread call can be refused");
+        assert!(!spread.not_local(&[1, 0, 0, 0]));
+    }
+
+    #[cfg(feature = "cluster")]
+    #[test]
+    fn the_spread_script_is_the_body_behind_a_prologue_without_shebang() {
+        let spread = Script::spread();
+        let production = Script::production();
+        assert_ne!(spread.sha, production.sha);
+        assert!(spread.source.ends_with(SOURCE));
+        // A shebang would change how Redis 7 runs the script (and Redis 6.2
+        // refuses it); none is needed for undeclared local keys.
+        assert!(!spread.source.starts_with("#!"));
+        assert!(!production.source.starts_with("#!"));
     }
 
     #[cfg(feature = "test-util")]

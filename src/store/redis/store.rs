@@ -10,7 +10,9 @@ use tokio::time::Instant;
 use super::batch::{Batcher, Pending, answer, batch_of};
 use super::connection::{Conn, Link};
 use super::failure::{classify, is_connection_error};
-use super::script::{Batch, Script};
+#[cfg(feature = "cluster")]
+use super::nodes::Nodes;
+use super::script::{Batch, Script, others_in_first_slot};
 use crate::decision::Reservation;
 use crate::error::Error;
 use crate::observe::{self, LogThrottle};
@@ -86,8 +88,18 @@ struct Inner {
     #[cfg(feature = "test-util")]
     test_script: Script,
     errors: LogThrottle,
-    /// `None` when the store sends every check on its own.
-    batcher: Option<Batcher>,
+    /// `None` when the store sends every check on its own (or, on a
+    /// cluster, batches per node).
+    batcher: Option<Arc<Batcher>>,
+    /// On a cluster: the slot map and a queue per primary (`nodes.rs`);
+    /// `None` elsewhere or when batching is off.
+    #[cfg(feature = "cluster")]
+    nodes: Option<Nodes>,
+    /// The script for batches over several slots of one node.
+    #[cfg(feature = "cluster")]
+    spread_script: Script,
+    #[cfg(all(feature = "cluster", feature = "test-util"))]
+    spread_test_script: Script,
     /// `None` when every check asks Redis.
     denials: Option<DenyCache>,
 }
@@ -112,6 +124,8 @@ pub(crate) struct Parts {
     pub(crate) connect_timeout: Duration,
     /// The most checks in one script call; 1 turns batching off.
     pub(crate) max_batch: usize,
+    /// A cluster: batches are made per node (`nodes.rs`).
+    pub(crate) per_node: bool,
     /// Denials kept in process; 0 turns the deny cache off.
     pub(crate) deny_cache: usize,
 }
@@ -129,7 +143,14 @@ impl RedisStore {
                 #[cfg(feature = "test-util")]
                 test_script: Script::with_test_clock(),
                 errors: LogThrottle::default(),
-                batcher: (parts.max_batch > 1).then(|| Batcher::new(parts.max_batch)),
+                batcher: (parts.max_batch > 1 && !parts.per_node)
+                    .then(|| Arc::new(Batcher::new(parts.max_batch))),
+                #[cfg(feature = "cluster")]
+                nodes: (parts.max_batch > 1 && parts.per_node).then(|| Nodes::new(parts.max_batch)),
+                #[cfg(feature = "cluster")]
+                spread_script: Script::spread(),
+                #[cfg(all(feature = "cluster", feature = "test-util"))]
+                spread_test_script: Script::spread_with_test_clock(),
                 denials: (parts.deny_cache > 0).then(|| DenyCache::new(parts.deny_cache)),
             }),
         }
@@ -314,11 +335,25 @@ impl RedisStore {
         // Batch only while the breaker is closed: when it is open, a check is
         // answered at once (or is the probe) instead of queueing behind calls
         // that may hang.
-        if clock.is_none()
-            && let Some(batcher) = &self.inner.batcher
-            && self.inner.breaker.is_closed()
-        {
-            return self.batched(batcher, keys, policy, cost, max_wait_us).await;
+        let may_batch = clock.is_none() && self.inner.breaker.is_closed();
+        if may_batch && let Some(batcher) = &self.inner.batcher {
+            let queue = Arc::clone(batcher);
+            return self
+                .batched(queue, false, keys, policy, cost, max_wait_us)
+                .await;
+        }
+        // On a cluster, into the queue of the node that serves the client's
+        // slot; sent on its own until the store has a slot map.
+        #[cfg(feature = "cluster")]
+        if may_batch && let Some(nodes) = &self.inner.nodes {
+            match keys.first().and_then(|key| nodes.queue_for(key)) {
+                Some(queue) => {
+                    return self
+                        .batched(queue, true, keys, policy, cost, max_wait_us)
+                        .await;
+                }
+                None => self.refresh_slots(),
+            }
         }
         let remembered = (cacheable && self.inner.denials.is_some()).then(|| keys.clone());
         let sent = Instant::now();
@@ -343,12 +378,20 @@ impl RedisStore {
 
     /// Several checks in one script call, decided in order at the microsecond
     /// `now_us` (cargo feature `test-util`): what batching sends under load.
+    ///
+    /// On a Redis Cluster the checks are grouped by the node that serves
+    /// their client's slot, by the store's slot map (read first if it has
+    /// none), and each group is one call, as batching does under load.
     #[cfg(feature = "test-util")]
     pub async fn check_batch_at(
         &self,
         checks: &[(&str, &Policy, u64)],
         now_us: u64,
     ) -> Result<Vec<Decision>, Error> {
+        #[cfg(feature = "cluster")]
+        if let Some(nodes) = &self.inner.nodes {
+            return self.check_batch_on_nodes(nodes, checks, now_us).await;
+        }
         let mut batch = Batch::new(Some(now_us));
         for (key, policy, cost) in checks {
             validate(policy, *cost)?;
@@ -383,11 +426,13 @@ impl RedisStore {
         Ok(Reservation::new(decision, wait))
     }
 
-    /// Queues a check for the next script call (see `batch.rs`) and waits for
+    /// Queues a check for the next script call of `queue` (see `batch.rs`;
+    /// `spread`: the queue of a cluster node, see `nodes.rs`) and waits for
     /// its answer, at most the store timeout.
     async fn batched(
         &self,
-        batcher: &Batcher,
+        queue: Arc<Batcher>,
+        spread: bool,
         keys: Vec<String>,
         policy: &Policy,
         cost: u64,
@@ -402,9 +447,9 @@ impl RedisStore {
             sent: Instant::now(),
             reply,
         };
-        if let Some(checks) = batcher.enqueue(check) {
+        if let Some(checks) = queue.enqueue(check) {
             let store = self.clone();
-            tokio::spawn(async move { store.drain(checks).await });
+            tokio::spawn(async move { store.drain(queue, checks, spread).await });
         }
         // Each check counts towards the breaker by what its caller saw: an
         // answer, a failure, or its own timeout (waiting in the queue or in
@@ -435,28 +480,215 @@ impl RedisStore {
         }
     }
 
-    /// Sends `checks`, then whatever queued meanwhile, until the queue is empty.
-    async fn drain(&self, mut checks: Vec<Pending>) {
-        let Some(batcher) = &self.inner.batcher else {
-            return;
-        };
+    /// Sends `checks`, then whatever queued meanwhile, until `queue` is
+    /// empty. `spread`: a cluster node's queue, whose batches may hold
+    /// clients of several slots.
+    async fn drain(&self, queue: Arc<Batcher>, mut checks: Vec<Pending>, spread: bool) {
         loop {
-            let batch = batch_of(&checks);
-            let script = &self.inner.script;
+            if spread {
+                let apart =
+                    others_in_first_slot(&mut checks, |c| c.keys.first().map(String::as_str));
+                for check in apart {
+                    let store = self.clone();
+                    tokio::spawn(async move { store.alone(check).await });
+                }
+            }
+            // One check needs no spread call: the production script decides
+            // it, routed by its own slot.
+            let spread = spread && checks.len() > 1;
+            let batch = batch_of(&checks, spread);
+            let script = self.batch_script(spread);
             let call = &batch;
-            let outcomes = self
+            let reply = self
                 .guarded_checks(
                     0,
                     |mut conn| async move { call.run(&mut conn, script).await },
                 )
-                .await
-                .and_then(|reply| batch.outcomes(&reply));
-            answer(checks, outcomes, self.inner.denials.as_ref());
-            match batcher.next() {
+                .await;
+            match reply {
+                Ok(reply) if batch.not_local(&reply) => {
+                    // The node does not serve every key (the slot map is
+                    // stale); nothing was written.
+                    for check in checks {
+                        let store = self.clone();
+                        tokio::spawn(async move { store.alone(check).await });
+                    }
+                    self.refresh_slots();
+                }
+                Ok(reply) => answer(checks, batch.outcomes(&reply), self.inner.denials.as_ref()),
+                Err(err) => {
+                    // A failover or a replaced connection may have moved
+                    // slots: read the map again.
+                    self.refresh_slots();
+                    answer(checks, Err(err), self.inner.denials.as_ref());
+                }
+            }
+            match queue.next() {
                 Some(next) => checks = next,
                 None => return,
             }
         }
+    }
+
+    /// Sends one check of a batch on its own, routed by its slot.
+    async fn alone(&self, check: Pending) {
+        if check.reply.is_closed() {
+            return;
+        }
+        let batch = batch_of(std::slice::from_ref(&check), false);
+        let script = &self.inner.script;
+        let call = &batch;
+        let outcomes = self
+            .guarded_checks(
+                0,
+                |mut conn| async move { call.run(&mut conn, script).await },
+            )
+            .await
+            .and_then(|reply| batch.outcomes(&reply));
+        answer(vec![check], outcomes, self.inner.denials.as_ref());
+    }
+
+    /// The script for a batch of `drain`.
+    fn batch_script(&self, spread: bool) -> &Script {
+        #[cfg(feature = "cluster")]
+        if spread {
+            return &self.inner.spread_script;
+        }
+        let _ = spread;
+        &self.inner.script
+    }
+
+    /// On a cluster, reads the slot map again in the background (at most one
+    /// read at a time, spaced; see `nodes.rs`); elsewhere nothing.
+    fn refresh_slots(&self) {
+        #[cfg(feature = "cluster")]
+        if let Some(nodes) = &self.inner.nodes
+            && nodes.begin_refresh(true)
+        {
+            let store = self.clone();
+            tokio::spawn(async move { store.read_slots().await });
+        }
+    }
+
+    /// Reads `CLUSTER SLOTS` through the cluster connection into the slot map,
+    /// after `begin_refresh` allowed it. A failure keeps the old map and is
+    /// reported as a store error (not counted by the breaker).
+    #[cfg(feature = "cluster")]
+    async fn read_slots(&self) {
+        let Some(nodes) = &self.inner.nodes else {
+            return;
+        };
+        let read = self
+            .bounded(
+                |mut conn| async move {
+                    redis::cmd("CLUSTER")
+                        .arg("SLOTS")
+                        .query_async::<Value>(&mut conn)
+                        .await
+                },
+                false,
+            )
+            .await;
+        let failure = match read {
+            Ok(reply) => nodes.install(&reply).err().map(|why| {
+                Error::store(
+                    crate::ErrorKind::Server,
+                    format!("Redis at {}: {why}", self.inner.link.host()),
+                )
+            }),
+            Err(err) => {
+                nodes.refresh_failed();
+                Some(err)
+            }
+        };
+        if let Some(err) = failure {
+            observe::store_error(STORE, &err, &self.inner.errors);
+        }
+    }
+
+    /// `check_batch_at` on a cluster: one call per node of the slot map, as
+    /// `drain` sends them (one by one after a call the node refused).
+    #[cfg(all(feature = "cluster", feature = "test-util"))]
+    async fn check_batch_on_nodes(
+        &self,
+        nodes: &Nodes,
+        checks: &[(&str, &Policy, u64)],
+        now_us: u64,
+    ) -> Result<Vec<Decision>, Error> {
+        if !nodes.has_map() && nodes.begin_refresh(false) {
+            self.read_slots().await;
+        }
+        // Per node (by its queue), its checks in order: index, first key.
+        type Members = Vec<(usize, String)>;
+        let mut groups: Vec<(Option<Arc<Batcher>>, Members)> = Vec::new();
+        for (i, (key, policy, cost)) in checks.iter().enumerate() {
+            validate(policy, *cost)?;
+            let first = policy
+                .quotas()
+                .first()
+                .map(|q| self.bucket_key(key, q))
+                .unwrap_or_default();
+            let queue = nodes.queue_for(&first);
+            let same = |g: &Option<Arc<Batcher>>| match (g, &queue) {
+                (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                _ => false,
+            };
+            match groups.iter_mut().find(|(g, _)| same(g)) {
+                Some((_, members)) => members.push((i, first)),
+                None => groups.push((queue, vec![(i, first)])),
+            }
+        }
+        let mut out: Vec<Option<Decision>> = checks.iter().map(|_| None).collect();
+        for (_, mut members) in groups {
+            // As `drain` does: other clients of the first one's slot apart,
+            // and one by one after a call the node refused.
+            let mut alone = others_in_first_slot(&mut members, |(_, k)| Some(k.as_str()));
+            let spread = members.len() > 1;
+            let mut batch = if spread {
+                Batch::spread(Some(now_us))
+            } else {
+                Batch::new(Some(now_us))
+            };
+            for (i, _) in &members {
+                let (key, policy, cost) = checks.get(*i).copied().ok_or_else(|| {
+                    Error::store(crate::ErrorKind::Server, "check index out of range")
+                })?;
+                let keys = policy.quotas().iter().map(|q| self.bucket_key(key, q));
+                batch.push(keys, policy, cost, 0);
+            }
+            let script = if spread {
+                &self.inner.spread_test_script
+            } else {
+                &self.inner.test_script
+            };
+            let call = &batch;
+            let reply = self
+                .guarded(|mut conn| async move { call.run(&mut conn, script).await })
+                .await?;
+            if batch.not_local(&reply) {
+                alone.append(&mut members);
+                if nodes.begin_refresh(false) {
+                    self.read_slots().await;
+                }
+            } else {
+                for ((i, _), (decision, _)) in members.iter().zip(batch.outcomes(&reply)?) {
+                    if let Some(slot) = out.get_mut(*i) {
+                        *slot = Some(decision);
+                    }
+                }
+            }
+            alone.sort_unstable_by_key(|(i, _)| *i);
+            for (i, _) in alone {
+                if let (Some((key, policy, cost)), Some(slot)) = (checks.get(i), out.get_mut(i)) {
+                    *slot = Some(self.decide(key, policy, *cost, Some(now_us)).await?);
+                }
+            }
+        }
+        out.into_iter()
+            .map(|d| {
+                d.ok_or_else(|| Error::store(crate::ErrorKind::Server, "check left undecided"))
+            })
+            .collect()
     }
 
     #[cfg(feature = "test-util")]

@@ -1,0 +1,69 @@
+-- tollgate, Redis Cluster: a batch of decisions whose clients live in several
+-- slots of one node. Put in front of token_bucket.lua, whose body runs
+-- unchanged after it (one script, its own SHA: src/store/redis/script.rs).
+--
+-- KEYS        the batch's keys in the slot of its first key (the store sends
+--             other clients of that slot apart, so these are one client's):
+--             they route the call to that slot's primary, and while that
+--             slot migrates Redis serves them together or not at all. No
+--             other key of that slot may be undeclared: after ASK, the
+--             slot's new primary would read it as missing (ASKING) while it
+--             still lives on the old one.
+-- ARGV        the arguments of token_bucket.lua, then every key of the batch
+--             (declared or not) in the order token_bucket.lua reads KEYS,
+--             then their number.
+--
+-- A script without a shebang line may touch keys it did not declare, in any
+-- slot, as long as this node serves them (Redis 7 sets SCRIPT_ALLOW_CROSS_SLOT
+-- for such scripts; 6.2 checks only that a key is local); a key of another
+-- node fails its command with "... non local key ...". So every key is read
+-- first, before anything is written: if one is not served here, the call
+-- writes nothing and replies {-1}, and the client sends the batch's
+-- decisions one by one, each routed to its own slot's primary.
+--
+-- Left open: a call sent on with ASK runs with ASKING for every slot its
+-- node imports, so a key of a second slot being imported into the same node
+-- at that moment, not yet moved, would read as missing. redis-cli moves one
+-- slot at a time, so this needs two slots moved into one node in parallel.
+--
+-- The values read are kept and the body's GET reads them from here; its SET
+-- updates them, so a key that comes twice in the batch is read as the
+-- decision before left it, exactly as the same decisions sent one by one.
+
+local KEYS, redis = KEYS, redis
+do
+  local real = redis
+  local argc = #ARGV
+  local n = ARGV[argc] + 0
+  local keys, held = {}, {}
+  for i = 1, n do
+    local key = ARGV[argc - n + i - 1]
+    keys[i] = key
+    if held[key] == nil then
+      local value = real.pcall("GET", key)
+      if type(value) == "table" then
+        if value.err and string.find(value.err, "non local key", 1, true) then
+          return { -1 }
+        end
+        return value
+      end
+      held[key] = value
+    end
+  end
+  KEYS = keys
+  redis = setmetatable({
+    call = function(command, ...)
+      if command == "GET" then
+        local value = held[(...)]
+        if value ~= nil then
+          return value
+        end
+      elseif command == "SET" then
+        local key, value = ...
+        held[key] = value
+      end
+      return real.call(command, ...)
+    end,
+  }, { __index = real })
+end
+

@@ -1,0 +1,238 @@
+//! Batching on a Redis Cluster, per node: which primary serves each slot, and
+//! one queue of checks per primary.
+//!
+//! - **Grouped by node.** A check goes into the queue of the primary that
+//!   serves its client's slot (the CRC16 of the `{hash tag}`), by the last
+//!   slot map the store read (`CLUSTER SLOTS`, through the cluster
+//!   connection). Each queue has its own [`MAX_IN_FLIGHT`](super::batch::MAX_IN_FLIGHT)
+//!   calls, so a slow node does not hold up the others.
+//! - **One call, one node, several slots.** A batch goes out as one call of
+//!   `Script::spread`, routed by its first check's slot; the script checks that
+//!   the node serves every other key before it writes anything.
+//! - **A stale map costs speed, never answers.** If the node does not serve
+//!   every key (a slot moved, a failover split slots differently), the call
+//!   writes nothing and says so; its checks are then sent one by one, each
+//!   routed to its own slot (redis-rs follows `MOVED` and `ASK`), and the map
+//!   is read again. Without a map (before the first read) checks are sent one
+//!   by one.
+//! - **Migrations.** A call declares the keys of its first slot, and checks
+//!   of other clients in that slot go apart: after `ASK` the slot's new
+//!   primary runs the call with `ASKING` and would read an undeclared,
+//!   not yet moved key of that slot as missing. The same holds for a second
+//!   slot imported into that primary at the same moment: left open (one
+//!   slot moves at a time with `redis-cli --cluster reshard`).
+//! - **Read again** when the store has none, after such a call, and after a
+//!   batch failed (a failover, a replaced connection), at most once per
+//!   [`REFRESH_INTERVAL`].
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use redis::Value;
+use tokio::time::Instant;
+
+use super::batch::Batcher;
+use super::script::hash_slot;
+
+/// Hash slots of a Redis Cluster.
+const SLOTS: usize = super::script::SLOTS as usize;
+/// A slot no primary serves in the map.
+const UNSERVED: u16 = u16::MAX;
+/// At most one read of the slot map per this interval.
+pub(crate) const REFRESH_INTERVAL: Duration = Duration::from_millis(100);
+
+/// Which primary serves each slot, and each primary's queue.
+struct SlotMap {
+    /// Per slot: the index of its primary in `queues`, or [`UNSERVED`].
+    owners: Vec<u16>,
+    /// Per primary: its node id (or address) and its queue.
+    queues: Vec<(String, Arc<Batcher>)>,
+}
+
+/// The per-node queues of a store on a cluster.
+pub(crate) struct Nodes {
+    max_batch: usize,
+    map: Mutex<Option<Arc<SlotMap>>>,
+    refreshing: AtomicBool,
+    refreshed_at: Mutex<Option<Instant>>,
+}
+
+impl Nodes {
+    pub(crate) fn new(max_batch: usize) -> Self {
+        Nodes {
+            max_batch,
+            map: Mutex::new(None),
+            refreshing: AtomicBool::new(false),
+            refreshed_at: Mutex::new(None),
+        }
+    }
+
+    fn map(&self) -> MutexGuard<'_, Option<Arc<SlotMap>>> {
+        self.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The queue of the primary that serves `key`'s slot by the last map;
+    /// `None` without a map or when the map has no primary for the slot.
+    pub(crate) fn queue_for(&self, key: &str) -> Option<Arc<Batcher>> {
+        let map = self.map().clone()?;
+        let owner = *map.owners.get(usize::from(hash_slot(key.as_bytes())))?;
+        map.queues
+            .get(usize::from(owner))
+            .map(|(_, queue)| Arc::clone(queue))
+    }
+
+    /// Whether the store has read a slot map yet.
+    #[cfg(feature = "test-util")]
+    pub(crate) fn has_map(&self) -> bool {
+        self.map().is_some()
+    }
+
+    /// Whether a read of the slot map may start now: none runs and, if
+    /// `spaced`, none started within [`REFRESH_INTERVAL`]. If so, the caller
+    /// reads it and ends with [`install`](Self::install) or
+    /// [`refresh_failed`](Self::refresh_failed).
+    pub(crate) fn begin_refresh(&self, spaced: bool) -> bool {
+        let mut at = self.refreshed_at.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        if spaced && at.is_some_and(|at| now.duration_since(at) < REFRESH_INTERVAL) {
+            return false;
+        }
+        if self.refreshing.swap(true, Ordering::AcqRel) {
+            return false;
+        }
+        *at = Some(now);
+        true
+    }
+
+    /// Ends a read of the slot map that failed; the old map stays.
+    pub(crate) fn refresh_failed(&self) {
+        self.refreshing.store(false, Ordering::Release);
+    }
+
+    /// Installs the slot map of a `CLUSTER SLOTS` reply, keeping the queue of
+    /// every primary that stays (its checks and calls in flight go on), and
+    /// ends the read. A reply it cannot read leaves the old map.
+    pub(crate) fn install(&self, reply: &Value) -> Result<(), String> {
+        let outcome = self.parse(reply).map(|map| {
+            *self.map() = Some(Arc::new(map));
+        });
+        self.refreshing.store(false, Ordering::Release);
+        outcome
+    }
+
+    fn parse(&self, reply: &Value) -> Result<SlotMap, String> {
+        let Value::Array(ranges) = reply else {
+            return Err(format!("CLUSTER SLOTS replied {reply:?}"));
+        };
+        let old: HashMap<String, Arc<Batcher>> = self
+            .map()
+            .as_ref()
+            .map(|m| m.queues.iter().cloned().collect())
+            .unwrap_or_default();
+        let mut owners = vec![UNSERVED; SLOTS];
+        let mut queues: Vec<(String, Arc<Batcher>)> = Vec::new();
+        for range in ranges {
+            let (start, end, node) = parse_range(range)
+                .ok_or_else(|| format!("unexpected CLUSTER SLOTS entry {range:?}"))?;
+            let index = match queues.iter().position(|(id, _)| *id == node) {
+                Some(i) => i,
+                None => {
+                    let queue = old
+                        .get(&node)
+                        .cloned()
+                        .unwrap_or_else(|| Arc::new(Batcher::new(self.max_batch)));
+                    queues.push((node, queue));
+                    queues.len() - 1
+                }
+            };
+            let index = u16::try_from(index).map_err(|_| "too many primaries".to_string())?;
+            for owner in owners.iter_mut().take(end + 1).skip(start) {
+                *owner = index;
+            }
+        }
+        Ok(SlotMap { owners, queues })
+    }
+}
+
+/// One `CLUSTER SLOTS` entry: first and last slot, and the primary's node id
+/// (its address if the reply has no id).
+fn parse_range(range: &Value) -> Option<(usize, usize, String)> {
+    let Value::Array(fields) = range else {
+        return None;
+    };
+    let number = |v: &Value| match v {
+        Value::Int(n) => usize::try_from(*n).ok().filter(|n| *n < SLOTS),
+        _ => None,
+    };
+    let text = |v: &Value| match v {
+        Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+        Value::SimpleString(s) => Some(s.clone()),
+        Value::Int(n) => Some(n.to_string()),
+        _ => None,
+    };
+    let start = number(fields.first()?)?;
+    let end = number(fields.get(1)?)?;
+    let Value::Array(primary) = fields.get(2)? else {
+        return None;
+    };
+    let node = match primary.get(2).and_then(text) {
+        Some(id) if !id.is_empty() => id,
+        _ => format!("{}:{}", text(primary.first()?)?, text(primary.get(1)?)?),
+    };
+    (start <= end).then_some((start, end, node))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn range(start: i64, end: i64, port: i64, id: &str) -> Value {
+        Value::Array(vec![
+            Value::Int(start),
+            Value::Int(end),
+            Value::Array(vec![
+                Value::BulkString(b"127.0.0.1".to_vec()),
+                Value::Int(port),
+                Value::BulkString(id.as_bytes().to_vec()),
+            ]),
+        ])
+    }
+
+    #[test]
+    fn a_new_map_keeps_the_queues_of_the_primaries_that_stay() {
+        let nodes = Nodes::new(8);
+        assert!(nodes.queue_for("{a}").is_none(), "no map yet");
+        let first = Value::Array(vec![
+            range(0, 8000, 7000, "n1"),
+            range(8001, 16383, 7001, "n2"),
+        ]);
+        nodes.install(&first).unwrap();
+        let a = nodes.queue_for("{a}").unwrap(); // slot 15495
+        let b = nodes.queue_for("{b}").unwrap(); // slot 3300
+        assert!(!Arc::ptr_eq(&a, &b));
+        // n2 takes slots 0-4000 ({b} among them) from n1.
+        let second = Value::Array(vec![
+            range(0, 4000, 7001, "n2"),
+            range(4001, 8000, 7000, "n1"),
+            range(8001, 16383, 7001, "n2"),
+        ]);
+        nodes.install(&second).unwrap();
+        assert!(Arc::ptr_eq(&nodes.queue_for("{b}").unwrap(), &a));
+        assert!(Arc::ptr_eq(&nodes.queue_for("{a}").unwrap(), &a));
+        assert!(nodes.install(&Value::Nil).is_err());
+        assert!(Arc::ptr_eq(&nodes.queue_for("{a}").unwrap(), &a));
+    }
+
+    #[test]
+    fn refreshes_are_one_at_a_time_and_spaced() {
+        let nodes = Nodes::new(8);
+        assert!(nodes.begin_refresh(true));
+        assert!(!nodes.begin_refresh(true));
+        assert!(!nodes.begin_refresh(false), "one at a time");
+        nodes.refresh_failed();
+        assert!(!nodes.begin_refresh(true), "within the interval");
+        assert!(nodes.begin_refresh(false));
+    }
+}
