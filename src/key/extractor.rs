@@ -17,14 +17,15 @@ pub trait KeyExtractor: Send + Sync + 'static {
 
     /// The client key of this request, or `None` when it has none.
     ///
-    /// The layer polls this future once where the request arrives, without
-    /// boxing it, and decides the request there when it is ready (as every
-    /// built-in extractor's and [`from_fn`](super::from_fn)'s is). A future
-    /// that is not ready at that first poll is dropped, and from then on this
-    /// extractor's futures are boxed and awaited inside the request's future:
-    /// the first such request's extraction starts over once, so an extractor
-    /// that does real asynchronous work should be safe to cancel at its
-    /// first `.await`.
+    /// The layer polls this future once, without boxing it, and uses the key
+    /// at once when it is ready (as every built-in extractor's and
+    /// [`from_fn`](super::from_fn)'s is). A future that is not ready at that
+    /// first poll is dropped, and from then on this extractor's futures are
+    /// boxed and awaited inside the request's future. The requests that find
+    /// the extractor not yet known to wait (the first one, and any that
+    /// arrive at the same moment) extract their key again from the start, so
+    /// an extractor that does real asynchronous work should be safe to
+    /// cancel at its first `.await`.
     fn extract(&self, parts: &Parts) -> impl Future<Output = Option<String>> + Send;
 }
 

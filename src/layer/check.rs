@@ -72,8 +72,10 @@ pub(crate) enum Now {
 
 /// The decision for a request without waiting for anything, the common
 /// case: built-in extractors are ready at once, a memory store (and a Redis
-/// store's deny cache) answers at once. No future is made, boxed or polled
-/// for such a request; nothing is sent to a store here.
+/// store's deny cache) answers at once. Such a request's futures (the key
+/// extractor's, `prepare`) live on the stack and are polled once; nothing is
+/// boxed, and nothing is sent to a store here. A memory store spends the
+/// request's tokens here, in the service's `call`.
 pub(crate) fn check_now(config: &Config, parts: &mut Parts) -> Now {
     if config.delay.is_some() {
         return Now::Wait;

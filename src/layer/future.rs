@@ -16,8 +16,11 @@ use super::outcome::After;
 use super::report::apply_report;
 
 pin_project! {
-    /// The response future of [`RateLimit`](super::RateLimit): decides the
-    /// request, then calls the inner service or answers by itself.
+    /// The response future of [`RateLimit`](super::RateLimit): the inner
+    /// service's future or the layer's own answer for a request decided in
+    /// `call`; otherwise it decides the request first (a Redis call, a key
+    /// extractor that waits, delay mode), then calls the inner service or
+    /// answers by itself.
     pub struct ResponseFuture<S, ReqBody>
     where
         S: Service<Request<ReqBody>>,
