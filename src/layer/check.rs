@@ -10,6 +10,7 @@
 //! request head, so the request body (`Send` but not `Sync`) is never
 //! borrowed across an `.await`.
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
@@ -77,14 +78,17 @@ pub(crate) enum Now {
 /// boxed, and nothing is sent to a store here. A memory store spends the
 /// request's tokens here, in the service's `call`.
 pub(crate) fn check_now(config: &Config, parts: &mut Parts) -> Now {
-    if config.delay.is_some() {
+    if config.delay.is_some() || config.waits.load(Ordering::Relaxed) {
         return Now::Wait;
     }
     let prepared = {
         let prepare = std::pin::pin!(prepare(config, parts, false));
         match prepare.poll(&mut Context::from_waker(Waker::noop())) {
             Poll::Ready(prepared) => prepared,
-            Poll::Pending => return Now::Wait,
+            Poll::Pending => {
+                config.waits.store(true, Ordering::Relaxed);
+                return Now::Wait;
+            }
         }
     };
     let result = match prepared {

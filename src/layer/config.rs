@@ -441,6 +441,10 @@ pub(crate) struct Config {
     pub(crate) shadow: bool,
     /// Delay mode, when set.
     pub(crate) delay: Option<Holding>,
+    /// Set once a request's key extractor waited: from then on every request
+    /// is checked in its response future, without a try in `call` (which
+    /// would run the policy choice twice).
+    pub(crate) waits: Arc<AtomicBool>,
 }
 
 impl fmt::Debug for Config {

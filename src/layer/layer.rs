@@ -68,6 +68,7 @@ impl RateLimitLayer {
                 rejection: Rejection::default().0,
                 shadow: false,
                 delay: None,
+                waits: Arc::default(),
             }),
         }
     }

@@ -508,17 +508,25 @@ mod tests {
     #[tokio::test]
     async fn an_extractor_that_waits_is_awaited_and_asked_again_only_once() {
         let asked = Arc::new(AtomicUsize::new(0));
+        let chosen = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&chosen);
         let inner = tower::service_fn(|_: Request<()>| async { text("ok") });
         let svc = RateLimitLayer::new(MemoryStore::new(), Quota::per_minute(2).unwrap())
             .key(Waiting(Arc::clone(&asked)))
+            .policy(move |_| {
+                counted.fetch_add(1, Ordering::SeqCst);
+                crate::layer::Choice::Default
+            })
             .layer(inner);
         for status in [200, 200, 429, 429] {
             let res = svc.clone().oneshot(Request::new(())).await.unwrap();
             assert_eq!(res.status(), status);
         }
         // The first request's try without waiting polled a future once and
-        // dropped it; from then on every request's future is awaited, once.
+        // dropped it; from then on every request's future is awaited, once,
+        // and its policy chosen once.
         assert_eq!(asked.load(Ordering::SeqCst), 5);
+        assert_eq!(chosen.load(Ordering::SeqCst), 5);
     }
 
     /// An inner service that counts its clones.
