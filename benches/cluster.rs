@@ -344,6 +344,61 @@ fn script_load(s: &dyn Server) -> String {
     s.script_load(SCRIPT)
 }
 
+/// The cluster store's batch script: `lua/cluster_batch.lua` in front of
+/// the token bucket (as `Script::spread` builds it).
+const SPREAD: &str = concat!(
+    include_str!("../lua/cluster_batch.lua"),
+    include_str!("../lua/token_bucket.lua")
+);
+
+/// `redis-benchmark` sending calls of `BATCH` decisions each (50 clients,
+/// 4-deep pipelines), as batching makes them under load: every key with the
+/// hash tag `{tag}` (one slot, so a cluster takes it declared), the decisions
+/// those of the single-decision run above. `spread`: the cluster store's
+/// batch script, with the keys also in `ARGV`. Returns calls per second and
+/// the server's CPU µs per decision.
+fn redis_benchmark_batched(port: u16, tag: &str, node: &dyn Server, spread: bool) -> (f64, f64) {
+    const BATCH: usize = 16;
+    let sha = node.script_load(if spread { SPREAD } else { SCRIPT });
+    node.reset();
+    let cpu_before = cpu_seconds(node);
+    let requests = 20_000u64;
+    let keys: Vec<String> = (0..BATCH)
+        .map(|i| format!("tollgate:{{{tag}}}:u{i}:__rand_int__:10/1s:10"))
+        .collect();
+    let mut cmd = std::process::Command::new("timeout");
+    cmd.args(["120", "redis-benchmark", "-h", "127.0.0.1", "-p"])
+        .arg(port.to_string())
+        .args(["-c", "50", "-P", "4", "-r", &KEYS.to_string(), "--csv"])
+        .args(["-n", &requests.to_string()])
+        .args(["EVALSHA", &sha, &BATCH.to_string()])
+        .args(&keys)
+        .args(["", "1", "1000000", "1", "100000", &BATCH.to_string()]);
+    for _ in 0..BATCH {
+        cmd.args(["1", "1", "1", "0"]);
+    }
+    if spread {
+        cmd.args(&keys).arg(BATCH.to_string());
+    }
+    let out = cmd
+        .output()
+        .expect("redis-benchmark (from the redis-tools package)");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let rps: f64 = stdout
+        .lines()
+        .nth(1)
+        .and_then(|l| l.split(',').nth(1))
+        .map(|v| v.trim_matches('"'))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("redis-benchmark output: {stdout}"));
+    let cpu_s = cpu_seconds(node) - cpu_before;
+    let (calls, _) = commandstats(node)
+        .get("evalsha")
+        .copied()
+        .unwrap_or((0, 0.0));
+    (rps, cpu_s * 1e6 / (calls as f64 * BATCH as f64))
+}
+
 /// One `redis-benchmark` run.
 struct BenchRow {
     name: String,
@@ -639,6 +694,71 @@ fn main() {
          a cluster primary / single node {:.2}x",
         mean_cpu("cluster of 1") / mean_cpu("single"),
         mean_cpu("cluster primary") / mean_cpu("single")
+    );
+    // The same comparison at 16 decisions per call, as batching sends them:
+    // what a node pays per decision once the per-call cost is spread, with
+    // the production script and with the cluster store's batch script.
+    println!();
+    println!(
+        "redis-benchmark EVALSHA of 16 decisions per call (one hash tag), 50 clients, -P 4 \
+         (no tollgate client):"
+    );
+    println!(
+        "| {:<44} | {:>11} | {:>14} |",
+        "servers, script", "calls/s", "Redis CPU µs/d"
+    );
+    println!("|{:-<46}|{:->13}|{:->16}|", "", "", "");
+    let mut batched: Vec<BenchRow> = Vec::new();
+    for _ in 0..2 {
+        let (rps, cpu) = redis_benchmark_batched(single.port(), "t", &single, false);
+        batched.push(BenchRow::new(
+            "single node, token_bucket.lua",
+            rps,
+            cpu,
+            0.0,
+        ));
+        let (rps, cpu) = redis_benchmark_batched(one.port(), "t", &one, false);
+        batched.push(BenchRow::new(
+            "cluster of 1 node, token_bucket.lua",
+            rps,
+            cpu,
+            0.0,
+        ));
+        let (rps, cpu) = redis_benchmark_batched(one.port(), "t", &one, true);
+        batched.push(BenchRow::new(
+            "cluster of 1 node, batch script",
+            rps,
+            cpu,
+            0.0,
+        ));
+        let (p, tag) = (&primaries[0], &tags[0]);
+        let (rps, cpu) = redis_benchmark_batched(p.port(), tag, p, true);
+        batched.push(BenchRow::new(
+            &format!("cluster primary :{}, batch script", p.port()),
+            rps,
+            cpu,
+            0.0,
+        ));
+    }
+    for r in &batched {
+        println!("| {:<44} | {:>11.0} | {:>14.2} |", r.name, r.rps, r.cpu);
+    }
+    let mean_batched = |prefix: &str| {
+        let cpus: Vec<f64> = batched
+            .iter()
+            .filter(|r| r.name.starts_with(prefix))
+            .map(|r| r.cpu)
+            .collect();
+        cpus.iter().sum::<f64>() / cpus.len() as f64
+    };
+    let single_cpu = mean_batched("single node");
+    println!(
+        "redis-benchmark, 16 decisions per call, Redis CPU per decision against the single node: \
+         cluster of 1 node {:.2}x, with the batch script {:.2}x, a cluster primary with the batch \
+         script {:.2}x",
+        mean_batched("cluster of 1 node, token") / single_cpu,
+        mean_batched("cluster of 1 node, batch") / single_cpu,
+        mean_batched("cluster primary") / single_cpu
     );
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!("load average: {}", load.trim());

@@ -26,21 +26,22 @@
 -- at that moment, not yet moved, would read as missing. redis-cli moves one
 -- slot at a time, so this needs two slots moved into one node in parallel.
 --
--- The values read are kept and the body's GET reads them from here; its SET
--- updates them, so a key that comes twice in the batch is read as the
+-- The values read are kept in `held`, and the body reads them from there
+-- instead of sending GET again: its GET and SET lines are rewritten for this
+-- script (src/store/redis/script.rs, `Script::spread`) to read `held` and to
+-- keep it up to date, so a key that comes twice in the batch is read as the
 -- decision before left it, exactly as the same decisions sent one by one.
 
-local KEYS, redis = KEYS, redis
+local KEYS, held = KEYS, {}
 do
-  local real = redis
   local argc = #ARGV
   local n = ARGV[argc] + 0
-  local keys, held = {}, {}
+  local keys = {}
   for i = 1, n do
     local key = ARGV[argc - n + i - 1]
     keys[i] = key
     if held[key] == nil then
-      local value = real.pcall("GET", key)
+      local value = redis.pcall("GET", key)
       if type(value) == "table" then
         if value.err and string.find(value.err, "non local key", 1, true) then
           return { -1 }
@@ -51,19 +52,4 @@ do
     end
   end
   KEYS = keys
-  redis = setmetatable({
-    call = function(command, ...)
-      if command == "GET" then
-        local value = held[(...)]
-        if value ~= nil then
-          return value
-        end
-      elseif command == "SET" then
-        local key, value = ...
-        held[key] = value
-      end
-      return real.call(command, ...)
-    end,
-  }, { __index = real })
 end
-

@@ -50,13 +50,13 @@ impl Script {
     /// line, so it runs as the production script does (see the prologue).
     #[cfg(feature = "cluster")]
     pub(crate) fn spread() -> Self {
-        Self::new(format!("{SPREAD_PROLOGUE}{SOURCE}"))
+        Self::new(spread_source(SOURCE))
     }
 
     /// [`Script::spread`] over the test clock of [`Script::with_test_clock`].
     #[cfg(all(feature = "cluster", feature = "test-util"))]
     pub(crate) fn spread_with_test_clock() -> Self {
-        Self::new(format!("{SPREAD_PROLOGUE}{}", test_clock_source()))
+        Self::new(spread_source(&test_clock_source()))
     }
 
     fn new(source: String) -> Self {
@@ -72,6 +72,35 @@ fn test_clock_source() -> String {
                  {math.floor(tonumber(ARGV[1]) / 1000000), tonumber(ARGV[1]) % 1000000} \
                  or redis.call(\"TIME\")";
     SOURCE.replacen(CLOCK_LINE, clock, 1)
+}
+
+/// The line of [`SOURCE`] that reads a bucket.
+#[cfg(feature = "cluster")]
+const GET_LINE: &str = "local stored = call(\"GET\", key)";
+
+/// The line of [`SOURCE`] that writes a bucket.
+#[cfg(feature = "cluster")]
+const SET_LINE: &str =
+    "call(\"SET\", key, format(VALUE, level, stamp), \"PX\", format(INT, ttl + 1000))";
+
+/// `body` behind the batch prologue, its bucket reads and writes going
+/// through the values the prologue read (`held`, see
+/// `lua/cluster_batch.lua`): a read comes from there, a write goes there too.
+#[cfg(feature = "cluster")]
+fn spread_source(body: &str) -> String {
+    let body = body
+        .replacen(
+            GET_LINE,
+            "local stored = held[key]\n  if stored == nil then\n    stored = call(\"GET\", key)\n  end",
+            1,
+        )
+        .replacen(
+            SET_LINE,
+            "local value = format(VALUE, level, stamp)\n    held[key] = value\n    \
+             call(\"SET\", key, value, \"PX\", format(INT, ttl + 1000))",
+            1,
+        );
+    format!("{SPREAD_PROLOGUE}{body}")
 }
 
 /// Hash slots of a Redis Cluster.
@@ -483,7 +512,15 @@ mod tests {
         let spread = Script::spread();
         let production = Script::production();
         assert_ne!(spread.sha, production.sha);
-        assert!(spread.source.ends_with(SOURCE));
+        // The body's bucket reads and writes go through what the prologue
+        // read (no second GET, and a repeated key sees the write before).
+        assert_eq!(SOURCE.matches(GET_LINE).count(), 1);
+        assert_eq!(SOURCE.matches(SET_LINE).count(), 1);
+        assert!(!spread.source.contains(GET_LINE));
+        assert!(!spread.source.contains(SET_LINE));
+        assert!(spread.source.contains("local stored = held[key]"));
+        assert!(spread.source.contains("held[key] = value"));
+        assert!(!spread.source.contains("setmetatable"));
         // A shebang would change how Redis 7 runs the script (and Redis 6.2
         // refuses it); none is needed for undeclared local keys.
         assert!(!spread.source.starts_with("#!"));
