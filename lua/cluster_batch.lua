@@ -1,6 +1,7 @@
 -- tollgate, Redis Cluster: a batch of decisions whose clients live in several
--- slots of one node. Put in front of token_bucket.lua, whose body runs
--- unchanged after it (one script, its own SHA: src/store/redis/script.rs).
+-- slots of one node. Put in front of token_bucket.lua, whose body runs after
+-- it with its bucket GET and SET lines rewritten to go through `held` (one
+-- script, its own SHA: src/store/redis/script.rs, `Script::spread`).
 --
 -- KEYS        the batch's keys in the slot of its first key (the store sends
 --             other clients of that slot apart, so these are one client's):
