@@ -312,32 +312,48 @@ fn redis_benchmark(port: u16, key: &str, node: &dyn Server) -> (f64, f64, f64) {
     node.reset();
     let cpu_before = cpu_seconds(node);
     let requests = 300_000u64;
-    let out = std::process::Command::new("timeout")
-        .args(["120", "redis-benchmark", "-h", "127.0.0.1", "-p"])
-        .arg(port.to_string())
-        .args(["-c", "50", "-P", "16", "-r", &KEYS.to_string(), "--csv"])
-        .args(["-n", &requests.to_string()])
-        .args(["EVALSHA", &sha, "1", key])
+    let mut cmd = redis_benchmark_command(port, 16, requests);
+    cmd.args(["EVALSHA", &sha, "1", key])
         // The script's arguments (see lua/token_bucket.lua): no test clock,
         // one quota (10/s: full 10 x 100 000 units, 1 unit a µs, 100 000
         // units a token), one decision of one quota, cost 1, no debt.
-        .args(["", "1", "1000000", "1", "100000", "1", "1", "1", "1", "0"])
-        .output()
-        .expect("redis-benchmark (from the redis-tools package)");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let rps: f64 = stdout
-        .lines()
-        .nth(1)
-        .and_then(|l| l.split(',').nth(1))
-        .map(|v| v.trim_matches('"'))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("redis-benchmark output: {stdout}"));
+        .args(["", "1", "1000000", "1", "100000", "1", "1", "1", "1", "0"]);
+    let rps = requests_per_second(&mut cmd);
     let cpu_s = cpu_seconds(node) - cpu_before;
     let (calls, usec) = commandstats(node)
         .get("evalsha")
         .copied()
         .unwrap_or((0, 0.0));
     (rps, cpu_s * 1e6 / calls as f64, usec / calls as f64)
+}
+
+/// `redis-benchmark` against the server on `port`: 50 clients, `pipeline`
+/// deep, `requests` calls, random numbers among the benchmark's keys, CSV
+/// output; the command's arguments follow.
+fn redis_benchmark_command(port: u16, pipeline: u32, requests: u64) -> std::process::Command {
+    let mut cmd = std::process::Command::new("timeout");
+    cmd.args(["120", "redis-benchmark", "-h", "127.0.0.1", "-p"])
+        .arg(port.to_string())
+        .args(["-c", "50", "-P", &pipeline.to_string()])
+        .args(["-r", &KEYS.to_string(), "--csv"])
+        .args(["-n", &requests.to_string()]);
+    cmd
+}
+
+/// Runs `cmd` (from [`redis_benchmark_command`]) and reads its requests per
+/// second.
+fn requests_per_second(cmd: &mut std::process::Command) -> f64 {
+    let out = cmd
+        .output()
+        .expect("redis-benchmark (from the redis-tools package)");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    stdout
+        .lines()
+        .nth(1)
+        .and_then(|l| l.split(',').nth(1))
+        .map(|v| v.trim_matches('"'))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("redis-benchmark output: {stdout}"))
 }
 
 fn script_load(s: &dyn Server) -> String {
@@ -366,12 +382,8 @@ fn redis_benchmark_batched(port: u16, tag: &str, node: &dyn Server, spread: bool
     let keys: Vec<String> = (0..BATCH)
         .map(|i| format!("tollgate:{{{tag}}}:u{i}:__rand_int__:10/1s:10"))
         .collect();
-    let mut cmd = std::process::Command::new("timeout");
-    cmd.args(["120", "redis-benchmark", "-h", "127.0.0.1", "-p"])
-        .arg(port.to_string())
-        .args(["-c", "50", "-P", "4", "-r", &KEYS.to_string(), "--csv"])
-        .args(["-n", &requests.to_string()])
-        .args(["EVALSHA", &sha, &BATCH.to_string()])
+    let mut cmd = redis_benchmark_command(port, 4, requests);
+    cmd.args(["EVALSHA", &sha, &BATCH.to_string()])
         .args(&keys)
         .args(["", "1", "1000000", "1", "100000", &BATCH.to_string()]);
     for _ in 0..BATCH {
@@ -380,17 +392,7 @@ fn redis_benchmark_batched(port: u16, tag: &str, node: &dyn Server, spread: bool
     if spread {
         cmd.args(&keys).arg(BATCH.to_string());
     }
-    let out = cmd
-        .output()
-        .expect("redis-benchmark (from the redis-tools package)");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let rps: f64 = stdout
-        .lines()
-        .nth(1)
-        .and_then(|l| l.split(',').nth(1))
-        .map(|v| v.trim_matches('"'))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("redis-benchmark output: {stdout}"));
+    let rps = requests_per_second(&mut cmd);
     let cpu_s = cpu_seconds(node) - cpu_before;
     let (calls, _) = commandstats(node)
         .get("evalsha")
