@@ -401,6 +401,16 @@ fn redis_benchmark_batched(port: u16, tag: &str, node: &dyn Server, spread: bool
     (rps, cpu_s * 1e6 / (calls as f64 * BATCH as f64))
 }
 
+/// The mean Redis CPU of the rows whose name starts with `prefix`.
+fn mean_cpu_of(rows: &[BenchRow], prefix: &str) -> f64 {
+    let cpus: Vec<f64> = rows
+        .iter()
+        .filter(|r| r.name.starts_with(prefix))
+        .map(|r| r.cpu)
+        .collect();
+    cpus.iter().sum::<f64>() / cpus.len() as f64
+}
+
 /// One `redis-benchmark` run.
 struct BenchRow {
     name: String,
@@ -683,14 +693,7 @@ fn main() {
             r.name, r.rps, r.cpu, r.usec
         );
     }
-    let mean_cpu = |prefix: &str| {
-        let cpus: Vec<f64> = rows
-            .iter()
-            .filter(|r| r.name.starts_with(prefix))
-            .map(|r| r.cpu)
-            .collect();
-        cpus.iter().sum::<f64>() / cpus.len() as f64
-    };
+    let mean_cpu = |prefix: &str| mean_cpu_of(&rows, prefix);
     println!(
         "redis-benchmark, Redis CPU per call: cluster of 1 node / single node {:.2}x, \
          a cluster primary / single node {:.2}x",
@@ -710,49 +713,43 @@ fn main() {
         "servers, script", "calls/s", "Redis CPU µs/d"
     );
     println!("|{:-<46}|{:->13}|{:->16}|", "", "", "");
+    let (primary, tag) = (&primaries[0], &tags[0]);
+    let primary_name = format!("cluster primary :{}, batch script", primary.port());
+    let targets: [(&str, u16, &str, &dyn Server, bool); 4] = [
+        (
+            "single node, token_bucket.lua",
+            single.port(),
+            "t",
+            &single,
+            false,
+        ),
+        (
+            "cluster of 1 node, token_bucket.lua",
+            one.port(),
+            "t",
+            &one,
+            false,
+        ),
+        (
+            "cluster of 1 node, batch script",
+            one.port(),
+            "t",
+            &one,
+            true,
+        ),
+        (&primary_name, primary.port(), tag, primary, true),
+    ];
     let mut batched: Vec<BenchRow> = Vec::new();
     for _ in 0..2 {
-        let (rps, cpu) = redis_benchmark_batched(single.port(), "t", &single, false);
-        batched.push(BenchRow::new(
-            "single node, token_bucket.lua",
-            rps,
-            cpu,
-            0.0,
-        ));
-        let (rps, cpu) = redis_benchmark_batched(one.port(), "t", &one, false);
-        batched.push(BenchRow::new(
-            "cluster of 1 node, token_bucket.lua",
-            rps,
-            cpu,
-            0.0,
-        ));
-        let (rps, cpu) = redis_benchmark_batched(one.port(), "t", &one, true);
-        batched.push(BenchRow::new(
-            "cluster of 1 node, batch script",
-            rps,
-            cpu,
-            0.0,
-        ));
-        let (p, tag) = (&primaries[0], &tags[0]);
-        let (rps, cpu) = redis_benchmark_batched(p.port(), tag, p, true);
-        batched.push(BenchRow::new(
-            &format!("cluster primary :{}, batch script", p.port()),
-            rps,
-            cpu,
-            0.0,
-        ));
+        for (name, port, tag, node, spread) in targets {
+            let (rps, cpu) = redis_benchmark_batched(port, tag, node, spread);
+            batched.push(BenchRow::new(name, rps, cpu, 0.0));
+        }
     }
     for r in &batched {
         println!("| {:<44} | {:>11.0} | {:>14.2} |", r.name, r.rps, r.cpu);
     }
-    let mean_batched = |prefix: &str| {
-        let cpus: Vec<f64> = batched
-            .iter()
-            .filter(|r| r.name.starts_with(prefix))
-            .map(|r| r.cpu)
-            .collect();
-        cpus.iter().sum::<f64>() / cpus.len() as f64
-    };
+    let mean_batched = |prefix: &str| mean_cpu_of(&batched, prefix);
     let single_cpu = mean_batched("single node");
     println!(
         "redis-benchmark, 16 decisions per call, Redis CPU per decision against the single node: \
