@@ -265,8 +265,10 @@ impl RedisCluster {
 
     /// Ok with the slot map once every node that is up says `cluster_state:ok`
     /// with all slots assigned and none failing, all agree on `CLUSTER SLOTS`
-    /// and on every node's role in `CLUSTER NODES`, `want_replicated` primaries
-    /// (at least) have a replica, and every replica's link to its primary is up.
+    /// and on every node's role in `CLUSTER NODES`, none flags a node that is
+    /// up as failing, `want_replicated` primaries (at least) have a replica,
+    /// every replica that is up is listed under its primary in `CLUSTER SLOTS`,
+    /// and every replica's link to its primary is up.
     fn ready_view(&self, want_replicated: usize) -> Result<Vec<SlotRange>, String> {
         let up: Vec<&Node> = self.nodes.iter().filter(|n| n.is_up()).collect();
         let mut first: Option<(Vec<SlotRange>, Vec<NodeLine>)> = None;
@@ -307,6 +309,13 @@ impl RedisCluster {
                 &redis::from_redis_value::<String>(q(&["CLUSTER", "NODES"])?)
                     .map_err(|e| e.to_string())?,
             );
+            // A node that is up must not be flagged failing by anyone (the
+            // flag is cleared a ping after the node's new role is known).
+            if let Some(l) = roles.iter().find(|l| {
+                (l.has("fail") || l.has("fail?")) && up.iter().any(|u| u.port() == l.port)
+            }) {
+                return Err(format!("{n:?} flags {} as {:?}", l.port, l.flags));
+            }
             for l in &mut roles {
                 l.flags.retain(|f| f == "master" || f == "slave");
                 l.link.clear();
@@ -333,6 +342,21 @@ impl RedisCluster {
                 .find(|l| l.port == n.port())
                 .ok_or_else(|| format!("{n:?} is not in the cluster"))?;
             if line.has("slave") {
+                // `CLUSTER SLOTS` lists a replica only once it is not flagged
+                // failing and its replication offset, as gossiped, is not 0:
+                // a replica that just synced is missing from it for a while.
+                let primary = line
+                    .master
+                    .as_ref()
+                    .and_then(|id| roles.iter().find(|l| &l.id == id))
+                    .map(|l| l.port);
+                if let Some(range) = slots.iter().find(|r| Some(r.primary) == primary)
+                    && !range.replicas.contains(&n.port())
+                {
+                    return Err(format!(
+                        "{n:?} replicates {primary:?} but CLUSTER SLOTS leaves it out: {slots:?}"
+                    ));
+                }
                 let repl: String = redis::cmd("INFO")
                     .arg("replication")
                     .query(conn)
