@@ -3,7 +3,8 @@
 //! call that decides them in order.
 //!
 //! - **No added latency at low load.** With fewer than [`MAX_IN_FLIGHT`] calls
-//!   under way, a check goes out at once, with whatever is queued.
+//!   under way (one per primary on a cluster of several), a check goes out at
+//!   once, with whatever is queued.
 //! - **Under load**, checks queue while calls are in flight; when a call ends,
 //!   the queue (up to the batch size) goes out as the next call.
 //! - Calls are sent from a task of their own, so a caller that gives up (a
@@ -15,6 +16,7 @@
 //!   store on a cluster keeps one queue like this per primary and batches the
 //!   checks of the slots that primary serves (see `nodes.rs`).
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use tokio::sync::oneshot;
@@ -51,6 +53,8 @@ pub(crate) struct Queue {
 pub(crate) struct Batcher {
     queue: Mutex<Queue>,
     max_batch: usize,
+    /// Calls at once: [`MAX_IN_FLIGHT`], or fewer (see `nodes.rs`).
+    max_in_flight: AtomicUsize,
 }
 
 impl Batcher {
@@ -58,7 +62,13 @@ impl Batcher {
         Batcher {
             queue: Mutex::new(Queue::default()),
             max_batch: max_batch.max(1),
+            max_in_flight: AtomicUsize::new(MAX_IN_FLIGHT),
         }
+    }
+
+    /// Sets the calls at once (at least one); calls already in flight go on.
+    pub(crate) fn set_max_in_flight(&self, calls: usize) {
+        self.max_in_flight.store(calls.max(1), Ordering::Relaxed);
     }
 
     fn lock(&self) -> MutexGuard<'_, Queue> {
@@ -72,7 +82,7 @@ impl Batcher {
     pub(crate) fn enqueue(&self, check: Pending) -> Option<Vec<Pending>> {
         let mut queue = self.lock();
         queue.pending.push(check);
-        if queue.in_flight >= MAX_IN_FLIGHT {
+        if queue.in_flight >= self.max_in_flight.load(Ordering::Relaxed) {
             return None;
         }
         queue.in_flight += 1;

@@ -4,8 +4,12 @@
 //! - **Grouped by node.** A check goes into the queue of the primary that
 //!   serves its client's slot (the CRC16 of the `{hash tag}`), by the last
 //!   slot map the store read (`CLUSTER SLOTS`, through the cluster
-//!   connection). Each queue has its own [`MAX_IN_FLIGHT`](super::batch::MAX_IN_FLIGHT)
-//!   calls, so a slow node does not hold up the others.
+//!   connection). Each queue has its own calls in flight, so a slow node does
+//!   not hold up the others: [`MAX_IN_FLIGHT`](super::batch::MAX_IN_FLIGHT)
+//!   with one primary, one each with several. Two calls keep a lone node busy
+//!   while a reply travels; with several primaries the others work meanwhile,
+//!   and one call at a time makes each node's batches about twice as deep,
+//!   which costs Redis less per decision (see BENCHMARKS.md, cluster run G).
 //! - **One call, one node, several slots.** A batch goes out as one call of
 //!   `Script::spread`, routed by its first check's slot; the script checks that
 //!   the node serves every other key before it writes anything.
@@ -152,6 +156,14 @@ impl Nodes {
                 *owner = index;
             }
         }
+        let in_flight = if queues.len() > 1 {
+            1
+        } else {
+            super::batch::MAX_IN_FLIGHT
+        };
+        for (_, queue) in &queues {
+            queue.set_max_in_flight(in_flight);
+        }
         Ok(SlotMap { owners, queues })
     }
 }
@@ -223,6 +235,45 @@ mod tests {
         assert!(Arc::ptr_eq(&nodes.queue_for("{a}").unwrap(), &a));
         assert!(nodes.install(&Value::Nil).is_err());
         assert!(Arc::ptr_eq(&nodes.queue_for("{a}").unwrap(), &a));
+    }
+
+    /// How many checks in a row go out at once on `queue` (at most 4).
+    fn sent_at_once(queue: &Batcher) -> usize {
+        let policy = crate::Policy::from(crate::Quota::per_second(1).unwrap());
+        let mut answers = Vec::new();
+        let mut sent = 0;
+        for _ in 0..4 {
+            let (reply, answered) = tokio::sync::oneshot::channel();
+            answers.push(answered);
+            let check = super::super::batch::Pending {
+                keys: vec!["{a}".into()],
+                policy: policy.clone(),
+                cost: 1,
+                max_wait_us: 0,
+                sent: Instant::now(),
+                reply,
+            };
+            sent += usize::from(queue.enqueue(check).is_some());
+        }
+        sent
+    }
+
+    #[test]
+    fn a_lone_primary_gets_two_calls_at_once_and_each_of_several_one() {
+        let nodes = Nodes::new(8);
+        nodes
+            .install(&Value::Array(vec![range(0, 16383, 7000, "n1")]))
+            .unwrap();
+        assert_eq!(sent_at_once(&nodes.queue_for("{a}").unwrap()), 2);
+        let nodes = Nodes::new(8);
+        nodes
+            .install(&Value::Array(vec![
+                range(0, 8000, 7000, "n1"),
+                range(8001, 16383, 7001, "n2"),
+            ]))
+            .unwrap();
+        assert_eq!(sent_at_once(&nodes.queue_for("{a}").unwrap()), 1);
+        assert_eq!(sent_at_once(&nodes.queue_for("{b}").unwrap()), 1);
     }
 
     #[test]
