@@ -3,7 +3,7 @@
 //! run, same machine, same load.
 //!
 //! Each run: 50 tokio tasks (a 2-worker runtime) over 10 000 client keys at
-//! `Quota::per_second(10)` (admissions, which write, and denials), 4 s. Four
+//! `Quota::per_second(10)` (admissions, which write, and denials), 4 s. Six
 //! setups alternate, three rounds each:
 //!
 //! - a single node;
@@ -12,7 +12,10 @@
 //! - a cluster of one node that owns every slot, through the cluster client:
 //!   what cluster mode costs a node (slot checks, the cluster bus) and the
 //!   client (routing), with as many processes as the single node;
-//! - the cluster: 3 primaries and 3 replicas.
+//! - the cluster: 3 primaries and 3 replicas;
+//! - the same cluster with batching off (`max_batch(1)`);
+//! - the same cluster driven by 150 tasks: as many per primary as the single
+//!   node gets, so each primary's queue is as deep as the single node's.
 //!
 //! Printed per run:
 //!
@@ -226,11 +229,12 @@ impl Run {
     }
 }
 
-/// Runs `TASKS` tasks checking through `limiter` for `RUN`, measuring
+/// Runs `tasks` tasks checking through `limiter` for `RUN`, measuring
 /// `deciding` (and `replicas`, whose CPU is reported apart); `owners` gives
 /// for each client index the index in `deciding` of the server that decides
 /// it (empty: the first).
 async fn drive(
+    tasks: usize,
     limiter: RateLimiter,
     deciding: &[(String, &dyn Server)],
     replicas: &[&dyn Server],
@@ -246,7 +250,7 @@ async fn drive(
     let deadline = start + RUN;
     let limiter = Arc::new(limiter);
     let servers = deciding.len();
-    let tasks: Vec<_> = (0..TASKS)
+    let tasks: Vec<_> = (0..tasks)
         .map(|task| {
             let limiter = Arc::clone(&limiter);
             let owners = Arc::clone(&owners);
@@ -433,6 +437,8 @@ impl BenchRow {
 /// A store and the servers it decides on (and their replicas).
 struct Setup<'a> {
     name: &'static str,
+    /// Tasks checking at once.
+    tasks: usize,
     limiter: RateLimiter,
     deciding: Vec<(String, &'a dyn Server)>,
     replicas: Vec<&'a dyn Server>,
@@ -504,6 +510,7 @@ fn main() {
     };
     let setups: Vec<Setup> = vec![
         Setup {
+            tasks: TASKS,
             name: "single node",
             limiter: limiter(RedisStore::builder().url(single.url())),
             deciding: vec![(format!("single :{}", single.port()), &single as &dyn Server)],
@@ -511,6 +518,7 @@ fn main() {
             owners: Arc::default(),
         },
         Setup {
+            tasks: TASKS,
             name: "single node + replica",
             limiter: limiter(RedisStore::builder().url(replicated.url())),
             deciding: vec![(
@@ -521,6 +529,7 @@ fn main() {
             owners: Arc::default(),
         },
         Setup {
+            tasks: TASKS,
             name: "cluster of 1 node, all slots",
             limiter: limiter(RedisStore::builder().cluster([one.url()])),
             deciding: vec![(format!("node :{}", one.port()), &one as &dyn Server)],
@@ -528,6 +537,7 @@ fn main() {
             owners: Arc::default(),
         },
         Setup {
+            tasks: TASKS,
             name: "cluster, 3 primaries (summed)",
             limiter: limiter(RedisStore::builder().cluster(cluster.seed_urls())),
             deciding: primaries
@@ -540,12 +550,27 @@ fn main() {
         // The same cluster with batching off: one script call per decision,
         // what a cluster store did before it batched per node.
         Setup {
+            tasks: TASKS,
             name: "cluster, 3 primaries, unbatched",
             limiter: limiter(
                 RedisStore::builder()
                     .cluster(cluster.seed_urls())
                     .max_batch(1),
             ),
+            deciding: primaries
+                .iter()
+                .map(|p| (format!("primary :{}", p.port()), p as &dyn Server))
+                .collect(),
+            replicas: replicas.iter().map(|r| r as &dyn Server).collect(),
+            owners: Arc::clone(&cluster_owners),
+        },
+        // The cluster with as many tasks per primary as the single node has:
+        // each primary's queue as deep as the single node's, as when a
+        // cluster serves the load it was sized for.
+        Setup {
+            tasks: 3 * TASKS,
+            name: "cluster, 3 primaries, 3x tasks",
+            limiter: limiter(RedisStore::builder().cluster(cluster.seed_urls())),
             deciding: primaries
                 .iter()
                 .map(|p| (format!("primary :{}", p.port()), p as &dyn Server))
@@ -573,7 +598,13 @@ fn main() {
         for (setup, runs) in setups.iter().zip(&mut runs) {
             let limiter = setup.limiter.clone();
             let owners = Arc::clone(&setup.owners);
-            runs.push(runtime.block_on(drive(limiter, &setup.deciding, &setup.replicas, owners)));
+            runs.push(runtime.block_on(drive(
+                setup.tasks,
+                limiter,
+                &setup.deciding,
+                &setup.replicas,
+                owners,
+            )));
         }
     }
 
@@ -610,13 +641,13 @@ fn main() {
             );
         }
     }
-    let clusters = &runs[3];
     println!();
     println!(
-        "Per primary (cluster runs): share of decisions (by client slot), decisions per \
-         EVALSHA, CPU µs per decision it served"
+        "Per primary (cluster runs, {TASKS} and {} tasks): share of decisions (by client \
+         slot), decisions per EVALSHA, CPU µs per decision it served",
+        3 * TASKS
     );
-    for (i, r) in clusters.iter().enumerate() {
+    for (i, r) in runs[3].iter().chain(&runs[5]).enumerate() {
         let line: Vec<String> = r
             .nodes
             .iter()
@@ -635,7 +666,7 @@ fn main() {
     let mean =
         |runs: &[Run], f: fn(&Run) -> f64| runs.iter().map(f).sum::<f64>() / runs.len() as f64;
     println!();
-    for (of, to) in [(3, 0), (3, 1), (2, 0), (4, 0), (3, 4)] {
+    for (of, to) in [(3, 0), (3, 1), (2, 0), (4, 0), (3, 4), (5, 0), (5, 1)] {
         let (a, b) = (&runs[of], &runs[to]);
         println!(
             "{} / {}, means of the runs: Redis CPU per decision {:.2}x, \
