@@ -3,7 +3,7 @@
 //! run, same machine, same load.
 //!
 //! Each run: 50 tokio tasks (a 2-worker runtime) over 10 000 client keys at
-//! `Quota::per_second(10)` (admissions, which write, and denials), 4 s. Six
+//! `Quota::per_second(10)` (admissions, which write, and denials), 4 s. Seven
 //! setups alternate, three rounds each:
 //!
 //! - a single node;
@@ -15,7 +15,10 @@
 //! - the cluster: 3 primaries and 3 replicas;
 //! - the same cluster with batching off (`max_batch(1)`);
 //! - the same cluster driven by 150 tasks: as many per primary as the single
-//!   node gets, so each primary's queue is as deep as the single node's.
+//!   node gets, so each primary's queue is as deep as the single node's;
+//! - a cluster of 3 primaries without replicas, driven by 150 tasks: cluster
+//!   mode at the single node's depth, without the replication the single
+//!   node does not do either.
 //!
 //! Printed per run:
 //!
@@ -473,34 +476,40 @@ fn main() {
     let cluster = RedisCluster::start();
     let primaries = cluster.primaries();
     let replicas = cluster.replicas();
+    let bare = RedisCluster::start_without_replicas();
+    let bare_primaries = bare.primaries();
     println!(
         "cluster bench: {TASKS} tasks, 2 tokio workers, {} s per run, {KEYS} keys at {}",
         RUN.as_secs(),
         quota()
     );
     // Which primary decides each client: the slot of its bucket's key.
-    let slot_map = cluster.slots();
-    let cluster_owners: Vec<usize> = (0..KEYS)
-        .map(|k| {
-            // Every key of a client hashes by its {hash tag}.
-            let slot = key_slot(&format!("tollgate:{{{}}}:", client_name(k)));
-            let port = slot_map
-                .iter()
-                .find(|r| r.start <= slot && slot <= r.end)
-                .expect("every slot is served")
-                .primary;
-            primaries
-                .iter()
-                .position(|p| p.port() == port)
-                .expect("a primary")
-        })
-        .collect();
+    let owners_in = |cluster: &RedisCluster, primaries: &[Node]| -> Arc<Vec<usize>> {
+        let slot_map = cluster.slots();
+        let owners = (0..KEYS)
+            .map(|k| {
+                // Every key of a client hashes by its {hash tag}.
+                let slot = key_slot(&format!("tollgate:{{{}}}:", client_name(k)));
+                let port = slot_map
+                    .iter()
+                    .find(|r| r.start <= slot && slot <= r.end)
+                    .expect("every slot is served")
+                    .primary;
+                primaries
+                    .iter()
+                    .position(|p| p.port() == port)
+                    .expect("a primary")
+            })
+            .collect();
+        Arc::new(owners)
+    };
+    let cluster_owners = owners_in(&cluster, &primaries);
+    let bare_owners = owners_in(&bare, &bare_primaries);
     // The benchmark's slots are Redis's.
     for k in [0, 1, 4_321, KEYS - 1] {
         let key = format!("tollgate:{{{}}}:10/1s:10", client_name(k));
         assert_eq!(key_slot(&key), cluster.keyslot(&key), "{key}");
     }
-    let cluster_owners = Arc::new(cluster_owners);
     let limiter = |builder: tollgate::store::RedisStoreBuilder| {
         let store = builder
             .timeout(Duration::from_secs(5))
@@ -578,6 +587,19 @@ fn main() {
             replicas: replicas.iter().map(|r| r as &dyn Server).collect(),
             owners: Arc::clone(&cluster_owners),
         },
+        // And a cluster of 3 primaries without replicas, as deep: what
+        // cluster mode costs a node apart from feeding a replica.
+        Setup {
+            tasks: 3 * TASKS,
+            name: "cluster, no replicas, 3x tasks",
+            limiter: limiter(RedisStore::builder().cluster(bare.seed_urls())),
+            deciding: bare_primaries
+                .iter()
+                .map(|p| (format!("primary :{}", p.port()), p as &dyn Server))
+                .collect(),
+            replicas: vec![],
+            owners: Arc::clone(&bare_owners),
+        },
     ];
     // Connect everywhere and load the script on every node before measuring.
     runtime.block_on(async {
@@ -643,11 +665,11 @@ fn main() {
     }
     println!();
     println!(
-        "Per primary (cluster runs, {TASKS} and {} tasks): share of decisions (by client \
+        "Per primary (cluster runs, {TASKS} tasks, {} tasks, {0} tasks without replicas): share of decisions (by client \
          slot), decisions per EVALSHA, CPU µs per decision it served",
         3 * TASKS
     );
-    for (i, r) in runs[3].iter().chain(&runs[5]).enumerate() {
+    for (i, r) in runs[3].iter().chain(&runs[5]).chain(&runs[6]).enumerate() {
         let line: Vec<String> = r
             .nodes
             .iter()
@@ -666,7 +688,16 @@ fn main() {
     let mean =
         |runs: &[Run], f: fn(&Run) -> f64| runs.iter().map(f).sum::<f64>() / runs.len() as f64;
     println!();
-    for (of, to) in [(3, 0), (3, 1), (2, 0), (4, 0), (3, 4), (5, 0), (5, 1)] {
+    for (of, to) in [
+        (3, 0),
+        (3, 1),
+        (2, 0),
+        (4, 0),
+        (3, 4),
+        (5, 0),
+        (5, 1),
+        (6, 0),
+    ] {
         let (a, b) = (&runs[of], &runs[to]);
         println!(
             "{} / {}, means of the runs: Redis CPU per decision {:.2}x, \

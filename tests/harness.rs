@@ -253,6 +253,25 @@ fn cluster_starts_with_all_slots_and_three_primaries_each_with_a_synced_replica(
 }
 
 #[test]
+fn cluster_without_replicas_has_three_primaries_serving_every_slot() {
+    let cluster = RedisCluster::start_without_replicas();
+    assert_eq!(cluster.seed_urls().len(), 3);
+    assert!(cluster.replicas().is_empty());
+    let slots = cluster.slots();
+    assert_eq!(slots.len(), 3, "{slots:?}");
+    assert_eq!(slots[0].start, 0);
+    assert_eq!(slots[2].end, 16383);
+    assert!(slots.windows(2).all(|w| w[0].end + 1 == w[1].start));
+    assert!(slots.iter().all(|r| r.replicas.is_empty()), "{slots:?}");
+    let primaries: BTreeSet<u16> = cluster.primaries().iter().map(|n| n.port()).collect();
+    assert_eq!(primaries.len(), 3);
+    assert_eq!(primaries, slots.iter().map(|r| r.primary).collect());
+    for p in cluster.primaries() {
+        assert_eq!(p.info("replication")["connected_slaves"], "0");
+    }
+}
+
+#[test]
 fn cluster_failover_after_killing_a_primary() {
     let cluster = RedisCluster::start();
     let key = "tollgate:{failover}:k";

@@ -159,8 +159,19 @@ impl RedisCluster {
     /// [`RedisCluster::start`] with another `--cluster-node-timeout`: larger
     /// for tests that freeze a primary briefly and want no failover.
     pub fn start_with_node_timeout(node_timeout_ms: u64) -> Self {
+        Self::start_with(node_timeout_ms, 1)
+    }
+
+    /// 3 primaries without replicas (`--cluster-replicas 0`), otherwise as
+    /// [`RedisCluster::start`]: what cluster mode costs, apart from
+    /// replication, in benchmarks.
+    pub fn start_without_replicas() -> Self {
+        Self::start_with(NODE_TIMEOUT_MS, 0)
+    }
+
+    fn start_with(node_timeout_ms: u64, replicas: usize) -> Self {
         // Spawned one after the other; each is up in a few milliseconds.
-        let nodes: Vec<Node> = (1..=6)
+        let nodes: Vec<Node> = (1..=3 * (1 + replicas))
             .map(|i| {
                 Node::start(&format!("cluster node {i}"), true, &|p, dir| {
                     let mut argv = base_args(p.port, dir, "notice");
@@ -195,18 +206,18 @@ impl RedisCluster {
             nodes,
             slots: Mutex::new(Vec::new()),
         };
-        cluster.create();
+        cluster.create(replicas);
         cluster
     }
 
-    fn create(&self) {
+    fn create(&self, replicas: usize) {
         let log = self.nodes[0].dir().join("cluster-create.log");
         let out = std::fs::File::create(&log).expect("log file");
         let mut cli = Command::new("redis-cli")
             .arg("--cluster")
             .arg("create")
             .args(self.nodes.iter().map(Node::addr))
-            .args(["--cluster-replicas", "1", "--cluster-yes"])
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .stdin(Stdio::null())
             .stdout(out.try_clone().expect("log file"))
             .stderr(out)
@@ -231,7 +242,9 @@ impl RedisCluster {
             "redis-cli --cluster create failed ({status}):\n{}",
             std::fs::read_to_string(&log).unwrap_or_default()
         );
-        let map = self.wait_until("the new cluster to be ready", |c| c.ready_view(3));
+        let map = self.wait_until("the new cluster to be ready", |c| {
+            c.ready_view(if replicas > 0 { 3 } else { 0 })
+        });
         *self.slots.lock().unwrap_or_else(|e| e.into_inner()) = map;
     }
 
