@@ -47,7 +47,7 @@
 //! client share the 2 cores. What transfers to a real deployment is the CPU per
 //! decision per node (see BENCHMARKS.md for the model).
 //!
-//! Run: `cargo bench --bench cluster --features cluster` (about 40 s).
+//! Run: `cargo bench --bench cluster --features cluster` (about 2 minutes).
 
 #[path = "../tests/support/mod.rs"]
 mod support;

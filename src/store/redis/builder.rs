@@ -299,7 +299,8 @@ impl RedisStoreBuilder {
     /// `TIME`, one reply for the batch). The answers are the same as unbatched:
     /// the script decides a batch's checks in order. On a Redis Cluster a
     /// batch holds the checks of one primary (by the slot map the store reads
-    /// with `CLUSTER SLOTS`), each primary with its own queue; a batch the
+    /// with `CLUSTER SLOTS`), each primary with its own queue and one call in
+    /// flight (two on a cluster of one primary, as on one server); a batch the
     /// primary turns out not to serve entirely (a slot moved) writes nothing
     /// and its checks go one by one. A Redis-compatible server that refuses
     /// keys a script did not declare cannot run such batches: use 1 there.
