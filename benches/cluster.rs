@@ -450,6 +450,34 @@ struct Setup<'a> {
     owners: Arc<Vec<usize>>,
 }
 
+/// The servers of a cluster setup: its primaries decide, by `owners`.
+struct ClusterNodes<'a> {
+    primaries: &'a [Node],
+    replicas: &'a [Node],
+    owners: Arc<Vec<usize>>,
+}
+
+/// A setup on a cluster: `tasks` tasks checking through `limiter`.
+fn on_cluster<'a>(
+    name: &'static str,
+    tasks: usize,
+    limiter: RateLimiter,
+    nodes: &ClusterNodes<'a>,
+) -> Setup<'a> {
+    Setup {
+        name,
+        tasks,
+        limiter,
+        deciding: nodes
+            .primaries
+            .iter()
+            .map(|p| (format!("primary :{}", p.port()), p as &dyn Server))
+            .collect(),
+        replicas: nodes.replicas.iter().map(|r| r as &dyn Server).collect(),
+        owners: Arc::clone(&nodes.owners),
+    }
+}
+
 fn main() {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -503,8 +531,16 @@ fn main() {
             .collect();
         Arc::new(owners)
     };
-    let cluster_owners = owners_in(&cluster, &primaries);
-    let bare_owners = owners_in(&bare, &bare_primaries);
+    let cluster_nodes = ClusterNodes {
+        primaries: &primaries,
+        replicas: &replicas,
+        owners: owners_in(&cluster, &primaries),
+    };
+    let bare_nodes = ClusterNodes {
+        primaries: &bare_primaries,
+        replicas: &[],
+        owners: owners_in(&bare, &bare_primaries),
+    };
     // The benchmark's slots are Redis's.
     for k in [0, 1, 4_321, KEYS - 1] {
         let key = format!("tollgate:{{{}}}:10/1s:10", client_name(k));
@@ -545,61 +581,41 @@ fn main() {
             replicas: vec![],
             owners: Arc::default(),
         },
-        Setup {
-            tasks: TASKS,
-            name: "cluster, 3 primaries (summed)",
-            limiter: limiter(RedisStore::builder().cluster(cluster.seed_urls())),
-            deciding: primaries
-                .iter()
-                .map(|p| (format!("primary :{}", p.port()), p as &dyn Server))
-                .collect(),
-            replicas: replicas.iter().map(|r| r as &dyn Server).collect(),
-            owners: Arc::clone(&cluster_owners),
-        },
+        on_cluster(
+            "cluster, 3 primaries (summed)",
+            TASKS,
+            limiter(RedisStore::builder().cluster(cluster.seed_urls())),
+            &cluster_nodes,
+        ),
         // The same cluster with batching off: one script call per decision,
         // what a cluster store did before it batched per node.
-        Setup {
-            tasks: TASKS,
-            name: "cluster, 3 primaries, unbatched",
-            limiter: limiter(
+        on_cluster(
+            "cluster, 3 primaries, unbatched",
+            TASKS,
+            limiter(
                 RedisStore::builder()
                     .cluster(cluster.seed_urls())
                     .max_batch(1),
             ),
-            deciding: primaries
-                .iter()
-                .map(|p| (format!("primary :{}", p.port()), p as &dyn Server))
-                .collect(),
-            replicas: replicas.iter().map(|r| r as &dyn Server).collect(),
-            owners: Arc::clone(&cluster_owners),
-        },
+            &cluster_nodes,
+        ),
         // The cluster with as many tasks per primary as the single node has:
         // each primary's queue as deep as the single node's, as when a
         // cluster serves the load it was sized for.
-        Setup {
-            tasks: 3 * TASKS,
-            name: "cluster, 3 primaries, 3x tasks",
-            limiter: limiter(RedisStore::builder().cluster(cluster.seed_urls())),
-            deciding: primaries
-                .iter()
-                .map(|p| (format!("primary :{}", p.port()), p as &dyn Server))
-                .collect(),
-            replicas: replicas.iter().map(|r| r as &dyn Server).collect(),
-            owners: Arc::clone(&cluster_owners),
-        },
+        on_cluster(
+            "cluster, 3 primaries, 3x tasks",
+            3 * TASKS,
+            limiter(RedisStore::builder().cluster(cluster.seed_urls())),
+            &cluster_nodes,
+        ),
         // And a cluster of 3 primaries without replicas, as deep: what
         // cluster mode costs a node apart from feeding a replica.
-        Setup {
-            tasks: 3 * TASKS,
-            name: "cluster, no replicas, 3x tasks",
-            limiter: limiter(RedisStore::builder().cluster(bare.seed_urls())),
-            deciding: bare_primaries
-                .iter()
-                .map(|p| (format!("primary :{}", p.port()), p as &dyn Server))
-                .collect(),
-            replicas: vec![],
-            owners: Arc::clone(&bare_owners),
-        },
+        on_cluster(
+            "cluster, no replicas, 3x tasks",
+            3 * TASKS,
+            limiter(RedisStore::builder().cluster(bare.seed_urls())),
+            &bare_nodes,
+        ),
     ];
     // Connect everywhere and load the script on every node before measuring.
     runtime.block_on(async {
