@@ -556,6 +556,52 @@ mod tests {
         }
     }
 
+    #[cfg(feature = "redis")]
+    #[tokio::test]
+    async fn an_open_circuit_breaker_is_answered_in_call_without_cloning_the_service() {
+        use crate::store::CircuitBreaker;
+        // A port nothing listens on: every call fails at once.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let store = crate::RedisStore::builder()
+            .url(format!("redis://127.0.0.1:{port}"))
+            .circuit_breaker(
+                CircuitBreaker::new()
+                    .failures(1)
+                    .first_probe(std::time::Duration::from_secs(60))
+                    .max_cooldown(std::time::Duration::from_secs(60)),
+            )
+            .build()
+            .unwrap();
+        let clones = Arc::new(AtomicUsize::new(0));
+        let mut svc = RateLimitLayer::new(store, Quota::per_minute(1).unwrap())
+            .key(crate::key::Global)
+            .layer(Counted(Arc::clone(&clones)));
+        let failure = |res: &Response<_>| {
+            res.extensions()
+                .get::<StoreFailure>()
+                .map(|f| matches!(f.error(), crate::Error::CircuitOpen { .. }))
+        };
+        // The first request goes to Redis (a boxed check that takes the
+        // ready service and leaves a clone), fails, and opens the breaker.
+        let res = svc.ready().await.unwrap().call(Request::new(())).await;
+        let res = res.unwrap();
+        assert_eq!(res.status(), 200, "the store error lets it through");
+        assert_eq!(failure(&res), Some(false));
+        assert_eq!(clones.load(Ordering::SeqCst), 1);
+        // While it is open, requests are answered in `call`.
+        for _ in 0..3 {
+            let res = svc.ready().await.unwrap().call(Request::new(())).await;
+            let res = res.unwrap();
+            assert_eq!(res.status(), 200);
+            assert_eq!(failure(&res), Some(true));
+        }
+        assert_eq!(clones.load(Ordering::SeqCst), 1);
+    }
+
     #[tokio::test]
     async fn requests_decided_at_once_call_the_ready_service_without_cloning_it() {
         let clones = Arc::new(AtomicUsize::new(0));

@@ -179,34 +179,44 @@ impl Breaker {
         }
     }
 
-    /// Whether a call may go to the store now.
-    pub(crate) fn admit(self: &std::sync::Arc<Self>) -> Admit {
+    /// How long calls are still refused, without taking the probe: `Some`
+    /// while the breaker cools down or a probe runs, `None` when a call may
+    /// go (closed, or a probe is due, which [`admit`](Self::admit) hands out).
+    pub(crate) fn refusing(&self) -> Option<Duration> {
         if !self.config.enabled {
-            return Admit::Go;
+            return None;
         }
         match self.state.load(Ordering::Acquire) {
-            CLOSED => Admit::Go,
-            HALF_OPEN => Admit::Reject(self.config.first_probe.min(self.remaining())),
+            CLOSED => None,
+            HALF_OPEN => Some(self.config.first_probe.min(self.remaining())),
             _ => {
                 let now = Instant::now();
                 let until = self.cooldown().until;
-                if now < until {
-                    return Admit::Reject(until - now);
-                }
-                // Exactly one caller wins the probe.
-                if self
-                    .state
-                    .compare_exchange(OPEN, HALF_OPEN, Ordering::AcqRel, Ordering::Acquire)
-                    .is_ok()
-                {
-                    observe::breaker(self.store, BreakerState::HalfOpen, BreakerDetail::None);
-                    Admit::Probe(ProbeGuard {
-                        breaker: Some(std::sync::Arc::clone(self)),
-                    })
-                } else {
-                    Admit::Reject(self.config.first_probe)
-                }
+                (now < until).then(|| until - now)
             }
+        }
+    }
+
+    /// Whether a call may go to the store now.
+    pub(crate) fn admit(self: &std::sync::Arc<Self>) -> Admit {
+        if let Some(retry_in) = self.refusing() {
+            return Admit::Reject(retry_in);
+        }
+        if !self.config.enabled || self.state.load(Ordering::Acquire) == CLOSED {
+            return Admit::Go;
+        }
+        // Open with its cool-down over: exactly one caller wins the probe.
+        if self
+            .state
+            .compare_exchange(OPEN, HALF_OPEN, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            observe::breaker(self.store, BreakerState::HalfOpen, BreakerDetail::None);
+            Admit::Probe(ProbeGuard {
+                breaker: Some(std::sync::Arc::clone(self)),
+            })
+        } else {
+            Admit::Reject(self.config.first_probe)
         }
     }
 

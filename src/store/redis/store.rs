@@ -292,7 +292,8 @@ impl RedisStore {
     }
 
     /// A plain check as far as it goes without waiting: the deny cache's
-    /// answer, or the storage keys to send with [`check_keys`](Self::check_keys).
+    /// answer, [`Error::CircuitOpen`] while the breaker refuses calls, or the
+    /// storage keys to send with [`check_keys`](Self::check_keys).
     pub(crate) fn check_now(
         &self,
         key: &str,
@@ -305,6 +306,11 @@ impl RedisStore {
             && let Some(decision) = self.cached_denial(&keys, cost)
         {
             return Ok(Ok(decision));
+        }
+        if let Some(retry_in) = self.inner.breaker.refusing() {
+            let err = Error::CircuitOpen { retry_in };
+            observe::store_error(STORE, &err, &self.inner.errors);
+            return Err(err);
         }
         Ok(Err(keys))
     }
