@@ -88,6 +88,20 @@ async fn an_outage_shows_in_events_and_metrics_without_client_keys() {
         .build()
         .unwrap();
     let policy = Policy::new("obs", [Quota::per_minute(1_000).unwrap()]).unwrap();
+    // Connected and the script loaded before the layer's first request, which
+    // Redis must decide: a busy machine can stretch that first call past the
+    // 100 ms timeout.
+    let warm = Instant::now();
+    while tollgate::Store::check(&store, "warm", &policy, 1)
+        .await
+        .is_err()
+    {
+        assert!(
+            warm.elapsed() < Duration::from_secs(30),
+            "Redis never answered"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let inner = tower::service_fn(|_: Request<()>| async {
         Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::from("ok"))))
     });

@@ -31,6 +31,21 @@ fn policy() -> Policy {
     Policy::new("resilience", [Quota::per_second(1_000_000).unwrap()]).unwrap()
 }
 
+/// Checks `key` until Redis answers: a fresh store's first call also connects
+/// and loads the script, which a busy machine can stretch past [`TIMEOUT`].
+async fn answered(store: &RedisStore, key: &str) -> tollgate::Decision {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match store.check(key, &policy(), 1).await {
+            Ok(d) => return d,
+            Err(e) if e.is_store_error() && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => panic!("no answer within 30 s: {e}"),
+        }
+    }
+}
+
 /// One finished call: when it started and ended (since the test began) and
 /// what kind of failure it was, if any.
 #[derive(Clone, Copy, Debug)]
@@ -82,7 +97,7 @@ async fn hammer(store: &RedisStore, tasks: usize, run: Duration, t0: Instant) ->
 async fn a_frozen_redis_costs_one_timeout_per_probe_not_per_check() {
     let server = RedisServer::start();
     let store = store_at(server.url());
-    let _ = store.check("warm", &policy(), 1).await.unwrap();
+    let _ = answered(&store, "warm").await;
     server.freeze();
     let t0 = Instant::now();
     let calls = hammer(&store, 16, Duration::from_millis(2_500), t0).await;
@@ -169,8 +184,10 @@ async fn a_frozen_redis_costs_one_timeout_per_probe_not_per_check() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_fallback_limits_while_redis_is_down_and_redis_decides_again_when_back() {
     let mut server = RedisServer::start();
-    let limiter = RateLimiter::new(store_at(server.url()), Quota::per_minute(5).unwrap())
-        .fallback(Fallback::memory());
+    let store = store_at(server.url());
+    let _ = answered(&store, "warm").await;
+    let limiter =
+        RateLimiter::new(store, Quota::per_minute(5).unwrap()).fallback(Fallback::memory());
     for left in [4, 3] {
         let d = limiter.check("client", 1).await.unwrap();
         assert_eq!(
@@ -259,7 +276,7 @@ async fn a_connect_slower_than_the_call_timeout_still_completes() {
 async fn one_slow_call_does_not_drop_a_healthy_connection() {
     let server = RedisServer::start();
     let store = store_at(server.url());
-    let _ = store.check("warm", &policy(), 1).await.unwrap();
+    let _ = answered(&store, "warm").await;
     let connections = || -> u64 {
         let info: String = server.cmd(&["INFO", "stats"]);
         info.lines()
@@ -284,8 +301,18 @@ async fn one_slow_call_does_not_drop_a_healthy_connection() {
             .query(&mut conn)
             .unwrap();
     });
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    let slow = store.check("slow", &policy(), 1).await.unwrap_err();
+    // Checks answered before the script starts are fine; the first one sent
+    // while it runs times out.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let slow = loop {
+        match store.check("slow", &policy(), 1).await {
+            Ok(_) if Instant::now() < deadline && !busy.is_finished() => {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            Ok(d) => panic!("no check ever met the busy script: {d:?}"),
+            Err(e) => break e,
+        }
+    };
     assert!(matches!(slow, Error::Timeout(_)), "{slow:?}");
     busy.join().unwrap();
     // Give the background PING time to answer, then use the store again.
@@ -303,11 +330,14 @@ async fn one_slow_call_does_not_drop_a_healthy_connection() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn out_of_memory_is_an_error_of_its_own_and_the_fallback_limits() {
     let server = RedisServer::start_with(&["--maxmemory-policy", "noeviction"]);
+    // Connected and the script loaded first, so the call below meets only
+    // the refusal.
+    let store = store_at(server.url());
+    let _ = answered(&store, "warm").await;
     // A limit below what Redis already uses: every write is refused, whatever
     // the connections' buffers add or free meanwhile.
     let _: () = server.cmd(&["CONFIG", "SET", "maxmemory", "1"]);
     assert!(server.try_cmd::<()>(&["SET", "probe", "v"]).is_err());
-    let store = store_at(server.url());
     let err = store.check("oom", &policy(), 1).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::OutOfMemory, "{err}");
     assert!(err.is_store_error());
