@@ -623,9 +623,15 @@ async fn waiters_are_served_in_arrival_order_across_two_instances() {
 #[tokio::test]
 async fn real_time_reservations_from_two_limiters_queue_in_call_order() {
     let server = RedisServer::start();
-    let policy = Policy::from(Quota::per_second(10).unwrap().burst(1).unwrap());
+    // A token every 500 ms: waits grow as long as consecutive reservations
+    // come less than that apart, which a busy machine keeps easily.
+    let policy = Policy::from(Quota::per_second(2).unwrap().burst(1).unwrap());
     let a = RateLimiter::new(server.store(), policy.clone());
     let b = RateLimiter::new(server.store(), policy);
+    // Both connected, with the script loaded, before the first reservation.
+    for limiter in [&a, &b] {
+        let _ = limiter.check("warm", 1).await.unwrap();
+    }
     let start = Instant::now();
     let mut seen = Vec::new();
     for i in 0..10 {
@@ -647,7 +653,7 @@ async fn real_time_reservations_from_two_limiters_queue_in_call_order() {
         // interval after the one before. The call's instant lies between
         // sending and answering, so that is all the slack there is (1 ms for
         // rounding between the two clocks).
-        let interval = Duration::from_millis(100);
+        let interval = Duration::from_millis(500);
         let slack = Duration::from_millis(1);
         assert!(a1 + w1 + slack >= b0 + w0 + interval, "{seen:?}");
         assert!(b1 + w1 <= a0 + w0 + interval + slack, "{seen:?}");
@@ -706,6 +712,10 @@ async fn acquire_makes_one_store_call_per_admitted_wait() {
     assert!(elapsed < Duration::from_secs(10), "{elapsed:?}");
 
     // A wait beyond max_wait: refused at once, in one call, spending nothing.
+    // On a bucket of one a minute, drained first: its next token is a minute
+    // away, however long the commands in between take.
+    let limiter = RateLimiter::new(limiter.store().clone(), Quota::per_minute(1).unwrap());
+    assert!(limiter.check("k", 1).await.unwrap().allowed());
     server.reset_stats();
     let stored = |server: &RedisServer| -> Option<String> {
         let key = limiter
