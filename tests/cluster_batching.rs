@@ -148,7 +148,7 @@ fn cluster_batches_answer_as_their_checks_sent_one_by_one(
         failure_persistence: None,
         ..Config::default()
     });
-    let result = runner.run(&steps(), |steps| {
+    let run_case = |steps: &[(u64, Vec<Check>)]| -> Result<(), TestCaseError> {
         let case = cases.fetch_add(1, Ordering::Relaxed);
         let clients: Vec<String> = clients_on_every_primary(
             cluster,
@@ -162,7 +162,7 @@ fn cluster_batches_answer_as_their_checks_sent_one_by_one(
         .collect();
         let memory = MemoryStore::new();
         let mut now = T0;
-        for (elapsed, checks) in &steps {
+        for (elapsed, checks) in steps {
             now += elapsed;
             let list: Vec<(&str, &Policy, u64)> = checks
                 .iter()
@@ -180,7 +180,31 @@ fn cluster_batches_answer_as_their_checks_sent_one_by_one(
                 prop_assert_eq!(&together[i], &mem, "check {} of {:?}", i, list);
             }
         }
-        Ok::<(), TestCaseError>(())
+        Ok(())
+    };
+    // As in tests/batching.rs: a case in which a key expired (a stall of a
+    // second or more) is rejected rather than failed, and every case's keys
+    // are deleted after it.
+    let primaries = cluster.primaries();
+    let expired_keys = || -> u64 {
+        primaries
+            .iter()
+            .map(|p| p.info("stats")["expired_keys"].parse::<u64>().unwrap())
+            .sum()
+    };
+    let result = runner.run(&steps(), |steps| {
+        let expired = expired_keys();
+        let outcome = run_case(&steps);
+        let perturbed = expired_keys() != expired;
+        for p in &primaries {
+            let _: () = p.cmd(&["FLUSHALL"]);
+        }
+        match outcome {
+            Err(TestCaseError::Fail(why)) if perturbed => Err(TestCaseError::reject(format!(
+                "a key expired during the case (a stall of a second or more): {why}"
+            ))),
+            other => other,
+        }
     });
     if let Err(e) = result {
         panic!("{e}");
