@@ -119,6 +119,11 @@ async fn one_round_trip_per_decision_summed_over_the_primaries(cluster: &RedisCl
             // The replicas' acknowledgements (REPLCONF ACK, once a second)
             // come over the replication link, not from the store.
             calls.remove("replconf");
+            // The store's first read of the slot map runs in the background
+            // after the warm-up's first check, and may land after the reset;
+            // it is no round trip of a decision, and there is one.
+            let map_reads = calls.remove("cluster|slots").unwrap_or(0);
+            assert!(map_reads <= 1, "{p:?}: {map_reads} slot map reads");
             assert!(
                 calls.get("evalsha").is_some_and(|n| *n > 0),
                 "{p:?} decided nothing: {calls:?}"
@@ -390,8 +395,11 @@ async fn cluster_primary_killed_under_load_fails_over() {
         Fault::Freeze,
     ] {
         let report = fail_a_primary_under_load(&cluster, fault).await;
+        // Seen: 0.04-2.0 s. Recovery can chain a probe's timeout (1 s), the
+        // connection replaced at most once a second, a connect to a frozen
+        // node and a breaker cool-down: room for a busy machine.
         assert!(
-            report.promoted_to_resumed <= Duration::from_secs(5),
+            report.promoted_to_resumed <= Duration::from_secs(10),
             "{fault:?}: checks resumed {:?} after the promotion",
             report.promoted_to_resumed
         );

@@ -283,7 +283,8 @@ fn cluster_failover_after_killing_a_primary() {
         .into_iter()
         .find(|r| r.info("replication")["master_port"] == old.port().to_string())
         .expect("a replica of the primary");
-    let _: i64 = old.cmd(&["WAIT", "1", "5000"]);
+    let acked: i64 = old.cmd(&["WAIT", "1", "5000"]);
+    assert_eq!(acked, 1, "the replica never acknowledged the write");
 
     let killed = cluster.kill_primary_for_key(key);
     assert_eq!(killed, old);

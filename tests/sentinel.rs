@@ -74,8 +74,10 @@ async fn sentinel_primary_killed_under_load_checks_resume_on_the_new_primary() {
         promoted,
     )
     .await;
+    // Seen: 0.18-0.47 s; room for a probe's timeout, reconnects and a busy
+    // machine.
     assert!(
-        report.promoted_to_resumed <= Duration::from_secs(5),
+        report.promoted_to_resumed <= Duration::from_secs(10),
         "checks resumed {:?} after the promotion",
         report.promoted_to_resumed
     );
