@@ -67,6 +67,7 @@ impl Batcher {
     }
 
     /// Sets the calls at once (at least one); calls already in flight go on.
+    #[cfg(feature = "cluster")]
     pub(crate) fn set_max_in_flight(&self, calls: usize) {
         self.max_in_flight.store(calls.max(1), Ordering::Relaxed);
     }
