@@ -17,7 +17,7 @@
 //!   checks of the slots that primary serves (see `nodes.rs`).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::oneshot;
 use tokio::time::Instant;
@@ -91,9 +91,14 @@ impl Batcher {
     }
 
     /// After a call ends: the next batch, keeping the slot, or `None`, giving
-    /// it back.
+    /// it back (also when the limit fell below the calls in flight: another
+    /// call is under way and takes what queues).
     pub(crate) fn next(&self) -> Option<Vec<Pending>> {
         let mut queue = self.lock();
+        if queue.in_flight > self.max_in_flight.load(Ordering::Relaxed) {
+            queue.in_flight -= 1;
+            return None;
+        }
         let batch = self.take(&mut queue);
         if batch.is_empty() {
             queue.in_flight -= 1;
@@ -102,12 +107,49 @@ impl Batcher {
         Some(batch)
     }
 
+    /// Gives back the slot of a call whose drain ended without
+    /// [`next`](Self::next) (its task panicked or was dropped with its
+    /// runtime), so the queue does not stall.
+    pub(crate) fn give_back(&self) {
+        let mut queue = self.lock();
+        queue.in_flight = queue.in_flight.saturating_sub(1);
+    }
+
     /// The next batch: checks whose caller gave up (timed out, went away)
     /// are dropped rather than sent, so they spend nothing.
     fn take(&self, queue: &mut Queue) -> Vec<Pending> {
         queue.pending.retain(|p| !p.reply.is_closed());
         let n = queue.pending.len().min(self.max_batch);
         queue.pending.drain(..n).collect()
+    }
+}
+
+/// The in-flight slot a drain holds in its queue: given back when the drain
+/// ends early (a panic, its task dropped), or by [`Batcher::next`].
+pub(crate) struct Slot {
+    queue: Arc<Batcher>,
+    held: bool,
+}
+
+impl Slot {
+    /// The slot that [`Batcher::enqueue`] handed out with a batch.
+    pub(crate) fn new(queue: Arc<Batcher>) -> Self {
+        Slot { queue, held: true }
+    }
+
+    /// The next batch for this slot, or `None` with the slot given back.
+    pub(crate) fn next(&mut self) -> Option<Vec<Pending>> {
+        let next = self.queue.next();
+        self.held = next.is_some();
+        next
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if self.held {
+            self.queue.give_back();
+        }
     }
 }
 

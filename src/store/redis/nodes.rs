@@ -237,25 +237,67 @@ mod tests {
         assert!(Arc::ptr_eq(&nodes.queue_for("{a}").unwrap(), &a));
     }
 
+    type Answer = tokio::sync::oneshot::Receiver<Result<(crate::Decision, u64), crate::Error>>;
+
+    /// A check of `{a}` and where its answer would go.
+    fn pending() -> (super::super::batch::Pending, Answer) {
+        let (reply, answered) = tokio::sync::oneshot::channel();
+        let check = super::super::batch::Pending {
+            keys: vec!["{a}".into()],
+            policy: crate::Policy::from(crate::Quota::per_second(1).unwrap()),
+            cost: 1,
+            max_wait_us: 0,
+            sent: Instant::now(),
+            reply,
+        };
+        (check, answered)
+    }
+
     /// How many checks in a row go out at once on `queue` (at most 4).
     fn sent_at_once(queue: &Batcher) -> usize {
-        let policy = crate::Policy::from(crate::Quota::per_second(1).unwrap());
         let mut answers = Vec::new();
         let mut sent = 0;
         for _ in 0..4 {
-            let (reply, answered) = tokio::sync::oneshot::channel();
+            let (check, answered) = pending();
             answers.push(answered);
-            let check = super::super::batch::Pending {
-                keys: vec!["{a}".into()],
-                policy: policy.clone(),
-                cost: 1,
-                max_wait_us: 0,
-                sent: Instant::now(),
-                reply,
-            };
             sent += usize::from(queue.enqueue(check).is_some());
         }
         sent
+    }
+
+    #[test]
+    fn a_kept_queue_whose_limit_falls_gives_back_the_extra_call() {
+        let nodes = Nodes::new(8);
+        nodes
+            .install(&Value::Array(vec![range(0, 16383, 7000, "n1")]))
+            .unwrap();
+        let queue = nodes.queue_for("{a}").unwrap();
+        let mut answers = Vec::new();
+        let mut sent = Vec::new();
+        for _ in 0..4 {
+            let (check, answered) = pending();
+            answers.push(answered);
+            sent.push(queue.enqueue(check).is_some());
+        }
+        assert_eq!(sent, [true, true, false, false], "two calls, two queued");
+        // A second primary joins: n1's queue stays, with one call at a time.
+        nodes
+            .install(&Value::Array(vec![
+                range(0, 8000, 7001, "n2"),
+                range(8001, 16383, 7000, "n1"),
+            ]))
+            .unwrap();
+        assert!(Arc::ptr_eq(&nodes.queue_for("{a}").unwrap(), &queue));
+        // The first call to end gives its slot back; the other takes the
+        // queued checks, and new ones wait for it.
+        assert!(queue.next().is_none());
+        assert_eq!(queue.next().map(|b| b.len()), Some(2));
+        let (check, answered) = pending();
+        answers.push(answered);
+        assert!(queue.enqueue(check).is_none());
+        assert_eq!(queue.next().map(|b| b.len()), Some(1));
+        assert!(queue.next().is_none());
+        assert_eq!(sent_at_once(&queue), 1);
     }
 
     #[test]
@@ -274,6 +316,21 @@ mod tests {
             .unwrap();
         assert_eq!(sent_at_once(&nodes.queue_for("{a}").unwrap()), 1);
         assert_eq!(sent_at_once(&nodes.queue_for("{b}").unwrap()), 1);
+    }
+
+    #[test]
+    fn a_drain_that_ends_early_gives_its_slot_back() {
+        let queue = Arc::new(Batcher::new(8));
+        let mut answers = Vec::new();
+        for _ in 0..2 {
+            let (check, answered) = pending();
+            answers.push(answered);
+            assert!(queue.enqueue(check).is_some());
+        }
+        // Both calls' drains end without `next` (a panic, a dropped task).
+        drop(super::super::batch::Slot::new(Arc::clone(&queue)));
+        drop(super::super::batch::Slot::new(Arc::clone(&queue)));
+        assert_eq!(sent_at_once(&queue), 2, "the queue did not stall");
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::time::Duration;
 use redis::{RedisError, Value};
 use tokio::time::Instant;
 
-use super::batch::{Batcher, Pending, answer, batch_of};
+use super::batch::{Batcher, Pending, Slot, answer, batch_of};
 use super::connection::{Conn, Link};
 use super::failure::{classify, is_connection_error};
 #[cfg(feature = "cluster")]
@@ -490,6 +490,7 @@ impl RedisStore {
     /// empty. `spread`: a cluster node's queue, whose batches may hold
     /// clients of several slots.
     async fn drain(&self, queue: Arc<Batcher>, mut checks: Vec<Pending>, spread: bool) {
+        let mut slot = Slot::new(queue);
         loop {
             if spread {
                 let apart =
@@ -529,7 +530,7 @@ impl RedisStore {
                     answer(checks, Err(err), self.inner.denials.as_ref());
                 }
             }
-            match queue.next() {
+            match slot.next() {
                 Some(next) => checks = next,
                 None => return,
             }
