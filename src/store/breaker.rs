@@ -183,10 +183,15 @@ impl Breaker {
     /// while the breaker cools down or a probe runs, `None` when a call may
     /// go (closed, or a probe is due, which [`admit`](Self::admit) hands out).
     pub(crate) fn refusing(&self) -> Option<Duration> {
+        self.refusing_in(self.state.load(Ordering::Acquire))
+    }
+
+    /// [`refusing`](Self::refusing) in `state`.
+    fn refusing_in(&self, state: u8) -> Option<Duration> {
         if !self.config.enabled {
             return None;
         }
-        match self.state.load(Ordering::Acquire) {
+        match state {
             CLOSED => None,
             HALF_OPEN => Some(self.config.first_probe.min(self.remaining())),
             _ => {
@@ -199,10 +204,13 @@ impl Breaker {
 
     /// Whether a call may go to the store now.
     pub(crate) fn admit(self: &std::sync::Arc<Self>) -> Admit {
-        if let Some(retry_in) = self.refusing() {
+        // One read of the state: a breaker that opens meanwhile is not
+        // probed before its cool-down.
+        let state = self.state.load(Ordering::Acquire);
+        if let Some(retry_in) = self.refusing_in(state) {
             return Admit::Reject(retry_in);
         }
-        if !self.config.enabled || self.state.load(Ordering::Acquire) == CLOSED {
+        if !self.config.enabled || state == CLOSED {
             return Admit::Go;
         }
         // Open with its cool-down over: exactly one caller wins the probe.
