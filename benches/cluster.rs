@@ -507,7 +507,9 @@ fn main() {
     let bare = RedisCluster::start_without_replicas();
     let bare_primaries = bare.primaries();
     println!(
-        "cluster bench: {TASKS} tasks, 2 tokio workers, {} s per run, {KEYS} keys at {}",
+        "cluster bench: {TASKS} tasks ({} for the 3x setups), 2 tokio workers, {} s per run, \
+         {KEYS} keys at {}",
+        3 * TASKS,
         RUN.as_secs(),
         quota()
     );

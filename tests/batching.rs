@@ -52,6 +52,8 @@ fn a_batch_answers_as_its_checks_sent_one_by_one() {
     let cases = std::sync::atomic::AtomicU64::new(0);
     let mut runner = TestRunner::new(Config {
         cases: 64,
+        // A run that rejects most of its cases must not pass.
+        max_global_rejects: 64 / 20,
         failure_persistence: None,
         ..Config::default()
     });

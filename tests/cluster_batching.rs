@@ -145,6 +145,8 @@ fn cluster_batches_answer_as_their_checks_sent_one_by_one(
     let cases = std::sync::atomic::AtomicU64::new(0);
     let mut runner = TestRunner::new(Config {
         cases: 48,
+        // A run that rejects most of its cases must not pass.
+        max_global_rejects: 48 / 20,
         failure_persistence: None,
         ..Config::default()
     });

@@ -114,6 +114,9 @@ async fn a_burst_is_forwarded_at_the_refill_rate() {
     // after it), so a late first forward cannot inflate it.
     let overall = (N - 1) as f64 / (times[N - 1] - offset).as_secs_f64();
     assert!((1.8..=10.1).contains(&overall), "{overall:.2} requests/s");
+    // Spread out, not forwarded together once the last is due: the first and
+    // the last at least half the 700 ms apart (room for a 350 ms stall).
+    assert!(span >= interval * (N as u32 - 1) / 2, "{times:?}");
     // One store call per request: N script calls, N decisions, none polled.
     assert_eq!(redis.calls("evalsha"), N as u64);
     assert_eq!(redis.calls("get"), N as u64);
