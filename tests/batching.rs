@@ -101,9 +101,9 @@ fn a_batch_answers_as_its_checks_sent_one_by_one() {
         // long mid-case lets Redis expire it and start a fresh bucket. Such a
         // case is rejected (and regenerated) rather than failed, and every
         // case's keys go with it, so that none expires during a later one.
-        let expired = expired_keys(&server);
+        let expired = server.expired_keys();
         let outcome = run_case(&steps);
-        let perturbed = expired_keys(&server) != expired;
+        let perturbed = server.expired_keys() != expired;
         let _: () = server.cmd(&["FLUSHALL"]);
         match outcome {
             Err(TestCaseError::Fail(why)) if perturbed => Err(TestCaseError::reject(format!(
@@ -115,13 +115,4 @@ fn a_batch_answers_as_its_checks_sent_one_by_one() {
     if let Err(e) = result {
         panic!("{e}");
     }
-}
-
-/// `expired_keys` of `INFO stats`.
-fn expired_keys(server: &RedisServer) -> u64 {
-    let info: String = server.cmd(&["INFO", "stats"]);
-    info.lines()
-        .find_map(|l| l.strip_prefix("expired_keys:"))
-        .and_then(|v| v.trim().parse().ok())
-        .expect("expired_keys in INFO stats")
 }

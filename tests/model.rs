@@ -388,15 +388,6 @@ mod explicit_clock {
         Perturbed,
     }
 
-    /// `expired_keys` of `INFO stats`.
-    fn expired_keys(server: &RedisServer) -> u64 {
-        let info: String = server.cmd(&["INFO", "stats"]);
-        info.lines()
-            .find_map(|l| l.strip_prefix("expired_keys:"))
-            .and_then(|v| v.trim().parse().ok())
-            .expect("expired_keys in INFO stats")
-    }
-
     /// Runs one case. The script sets each key's TTL from the clock it is
     /// given, so a fast quota's key lives about a second of real time: a stall
     /// that long in the middle of a case lets Redis expire it and start a fresh
@@ -404,9 +395,9 @@ mod explicit_clock {
     /// most one in 20 (see [`runner`]); the keys are deleted after every case so
     /// no earlier case's key can expire during a later one.
     fn run_case(stores: &Stores, quotas: &[Quota], steps: &[(i64, u64)]) -> Result<(), Failure> {
-        let expired = expired_keys(&stores.server);
+        let expired = stores.server.expired_keys();
         let outcome = compare_stores(stores, quotas, steps);
-        let perturbed = expired_keys(&stores.server) != expired;
+        let perturbed = stores.server.expired_keys() != expired;
         let _: () = stores.server.cmd(&["FLUSHALL"]);
         match outcome {
             Err(_) if perturbed => Err(Failure::Perturbed),

@@ -369,21 +369,13 @@ enum Failure {
     Perturbed,
 }
 
-fn expired_keys(server: &RedisServer) -> u64 {
-    let info: String = server.cmd(&["INFO", "stats"]);
-    info.lines()
-        .find_map(|l| l.strip_prefix("expired_keys:"))
-        .and_then(|v| v.trim().parse().ok())
-        .expect("expired_keys in INFO stats")
-}
-
 /// Runs one case. Keys get TTLs from the case's clock, so a fast quota's key
 /// may live only about a second of real time; a case during which Redis
 /// expired a key says nothing and is generated again (as in tests/model.rs).
 fn run_case(stores: &Stores, quotas: &[Quota], steps: &[(u64, u64, Op)]) -> Result<(), Failure> {
-    let expired = expired_keys(&stores.server);
+    let expired = stores.server.expired_keys();
     let outcome = compare_stores(stores, quotas, steps);
-    let perturbed = expired_keys(&stores.server) != expired;
+    let perturbed = stores.server.expired_keys() != expired;
     let _: () = stores.server.cmd(&["FLUSHALL"]);
     match outcome {
         Err(_) if perturbed => Err(Failure::Perturbed),

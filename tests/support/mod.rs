@@ -152,6 +152,15 @@ impl RedisServer {
         self.command_stat(command, "calls").map_or(0, |v| v as u64)
     }
 
+    /// `expired_keys` of `INFO stats`: keys Redis expired so far.
+    pub fn expired_keys(&self) -> u64 {
+        let info: String = self.cmd(&["INFO", "stats"]);
+        info.lines()
+            .find_map(|l| l.strip_prefix("expired_keys:"))
+            .and_then(|v| v.trim().parse().ok())
+            .expect("expired_keys in INFO stats")
+    }
+
     /// A field (`calls`, `usec`, `usec_per_call`) of `INFO commandstats` for one command.
     pub fn command_stat(&self, command: &str, field: &str) -> Option<f64> {
         node::parse_command_stat(
