@@ -9,37 +9,12 @@ mod support;
 use std::time::Duration;
 
 use proptest::prelude::*;
-use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use proptest::test_runner::TestCaseError;
 use support::RedisServer;
-use tollgate::{MemoryStore, Policy, Quota, RedisStore};
+use support::batches::{Check, policies, run_guarded, steps};
+use tollgate::{MemoryStore, Policy, RedisStore};
 
 const T0: u64 = 1_763_000_000_000_000;
-
-fn policies() -> Vec<Policy> {
-    vec![
-        Policy::new("a", [Quota::per_second(3).unwrap()]).unwrap(),
-        Policy::new(
-            "b",
-            [
-                Quota::per_second(5).unwrap().burst(2).unwrap(),
-                Quota::per_minute(7).unwrap(),
-            ],
-        )
-        .unwrap(),
-        Policy::new("c", [Quota::new(2, Duration::from_millis(1500)).unwrap()]).unwrap(),
-    ]
-}
-
-/// A check: client, policy index, cost.
-type Check = (u8, usize, u64);
-
-/// Steps of (elapsed µs, the checks sent together).
-fn steps() -> impl Strategy<Value = Vec<(u64, Vec<Check>)>> {
-    let check = (0u8..3, 0usize..3, 0u64..=2);
-    let batch = prop::collection::vec(check, 1..12);
-    let elapsed = prop_oneof![Just(0u64), 0u64..400_000, 0u64..3_000_000];
-    prop::collection::vec((elapsed, batch), 1..6)
-}
 
 #[test]
 fn a_batch_answers_as_its_checks_sent_one_by_one() {
@@ -50,13 +25,6 @@ fn a_batch_answers_as_its_checks_sent_one_by_one() {
         .unwrap();
     let policies = policies();
     let cases = std::sync::atomic::AtomicU64::new(0);
-    let mut runner = TestRunner::new(Config {
-        cases: 64,
-        // A run that rejects most of its cases must not pass.
-        max_global_rejects: 64 / 20,
-        failure_persistence: None,
-        ..Config::default()
-    });
     let run_case = |steps: &[(u64, Vec<Check>)]| -> Result<(), TestCaseError> {
         let case = cases.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let store = |name: &str| {
@@ -95,24 +63,13 @@ fn a_batch_answers_as_its_checks_sent_one_by_one() {
         }
         Ok(())
     };
-    let result = runner.run(&steps(), |steps| {
-        // The script sets each key's TTL from the clock it is given, so a
-        // fast quota's key lives about a second of real time: a stall that
-        // long mid-case lets Redis expire it and start a fresh bucket. Such a
-        // case is rejected (and regenerated) rather than failed, and every
-        // case's keys go with it, so that none expires during a later one.
-        let expired = server.expired_keys();
-        let outcome = run_case(&steps);
-        let perturbed = server.expired_keys() != expired;
-        let _: () = server.cmd(&["FLUSHALL"]);
-        match outcome {
-            Err(TestCaseError::Fail(why)) if perturbed => Err(TestCaseError::reject(format!(
-                "a key expired during the case (a stall of a second or more): {why}"
-            ))),
-            other => other,
-        }
-    });
-    if let Err(e) = result {
-        panic!("{e}");
-    }
+    run_guarded(
+        64,
+        steps(3, 12),
+        || server.expired_keys(),
+        || {
+            let _: () = server.cmd(&["FLUSHALL"]);
+        },
+        run_case,
+    );
 }

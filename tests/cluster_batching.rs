@@ -17,7 +17,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use proptest::prelude::*;
-use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use proptest::test_runner::TestCaseError;
+use support::batches::{Check, policies, run_guarded, steps};
 use support::cluster::RedisCluster;
 use support::node::Node;
 use tollgate::{MemoryStore, Policy, Quota, RateLimiter, RedisStore, Store};
@@ -105,31 +106,6 @@ fn cluster_batching_scenarios_on_one_shared_cluster() {
     );
 }
 
-fn policies() -> Vec<Policy> {
-    vec![
-        Policy::new("a", [Quota::per_second(3).unwrap()]).unwrap(),
-        Policy::new(
-            "b",
-            [
-                Quota::per_second(5).unwrap().burst(2).unwrap(),
-                Quota::per_minute(7).unwrap(),
-            ],
-        )
-        .unwrap(),
-        Policy::new("c", [Quota::new(2, Duration::from_millis(1500)).unwrap()]).unwrap(),
-    ]
-}
-
-/// A check: client index (of 9, three on each primary), policy index, cost.
-type Check = (usize, usize, u64);
-
-fn steps() -> impl Strategy<Value = Vec<(u64, Vec<Check>)>> {
-    let check = (0usize..9, 0usize..3, 0u64..=2);
-    let batch = prop::collection::vec(check, 1..16);
-    let elapsed = prop_oneof![Just(0u64), 0u64..400_000, 0u64..3_000_000];
-    prop::collection::vec((elapsed, batch), 1..6)
-}
-
 /// Random sequences of batches over 9 clients, three on each primary (so a
 /// batch spans every primary and repeats clients): the batch, sent as one
 /// call per node, answers as the same checks sent one by one at the same
@@ -143,13 +119,6 @@ fn cluster_batches_answer_as_their_checks_sent_one_by_one(
     let single = store(cluster, "eq:single:");
     let policies = policies();
     let cases = std::sync::atomic::AtomicU64::new(0);
-    let mut runner = TestRunner::new(Config {
-        cases: 48,
-        // A run that rejects most of its cases must not pass.
-        max_global_rejects: 48 / 20,
-        failure_persistence: None,
-        ..Config::default()
-    });
     let run_case = |steps: &[(u64, Vec<Check>)]| -> Result<(), TestCaseError> {
         let case = cases.fetch_add(1, Ordering::Relaxed);
         let clients: Vec<String> = clients_on_every_primary(
@@ -184,33 +153,23 @@ fn cluster_batches_answer_as_their_checks_sent_one_by_one(
         }
         Ok(())
     };
-    // As in tests/batching.rs: a case in which a key expired (a stall of a
-    // second or more) is rejected rather than failed, and every case's keys
-    // are deleted after it.
     let primaries = cluster.primaries();
-    let expired_keys = || -> u64 {
-        primaries
-            .iter()
-            .map(|p| p.info("stats")["expired_keys"].parse::<u64>().unwrap())
-            .sum()
-    };
-    let result = runner.run(&steps(), |steps| {
-        let expired = expired_keys();
-        let outcome = run_case(&steps);
-        let perturbed = expired_keys() != expired;
-        for p in &primaries {
-            let _: () = p.cmd(&["FLUSHALL"]);
-        }
-        match outcome {
-            Err(TestCaseError::Fail(why)) if perturbed => Err(TestCaseError::reject(format!(
-                "a key expired during the case (a stall of a second or more): {why}"
-            ))),
-            other => other,
-        }
-    });
-    if let Err(e) = result {
-        panic!("{e}");
-    }
+    run_guarded(
+        48,
+        steps(9, 16),
+        || {
+            primaries
+                .iter()
+                .map(|p| p.info("stats")["expired_keys"].parse::<u64>().unwrap())
+                .sum()
+        },
+        || {
+            for p in &primaries {
+                let _: () = p.cmd(&["FLUSHALL"]);
+            }
+        },
+        run_case,
+    );
 
     // Nine clients, three per primary, twice each: one call per primary.
     let quota = Quota::per_hour(100).unwrap();

@@ -388,6 +388,7 @@ impl Drop for Proxy {
     }
 }
 
+pub mod batches;
 pub mod cluster;
 pub mod failover;
 pub mod grpc;
