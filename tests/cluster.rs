@@ -10,7 +10,7 @@
 
 mod support;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -41,35 +41,6 @@ fn store_with_timeout(cluster: &RedisCluster, prefix: &str, timeout: Duration) -
 fn time_us(node: &Node) -> u64 {
     let t: Vec<u64> = node.cmd(&["TIME"]);
     t[0] * 1_000_000 + t[1]
-}
-
-/// Clients whose buckets (for `quota`) together live on every primary, at
-/// least `per_primary` on each, and the port of the primary of each.
-fn clients_on_every_primary(
-    cluster: &RedisCluster,
-    store: &RedisStore,
-    quota: &Quota,
-    name: &str,
-    per_primary: usize,
-) -> Vec<(String, u16)> {
-    let primaries: BTreeSet<u16> = cluster.primaries().iter().map(Node::port).collect();
-    let mut count: BTreeMap<u16, usize> = BTreeMap::new();
-    let mut out = Vec::new();
-    for i in 0.. {
-        let client = format!("{name}:{i}");
-        let owner = cluster
-            .primary_for_key(&store.bucket_key(&client, quota))
-            .port();
-        let n = count.entry(owner).or_default();
-        if *n < per_primary {
-            *n += 1;
-            out.push((client, owner));
-        }
-        if primaries.iter().all(|p| count.get(p) == Some(&per_primary)) {
-            return out;
-        }
-    }
-    unreachable!()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -104,7 +75,7 @@ async fn one_round_trip_per_decision_summed_over_the_primaries(cluster: &RedisCl
     .unwrap();
     let store = store(cluster, "trips:");
     let limiter = RateLimiter::new(store.clone(), policy.clone());
-    let clients = clients_on_every_primary(cluster, &store, &policy.quotas()[0], "c", 10);
+    let clients = cluster.clients_on_every_primary(&store, &policy.quotas()[0], "c", 10);
     // Warm-up: the connections to every primary, the script on every primary,
     // the store's slot map.
     for (client, _) in &clients {
@@ -205,7 +176,7 @@ async fn script_flush_on_every_node_between_calls(cluster: &RedisCluster) {
     let quota = Quota::new(100, Duration::from_secs(24 * 3600)).unwrap();
     let store = store(cluster, "flush:");
     let limiter = RateLimiter::new(store.clone(), quota);
-    let clients = clients_on_every_primary(cluster, &store, &quota, "f", 4);
+    let clients = cluster.clients_on_every_primary(&store, &quota, "f", 4);
     for round in 1..=3u64 {
         for n in cluster.nodes() {
             let _: () = n.cmd(&["SCRIPT", "FLUSH"]);
@@ -245,7 +216,7 @@ async fn several_quotas_are_all_or_nothing_on_every_node(cluster: &RedisCluster)
     )
     .unwrap();
     let store = store(cluster, "pair:");
-    let clients = clients_on_every_primary(cluster, &store, &policy.quotas()[0], "m", 5);
+    let clients = cluster.clients_on_every_primary(&store, &policy.quotas()[0], "m", 5);
     for (client, owner) in &clients {
         for quota in policy.quotas() {
             let key = store.bucket_key(client, quota);
@@ -348,7 +319,7 @@ async fn the_applications_cluster_pool_works_as_seeds_do(cluster: &RedisCluster)
         .unwrap();
     assert!(store.ping().await.is_ok());
     let quota = Quota::per_hour(5).unwrap();
-    for (client, owner) in clients_on_every_primary(cluster, &store, &quota, "p", 2) {
+    for (client, owner) in cluster.clients_on_every_primary(&store, &quota, "p", 2) {
         let d = store.check(&client, &Policy::from(quota), 1).await.unwrap();
         assert_eq!(d.remaining(), 4);
         let key = store.bucket_key(&client, &quota);
@@ -444,7 +415,8 @@ async fn fail_a_primary_under_load(cluster: &Arc<RedisCluster>, fault: Fault) ->
             replica_of(&victim).map(|heir| (hot, victim, heir))
         })
         .unwrap();
-    let others: Vec<String> = clients_on_every_primary(cluster, &store, &quota, "o", 4)
+    let others: Vec<String> = cluster
+        .clients_on_every_primary(&store, &quota, "o", 4)
         .into_iter()
         .map(|(client, _)| client)
         .collect();

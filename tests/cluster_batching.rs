@@ -48,43 +48,6 @@ fn summed_calls(primaries: &[Node]) -> BTreeMap<String, u64> {
     summed
 }
 
-/// `per_primary` clients named `{name}:{i}` on each primary, in turn (one of
-/// each primary, then the next of each...), with the port of their primary.
-fn clients_on_every_primary(
-    cluster: &RedisCluster,
-    store: &RedisStore,
-    quota: &Quota,
-    name: &str,
-    per_primary: usize,
-) -> Vec<(String, u16)> {
-    let primaries: Vec<u16> = cluster.primaries().iter().map(Node::port).collect();
-    let mut found: BTreeMap<u16, Vec<String>> = BTreeMap::new();
-    for i in 0.. {
-        let client = format!("{name}:{i}");
-        let owner = cluster
-            .primary_for_key(&store.bucket_key(&client, quota))
-            .port();
-        let list = found.entry(owner).or_default();
-        if list.len() < per_primary {
-            list.push(client);
-        }
-        if primaries
-            .iter()
-            .all(|p| found.get(p).is_some_and(|l| l.len() == per_primary))
-        {
-            break;
-        }
-    }
-    (0..per_primary)
-        .flat_map(|i| {
-            primaries
-                .iter()
-                .map(|p| (found[p][i].clone(), *p))
-                .collect::<Vec<_>>()
-        })
-        .collect()
-}
-
 #[test]
 fn cluster_batching_scenarios_on_one_shared_cluster() {
     let cluster = Arc::new(RedisCluster::start());
@@ -121,16 +84,16 @@ fn cluster_batches_answer_as_their_checks_sent_one_by_one(
     let cases = std::sync::atomic::AtomicU64::new(0);
     let run_case = |steps: &[(u64, Vec<Check>)]| -> Result<(), TestCaseError> {
         let case = cases.fetch_add(1, Ordering::Relaxed);
-        let clients: Vec<String> = clients_on_every_primary(
-            cluster,
-            &batched,
-            &policies[0].quotas()[0],
-            &format!("case{case}"),
-            3,
-        )
-        .into_iter()
-        .map(|(c, _)| c)
-        .collect();
+        let clients: Vec<String> = cluster
+            .clients_on_every_primary(
+                &batched,
+                &policies[0].quotas()[0],
+                &format!("case{case}"),
+                3,
+            )
+            .into_iter()
+            .map(|(c, _)| c)
+            .collect();
         let memory = MemoryStore::new();
         let mut now = T0;
         for (elapsed, checks) in steps {
@@ -174,7 +137,7 @@ fn cluster_batches_answer_as_their_checks_sent_one_by_one(
     // Nine clients, three per primary, twice each: one call per primary.
     let quota = Quota::per_hour(100).unwrap();
     let policy = Policy::from(quota);
-    let clients = clients_on_every_primary(cluster, &batched, &quota, "calls", 3);
+    let clients = cluster.clients_on_every_primary(&batched, &quota, "calls", 3);
     let list: Vec<(&str, &Policy, u64)> = clients
         .iter()
         .chain(&clients)
@@ -271,7 +234,7 @@ async fn cluster_slot_moved_under_a_stale_map_with_explicit_batches(cluster: &Re
     let quota = Quota::per_hour(20).unwrap();
     let policy = Policy::from(quota);
     let store = store(cluster, "stale:");
-    let clients = clients_on_every_primary(cluster, &store, &quota, "s", 3);
+    let clients = cluster.clients_on_every_primary(&store, &quota, "s", 3);
     let primaries = cluster.primaries();
     let (x, from) = clients[0].clone();
     let to = primaries.iter().find(|p| p.port() != from).unwrap().clone();

@@ -386,6 +386,44 @@ impl RedisCluster {
         Ok(slots)
     }
 
+    /// `per_primary` clients named `{name}:{i}` whose buckets (for `quota`,
+    /// keyed by `store`) live on each primary, in turn (one of each primary,
+    /// then the next of each...), with the port of their primary.
+    pub fn clients_on_every_primary(
+        &self,
+        store: &tollgate::RedisStore,
+        quota: &tollgate::Quota,
+        name: &str,
+        per_primary: usize,
+    ) -> Vec<(String, u16)> {
+        let primaries: Vec<u16> = self.primaries().iter().map(Node::port).collect();
+        let mut found: BTreeMap<u16, Vec<String>> = BTreeMap::new();
+        for i in 0.. {
+            let client = format!("{name}:{i}");
+            let owner = self
+                .primary_for_key(&store.bucket_key(&client, quota))
+                .port();
+            let list = found.entry(owner).or_default();
+            if list.len() < per_primary {
+                list.push(client);
+            }
+            if primaries
+                .iter()
+                .all(|p| found.get(p).is_some_and(|l| l.len() == per_primary))
+            {
+                break;
+            }
+        }
+        (0..per_primary)
+            .flat_map(|i| {
+                primaries
+                    .iter()
+                    .map(|p| (found[p][i].clone(), *p))
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+
     /// `redis://127.0.0.1:PORT` of every node, primaries and replicas, in start
     /// order: seeds for a cluster client.
     pub fn seed_urls(&self) -> Vec<String> {
