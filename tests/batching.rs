@@ -8,10 +8,9 @@ mod support;
 
 use std::time::Duration;
 
-use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 use support::RedisServer;
-use support::batches::{Check, policies, run_guarded, steps};
+use support::batches::{Check, batch_equals_one_by_one, policies, run_guarded, steps};
 use tollgate::{MemoryStore, Policy, RedisStore};
 
 const T0: u64 = 1_763_000_000_000_000;
@@ -49,17 +48,7 @@ fn a_batch_answers_as_its_checks_sent_one_by_one() {
                 .zip(&keys)
                 .map(|((_, p, cost), key)| (key.as_str(), &policies[*p], *cost))
                 .collect();
-            let together = runtime
-                .block_on(batched.check_batch_at(&list, now))
-                .unwrap();
-            for (i, (key, policy, cost)) in list.iter().enumerate() {
-                let alone = runtime
-                    .block_on(single.check_at(key, policy, *cost, now))
-                    .unwrap();
-                let mem = memory.check_at(key, policy, *cost, now - T0).unwrap();
-                prop_assert_eq!(&together[i], &alone, "check {} of {:?}", i, list);
-                prop_assert_eq!(&together[i], &mem, "check {} of {:?}", i, list);
-            }
+            batch_equals_one_by_one(&runtime, &batched, &single, &memory, &list, now, T0)?;
         }
         Ok(())
     };

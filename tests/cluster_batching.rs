@@ -16,9 +16,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
-use support::batches::{Check, policies, run_guarded, steps};
+use support::batches::{Check, batch_equals_one_by_one, policies, run_guarded, steps};
 use support::cluster::RedisCluster;
 use support::node::Node;
 use tollgate::{MemoryStore, Policy, Quota, RateLimiter, RedisStore, Store};
@@ -102,17 +101,7 @@ fn cluster_batches_answer_as_their_checks_sent_one_by_one(
                 .iter()
                 .map(|(c, p, cost)| (clients[*c].as_str(), &policies[*p], *cost))
                 .collect();
-            let together = runtime
-                .block_on(batched.check_batch_at(&list, now))
-                .unwrap();
-            for (i, (key, policy, cost)) in list.iter().enumerate() {
-                let alone = runtime
-                    .block_on(single.check_at(key, policy, *cost, now))
-                    .unwrap();
-                let mem = memory.check_at(key, policy, *cost, now - T0).unwrap();
-                prop_assert_eq!(&together[i], &alone, "check {} of {:?}", i, list);
-                prop_assert_eq!(&together[i], &mem, "check {} of {:?}", i, list);
-            }
+            batch_equals_one_by_one(runtime, &batched, &single, &memory, &list, now, T0)?;
         }
         Ok(())
     };

@@ -73,3 +73,28 @@ pub fn run_guarded(
         panic!("{e}");
     }
 }
+
+/// One step of a case: `list` decided as one batch by `batched`, one by one
+/// by `single` at the same Redis clock `now` (µs), and by `memory` at
+/// `now - t0`; every answer must be the same.
+#[cfg(feature = "test-util")]
+pub fn batch_equals_one_by_one(
+    runtime: &tokio::runtime::Runtime,
+    batched: &tollgate::RedisStore,
+    single: &tollgate::RedisStore,
+    memory: &tollgate::MemoryStore,
+    list: &[(&str, &Policy, u64)],
+    now: u64,
+    t0: u64,
+) -> Result<(), TestCaseError> {
+    let together = runtime.block_on(batched.check_batch_at(list, now)).unwrap();
+    for (i, (key, policy, cost)) in list.iter().enumerate() {
+        let alone = runtime
+            .block_on(single.check_at(key, policy, *cost, now))
+            .unwrap();
+        let mem = memory.check_at(key, policy, *cost, now - t0).unwrap();
+        prop_assert_eq!(&together[i], &alone, "check {} of {:?}", i, list);
+        prop_assert_eq!(&together[i], &mem, "check {} of {:?}", i, list);
+    }
+    Ok(())
+}
