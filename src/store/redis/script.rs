@@ -335,7 +335,9 @@ impl Batch {
             // -D, then each decision's cost (see the script's header).
             cmd.arg(-(self.shapes.len() as i64));
             for decision in self.args.chunks_exact(4) {
-                cmd.arg(decision[1]);
+                if let [_, cost, _, _] = decision {
+                    cmd.arg(*cost);
+                }
             }
         } else {
             cmd.arg(self.shapes.len()).arg(&self.args);
