@@ -20,6 +20,10 @@ const HOUR: u64 = 3_600 * SECOND;
 
 const SCRIPT: &str = include_str!("../lua/token_bucket.lua");
 
+/// How long a key outlives its bucket's refill, in milliseconds
+/// (`MARGIN_MS` in the script).
+const MARGIN_MS: i64 = 1;
+
 fn q(tokens: u64, period: Duration) -> Quota {
     Quota::new(tokens, period).unwrap()
 }
@@ -544,14 +548,14 @@ async fn ttl_covers_the_refill_and_no_more_than_a_second_beyond() {
             let ttl = pttl(&server, &bucket);
             let waited_ms = start.elapsed().as_millis() as i64 + 1;
             let to_full_ms = d.reset_after().as_micros().div_ceil(1000) as i64;
-            // The script sets PX = to_full + 1 ms; since then at most
+            // The script sets PX = to_full + MARGIN_MS; since then at most
             // `waited_ms` have passed.
             assert!(
-                ttl <= to_full_ms + 1,
+                ttl <= to_full_ms + MARGIN_MS,
                 "{quota}: ttl {ttl} ms, full again in {to_full_ms} ms"
             );
             assert!(
-                ttl + waited_ms >= to_full_ms + 1,
+                ttl + waited_ms >= to_full_ms + MARGIN_MS,
                 "{quota}: key expires {ttl} ms from now, the bucket is full in {to_full_ms} ms \
                  (+ 1 ms margin, {waited_ms} ms ago)"
             );
