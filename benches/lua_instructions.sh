@@ -18,6 +18,8 @@
 # Scripts, all at a quota of 10 per second with a burst of 10, cost 1, over
 # 10 000 random client keys (redis-benchmark -r 10000):
 #   tollgate/1    lua/token_bucket.lua, one decision per call, 16-deep pipelines
+#                 (in the compact form RedisStore sends for checks of one quota;
+#                 COMPACT=0 for the long form)
 #   tollgate/16   the same script deciding 16 checks per call, as RedisStore's
 #                 batching does under load (16 x 10 000 keys)
 #   base/1, base/16   the same for the script at commit $BASE, if set
@@ -82,14 +84,21 @@ per_decision() {
 }
 
 ours() { # name script batch
-  local keys=() decisions=()
+  local keys=() decisions=() count=$3
   for i in $(seq "$3"); do
     keys+=("tollgate:{u$i:__rand_int__}:10/1s:10")
     decisions+=(1 1 1 0)
   done
+  # As RedisStore sends checks of one quota: the compact form (-D, then one
+  # cost per decision), where the script has one (COMPACT=0: the long form).
+  if [ "${COMPACT:-1}" = 1 ] && grep -q 'if nd < 0 then' "$2"; then
+    count=-$3
+    decisions=()
+    for _ in $(seq "$3"); do decisions+=(1); done
+  fi
   local pipeline=16
   [ "$3" -gt 1 ] && pipeline=4
-  per_decision "$1" "$2" "$3" "$pipeline" "$3" "${keys[@]}" "" 1 1000000 1 100000 "$3" "${decisions[@]}"
+  per_decision "$1" "$2" "$3" "$pipeline" "$3" "${keys[@]}" "" 1 1000000 1 100000 "$count" "${decisions[@]}"
 }
 
 echo "redis-server user-space instructions per decision (callgrind; runs of $n1 and $n2 x 16 decisions):"
