@@ -94,6 +94,10 @@ const GET_LINE: &str = "local stored = call(\"GET\", key)";
 const SET_LINE: &str =
     "call(\"SET\", key, format(VALUE, level, stamp), \"PX\", format(INT, ttl + MARGIN_MS))";
 
+/// The line of [`SOURCE`]'s compact form that writes a bucket.
+#[cfg(feature = "cluster")]
+const COMPACT_SET_LINE: &str = "call(\"SET\", key, value, \"PX\", px)";
+
 /// `body` behind the batch prologue, its bucket reads and writes going
 /// through the values the prologue read (`held`, see
 /// `lua/cluster_batch.lua`): a read comes from there, a write goes there too.
@@ -110,6 +114,10 @@ fn spread_source(body: &str) -> String {
             SET_LINE,
             "local value = format(VALUE, level, stamp)\n    held[key] = value\n    \
              call(\"SET\", key, value, \"PX\", format(INT, ttl + MARGIN_MS))",
+        )
+        .replace(
+            COMPACT_SET_LINE,
+            "held[key] = value\n      call(\"SET\", key, value, \"PX\", px)",
         );
     format!("{SPREAD_PROLOGUE}{body}")
 }
@@ -592,13 +600,21 @@ mod tests {
         // One read and one write on the general path, one of each in the
         // compact form.
         assert_eq!(SOURCE.matches(GET_LINE).count(), 2);
-        assert_eq!(SOURCE.matches(SET_LINE).count(), 2);
+        assert_eq!(SOURCE.matches(SET_LINE).count(), 1);
+        assert_eq!(SOURCE.matches(COMPACT_SET_LINE).count(), 1);
         assert_eq!(
             spread
                 .source
                 .matches("local value = format(VALUE, level, stamp)\n    held[key] = value")
                 .count(),
-            2
+            1
+        );
+        assert_eq!(
+            spread
+                .source
+                .matches("held[key] = value\n      call(\"SET\", key, value, \"PX\", px)")
+                .count(),
+            1
         );
         assert!(!spread.source.contains(GET_LINE));
         assert!(!spread.source.contains(SET_LINE));
