@@ -60,6 +60,12 @@ fn inner() -> impl Service<Request<()>, Response = Response<Full<Bytes>>, Error 
     })
 }
 
+/// Room for what other threads allocate while requests are counted (dhat
+/// counts the whole process: a Redis store's connection task, the runtime):
+/// a few blocks over hundreds of requests. One more allocation per request
+/// adds 1.0 to the average, far above this.
+const SLACK: f64 = 0.5;
+
 /// What counting a decision for metrics allocates (its labels), with the
 /// `metrics` feature on.
 const METRICS: f64 = if cfg!(feature = "metrics") { 2.0 } else { 0.0 };
@@ -93,7 +99,7 @@ async fn requests_decided_at_once_allocate_only_for_their_data_and_the_deny_cach
     // The first request of each client makes its bucket.
     let _ = per_request(&mut memory, requests(&clients, 3), StatusCode::OK).await;
     let admitted = per_request(&mut memory, requests(&clients, 300), StatusCode::OK).await;
-    assert!(admitted - base <= ADMITTED, "admitted: {admitted} - {base}");
+    assert!(admitted - base < ADMITTED + SLACK, "admitted: {admitted} - {base}");
 
     // Denied at once: the answer is the layer's own, with the decision in its
     // extensions only (no inner response, no request extensions).
@@ -109,7 +115,7 @@ async fn requests_decided_at_once_allocate_only_for_their_data_and_the_deny_cach
     )
     .await;
     println!("per request: inner alone {base}, admitted {admitted}, denied {denied}");
-    assert!(denied - base <= DENIED, "denied: {denied} - {base}");
+    assert!(denied - base < DENIED + SLACK, "denied: {denied} - {base}");
 
     #[cfg(feature = "redis")]
     a_denial_from_the_deny_cache_allocates_as_the_memory_store_does(base).await;
@@ -143,5 +149,5 @@ async fn a_denial_from_the_deny_cache_allocates_as_the_memory_store_does(base: f
     .await;
     assert_eq!(server.calls("evalsha"), 0, "the cache answered");
     println!("per request: inner alone {base}, denied from the cache {cached}");
-    assert!(cached - base <= CACHED, "cached: {cached} - {base}");
+    assert!(cached - base < CACHED + SLACK, "cached: {cached} - {base}");
 }

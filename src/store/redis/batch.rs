@@ -154,11 +154,17 @@ impl Drop for Slot {
 }
 
 /// The script call for `checks`, in order; `spread` for clients in several
-/// slots of one cluster node (see `nodes.rs`).
-pub(crate) fn batch_of(checks: &[Pending], spread: bool) -> Batch {
+/// slots of one cluster node (see `nodes.rs`). The checks' keys move into
+/// the batch: [`Batch::take_keys`] hands them back after the call.
+pub(crate) fn batch_of(checks: &mut [Pending], spread: bool) -> Batch {
     let mut batch = Batch::with_capacity(checks.len(), spread);
     for c in checks {
-        batch.push(c.keys.iter().cloned(), &c.policy, c.cost, c.max_wait_us);
+        batch.push(
+            std::mem::take(&mut c.keys),
+            &c.policy,
+            c.cost,
+            c.max_wait_us,
+        );
     }
     batch
 }

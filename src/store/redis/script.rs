@@ -4,7 +4,7 @@
 use redis::aio::ConnectionLike;
 use redis::{RedisError, ServerErrorKind};
 
-use crate::decision::{Decision, QuotaState};
+use crate::decision::{Decision, QuotaState, States};
 use crate::error::{Error, ErrorKind};
 use crate::store::bucket::debt_for;
 use crate::{Policy, Quota};
@@ -187,9 +187,13 @@ pub(crate) struct Batch {
     spread: bool,
     /// The distinct quotas of the batch; decisions refer to them by index.
     quotas: Vec<Quota>,
-    keys: Vec<String>,
-    /// Per decision: its quotas (for reading the reply back).
-    shapes: Vec<Vec<Quota>>,
+    /// Per decision: its keys, one per quota (moved in, and handed back by
+    /// [`take_keys`](Self::take_keys)).
+    keys: Vec<Vec<String>>,
+    /// How many keys `keys` holds.
+    key_count: usize,
+    /// Per decision: its policy, whose quotas read the reply back.
+    shapes: Vec<Policy>,
     /// Per decision: n, cost, then per quota: 1-based quota index, debt.
     args: Vec<u64>,
     /// Whether every decision is a check (no debt) of one quota, the same
@@ -205,6 +209,7 @@ impl Batch {
             spread: false,
             quotas: Vec::new(),
             keys: Vec::new(),
+            key_count: 0,
             shapes: Vec::new(),
             args: Vec::new(),
             compact: true,
@@ -219,6 +224,7 @@ impl Batch {
             spread,
             quotas: Vec::with_capacity(1),
             keys: Vec::with_capacity(n),
+            key_count: 0,
             shapes: Vec::with_capacity(n),
             args: Vec::with_capacity(4 * n),
             compact: true,
@@ -246,13 +252,15 @@ impl Batch {
     /// that long.
     pub(crate) fn push(
         &mut self,
-        keys: impl IntoIterator<Item = String>,
+        keys: impl Into<Vec<String>>,
         policy: &Policy,
         cost: u64,
         max_wait_us: u64,
     ) {
         let quotas = policy.quotas();
-        self.keys.extend(keys);
+        let keys = keys.into();
+        self.key_count += keys.len();
+        self.keys.push(keys);
         self.args.push(quotas.len() as u64);
         self.args.push(cost);
         for q in quotas {
@@ -271,7 +279,14 @@ impl Batch {
             });
         }
         self.compact &= quotas.len() == 1 && max_wait_us == 0 && self.quotas.len() == 1;
-        self.shapes.push(quotas.to_vec());
+        self.shapes.push(policy.clone());
+    }
+
+    /// The decisions' keys, in order, taken out of the batch (which then
+    /// holds none): to hand each check its keys back after the call.
+    pub(crate) fn take_keys(&mut self) -> Vec<Vec<String>> {
+        self.key_count = 0;
+        std::mem::take(&mut self.keys)
     }
 
     /// How many decisions the batch holds.
@@ -308,9 +323,9 @@ impl Batch {
         let copies = if self.spread { 2 } else { 1 };
         let bytes = name.len()
             + script.len()
-            + copies * self.keys.iter().map(String::len).sum::<usize>()
+            + copies * self.keys.iter().flatten().map(String::len).sum::<usize>()
             + 20 * numbers;
-        let mut cmd = redis::Cmd::with_capacity(2 + copies * self.keys.len() + numbers, bytes);
+        let mut cmd = redis::Cmd::with_capacity(2 + copies * self.key_count + numbers, bytes);
         cmd.arg(name);
         if self.spread {
             // Every key in the first key's slot is declared, the others are
@@ -321,15 +336,24 @@ impl Batch {
             // undeclared key of that slot would be read as missing on the
             // new primary under `ASKING`, while its bucket is still on the
             // old one.
-            let first = self.keys.first().map(|k| hash_slot(k.as_bytes()));
+            let first = self
+                .keys
+                .iter()
+                .flatten()
+                .next()
+                .map(|k| hash_slot(k.as_bytes()));
             let declared: Vec<&String> = self
                 .keys
                 .iter()
+                .flatten()
                 .filter(|k| Some(hash_slot(k.as_bytes())) == first)
                 .collect();
             cmd.arg(script).arg(declared.len()).arg(declared);
         } else {
-            cmd.arg(script).arg(self.keys.len()).arg(&self.keys);
+            cmd.arg(script).arg(self.key_count);
+            for key in self.keys.iter().flatten() {
+                cmd.arg(key);
+            }
         }
         match self.clock {
             Some(now) => cmd.arg(now),
@@ -351,7 +375,10 @@ impl Batch {
             cmd.arg(self.shapes.len()).arg(&self.args);
         }
         if self.spread {
-            cmd.arg(&self.keys).arg(self.keys.len());
+            for key in self.keys.iter().flatten() {
+                cmd.arg(key);
+            }
+            cmd.arg(self.key_count);
         }
         cmd
     }
@@ -365,41 +392,53 @@ impl Batch {
                 format!("unexpected reply from the rate limit script: {reply:?}"),
             )
         };
-        let expected: usize = self.shapes.iter().map(|s| 1 + 3 * s.len()).sum();
+        let expected: usize = self.shapes.iter().map(|s| 1 + 3 * s.quotas().len()).sum();
         if reply.len() != expected {
             return Err(malformed());
         }
         let number = |v: i64| u64::try_from(v).map_err(|_| malformed());
+        // One quota's state from its three numbers; an admitted decision has
+        // nothing to retry, and its wait (for a reservation) is when the
+        // tokens are due.
+        let state = |q: &Quota, c: &[i64], allowed: bool, wait: &mut u64| {
+            let [remaining, wait_us, reset] = *c else {
+                return Err(malformed());
+            };
+            let wait_us = number(wait_us)?;
+            let retry = if allowed {
+                *wait = (*wait).max(wait_us);
+                0
+            } else {
+                wait_us
+            };
+            Ok(QuotaState::new(
+                *q,
+                number(remaining)?,
+                retry,
+                number(reset)?,
+            ))
+        };
         let mut rest = reply;
         let mut out = Vec::with_capacity(self.shapes.len());
-        for quotas in &self.shapes {
+        for policy in &self.shapes {
+            let quotas = policy.quotas();
             let (allowed, tail) = rest.split_first().ok_or_else(malformed)?;
             let allowed = *allowed == 1;
             let (mine, tail) = tail.split_at(3 * quotas.len());
             rest = tail;
             let mut wait = 0;
-            let mut states = Vec::with_capacity(quotas.len());
-            for (q, c) in quotas.iter().zip(mine.chunks_exact(3)) {
-                let [remaining, wait_us, reset] = *c else {
-                    return Err(malformed());
-                };
-                let wait_us = number(wait_us)?;
-                // An admitted decision has nothing to retry; its wait (for a
-                // reservation) is when the tokens are due.
-                let retry = if allowed {
-                    wait = wait.max(wait_us);
-                    0
-                } else {
-                    wait_us
-                };
-                states.push(QuotaState::new(
-                    *q,
-                    number(remaining)?,
-                    retry,
-                    number(reset)?,
-                ));
-            }
-            out.push((Decision::new(allowed, states), wait));
+            let decision = match quotas {
+                // One quota (the common case): its state inline, no list.
+                [q] => Decision::new(allowed, States::One(state(q, mine, allowed, &mut wait)?)),
+                _ => {
+                    let mut states = Vec::with_capacity(quotas.len());
+                    for (q, c) in quotas.iter().zip(mine.chunks_exact(3)) {
+                        states.push(state(q, c, allowed, &mut wait)?);
+                    }
+                    Decision::new(allowed, states)
+                }
+            };
+            out.push((decision, wait));
         }
         Ok(out)
     }
@@ -465,7 +504,7 @@ mod tests {
         let decisions = |batch: &Batch| {
             let args = args(&batch.command("EVALSHA", "sha"));
             // EVALSHA, sha, key count, keys, clock, quota count, 3 per quota.
-            let start = 3 + batch.keys.len() + 2 + 3 * batch.quotas.len();
+            let start = 3 + batch.key_count + 2 + 3 * batch.quotas.len();
             args[start..].to_vec()
         };
         let mut checks = Batch::new(None);

@@ -401,7 +401,11 @@ impl RedisStore {
         let mut batch = Batch::new(Some(now_us));
         for (key, policy, cost) in checks {
             validate(policy, *cost)?;
-            let keys = policy.quotas().iter().map(|q| self.bucket_key(key, q));
+            let keys: Vec<String> = policy
+                .quotas()
+                .iter()
+                .map(|q| self.bucket_key(key, q))
+                .collect();
             batch.push(keys, policy, *cost, 0);
         }
         let script = &self.inner.test_script;
@@ -503,7 +507,7 @@ impl RedisStore {
             // One check needs no spread call: the production script decides
             // it, routed by its own slot.
             let spread = spread && checks.len() > 1;
-            let batch = batch_of(&checks, spread);
+            let mut batch = batch_of(&mut checks, spread);
             let script = self.batch_script(spread);
             let call = &batch;
             let reply = self
@@ -512,6 +516,11 @@ impl RedisStore {
                     |mut conn| async move { call.run(&mut conn, script).await },
                 )
                 .await;
+            // The checks' keys back, for the deny cache and for checks sent
+            // on their own.
+            for (check, keys) in checks.iter_mut().zip(batch.take_keys()) {
+                check.keys = keys;
+            }
             match reply {
                 Ok(reply) if batch.not_local(&reply) => {
                     // The node does not serve every key (the slot map is
@@ -542,7 +551,8 @@ impl RedisStore {
         if check.reply.is_closed() {
             return;
         }
-        let batch = batch_of(std::slice::from_ref(&check), false);
+        let mut checks = vec![check];
+        let mut batch = batch_of(&mut checks, false);
         let script = &self.inner.script;
         let call = &batch;
         let outcomes = self
@@ -552,7 +562,10 @@ impl RedisStore {
             )
             .await
             .and_then(|reply| batch.outcomes(&reply));
-        answer(vec![check], outcomes, self.inner.denials.as_ref());
+        for (check, keys) in checks.iter_mut().zip(batch.take_keys()) {
+            check.keys = keys;
+        }
+        answer(checks, outcomes, self.inner.denials.as_ref());
     }
 
     /// The script for a batch of `drain`.
@@ -660,7 +673,11 @@ impl RedisStore {
                 let (key, policy, cost) = checks.get(*i).copied().ok_or_else(|| {
                     Error::store(crate::ErrorKind::Server, "check index out of range")
                 })?;
-                let keys = policy.quotas().iter().map(|q| self.bucket_key(key, q));
+                let keys: Vec<String> = policy
+                    .quotas()
+                    .iter()
+                    .map(|q| self.bucket_key(key, q))
+                    .collect();
                 batch.push(keys, policy, cost, 0);
             }
             let script = if spread {
