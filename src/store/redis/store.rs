@@ -449,12 +449,13 @@ impl RedisStore {
         max_wait_us: u64,
     ) -> Result<(Decision, u64), Error> {
         let (reply, answered) = tokio::sync::oneshot::channel();
+        let sent = Instant::now();
         let check = Pending {
             keys,
             policy: policy.clone(),
             cost,
             max_wait_us,
-            sent: Instant::now(),
+            sent,
             reply,
         };
         if let Some(checks) = queue.enqueue(check) {
@@ -464,7 +465,11 @@ impl RedisStore {
         // Each check counts towards the breaker by what its caller saw: an
         // answer, a failure, or its own timeout (waiting in the queue or in
         // the call), once.
-        match tokio::time::timeout(self.inner.timeout, answered).await {
+        // The deadline from the clock already read for `sent` (one read of
+        // the clock per check, not two); the timeout is at most 60 s (checked
+        // when the store is built), so this cannot overflow.
+        let deadline = sent + self.inner.timeout;
+        match tokio::time::timeout_at(deadline, answered).await {
             Ok(Ok(Ok(outcome))) => {
                 self.inner.breaker.success();
                 Ok(outcome)
