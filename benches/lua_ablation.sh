@@ -16,8 +16,8 @@
 # variants decide B checks per call (B [16], as batching does under load), over
 # B x 10 000 random keys, in the script's long form (the general path; the
 # compact form RedisStore sends for checks of one quota has its own copy of
-# these lines, left as it is here); the peer decides one per call over 10 000
-# keys.
+# these lines: its GET is swapped too, its SET is not, and the long form never
+# runs it); the peer decides one per call over 10 000 keys.
 #
 # Each figure is redis-server's user+sys CPU (INFO cpu) over the run divided by
 # the decisions made (calls x decisions per call), in microseconds. Rounds are

@@ -49,10 +49,15 @@ local now = redis.call("TIME") -- tollgate:clock
 now = now[1] * 1000000 + now[2]
 
 -- A key outlives its bucket's refill by this many milliseconds. Redis expires
--- keys by the clock TIME reads, in whole milliseconds: the TTL is the refill
--- rounded up to the millisecond, and 1 ms more covers the part of a
--- millisecond `now` is past the one Redis counts from. (The test variant,
--- whose clock is not Redis's, keeps keys 1 s longer: src/store/redis/script.rs.)
+-- keys by the clock TIME reads, in whole milliseconds, and only once their
+-- last millisecond has passed; the TTL is the refill rounded up to the
+-- millisecond. Redis counts PX from when the command runs: on 7.0 when SET
+-- runs (after TIME), on 7.2 and later from when this script call began (just
+-- before TIME). With 1 ms more, a key lasts until its bucket is full unless
+-- Redis stalls for over a millisecond between starting the call and reading
+-- TIME; then it may read full that stall early, so at most that much refill
+-- is given early. (The test variant, whose clock is not Redis's, keeps keys
+-- 1 s longer: src/store/redis/script.rs.)
 local MARGIN_MS = 1 -- tollgate:margin
 
 -- Integers (all below 2^53) are written with %d where a C long holds them

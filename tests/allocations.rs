@@ -99,7 +99,10 @@ async fn requests_decided_at_once_allocate_only_for_their_data_and_the_deny_cach
     // The first request of each client makes its bucket.
     let _ = per_request(&mut memory, requests(&clients, 3), StatusCode::OK).await;
     let admitted = per_request(&mut memory, requests(&clients, 300), StatusCode::OK).await;
-    assert!(admitted - base < ADMITTED + SLACK, "admitted: {admitted} - {base}");
+    assert!(
+        admitted - base < ADMITTED + SLACK,
+        "admitted: {admitted} - {base}"
+    );
 
     // Denied at once: the answer is the layer's own, with the decision in its
     // extensions only (no inner response, no request extensions).
