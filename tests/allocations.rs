@@ -132,11 +132,15 @@ async fn requests_decided_at_once_allocate_only_for_their_data_and_the_deny_cach
 /// once): [`ADMITTED`], and the request's own part of the call: its bucket
 /// keys in Redis (the list and one key), its boxed check and its reply
 /// channel; the keys move into the script call and back, the answer is read
-/// without a list. What the call itself allocates (the command, the reply,
-/// the batch's lists, the task that sends it) is shared by the batch: under
-/// one allocation per request at the batches measured here.
+/// without a list.
 #[cfg(feature = "redis")]
-const BATCHED: f64 = ADMITTED + 4.0 + 1.0;
+const BATCHED: f64 = ADMITTED + 4.0;
+
+/// What one script call allocates (the command, the reply, the batch's
+/// lists, the task that sends it), shared by the checks it carries: 15
+/// measured at about 21 checks a call.
+#[cfg(feature = "redis")]
+const PER_CALL: f64 = 16.0;
 
 /// See [`BATCHED`]. (Part of the test above: dhat counts for one test at a
 /// time.)
@@ -192,8 +196,8 @@ async fn a_batched_redis_check_allocates_for_its_own_data(base: f64) {
     // Batched indeed: several checks share each call.
     assert!(per_call >= 4.0, "{per_call} checks per call");
     assert!(
-        counted - base < BATCHED + SLACK,
-        "batched: {counted} - {base}"
+        counted - base < BATCHED + PER_CALL / per_call + SLACK,
+        "batched: {counted} - {base} at {per_call:.1} checks per call"
     );
 }
 
