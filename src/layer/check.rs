@@ -22,8 +22,8 @@ use tokio::sync::OwnedSemaphorePermit;
 use super::config::{Config, Cost, Extractor, Missing, OnStoreError, Selected};
 use super::grpc;
 use super::http_answer;
-use super::outcome::{After, Answer, Delayed, StoreFailure};
-use super::report::{report, shadow_report};
+use super::outcome::{After, Answer, Deferred, Delayed, StoreFailure};
+use super::report::shadow_report;
 use crate::key::present;
 use crate::limiter::Decided;
 use crate::store::Unsent;
@@ -36,10 +36,6 @@ pub(crate) struct Checked {
     pub(crate) verdict: Verdict,
 }
 
-#[expect(
-    clippy::large_enum_variant,
-    reason = "moved once per request; boxing `After` would allocate on every admitted request"
-)]
 pub(crate) enum Verdict {
     /// Call the inner service, then add `After` to its response.
     Forward(After),
@@ -56,10 +52,6 @@ struct Hold {
 }
 
 /// How far [`check_now`] got without waiting.
-#[expect(
-    clippy::large_enum_variant,
-    reason = "returned once per request; boxing the verdict would allocate on every request"
-)]
 pub(crate) enum Now {
     /// Decided: what to do with the request (its extensions are set).
     Decided(Verdict),
@@ -187,10 +179,6 @@ pub(crate) struct Ask {
 }
 
 /// A request before the store is asked.
-#[expect(
-    clippy::large_enum_variant,
-    reason = "returned once per request; boxing would allocate on every request"
-)]
 enum Prepared {
     /// Decided without the store: `Ok` forwards (exempt, or no key and
     /// missing keys are allowed), `Err` answers.
@@ -260,7 +248,7 @@ fn outcome(
     } = ask;
     let after = match decided {
         Decided::Store(decision) if decision.allowed() => After {
-            headers: report(config.headers, &policy, &decision),
+            headers: Deferred::new(config.headers, policy),
             decision: Some(decision),
             delayed,
             ..After::default()
@@ -279,7 +267,7 @@ fn outcome(
             policy,
             error,
         } if decision.allowed() => After {
-            headers: report(config.headers, &policy, &decision),
+            headers: Deferred::new(config.headers, policy),
             decision: Some(decision),
             failure: Some(StoreFailure::new(error)),
             delayed,

@@ -13,7 +13,7 @@ use super::body::ResponseBody;
 use super::check::{Checked, Verdict};
 use super::config::BoxFuture;
 use super::outcome::After;
-use super::report::apply_report;
+use super::report::{apply_report, report};
 
 pin_project! {
     /// The response future of [`RateLimit`](super::RateLimit): the inner
@@ -126,7 +126,10 @@ where
                     this.state.set(State::Done);
                     let mut res = res?.map(ResponseBody::inner);
                     if let Some(after) = after {
-                        apply_report(res.headers_mut(), after.headers);
+                        if let (Some(headers), Some(decision)) = (&after.headers, &after.decision) {
+                            let report = report(headers.style, &headers.policy, decision);
+                            apply_report(res.headers_mut(), report);
+                        }
                         // With nested layers the innermost (most specific) decision
                         // is kept, as the handler saw it in the request.
                         if let Some(decision) = after.decision

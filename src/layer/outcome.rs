@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use http::{HeaderName, HeaderValue};
 
+use super::config::HeaderStyle;
 use crate::{Decision, Error, Policy};
 
 /// In [shadow mode](super::RateLimitLayer::shadow), what the layer would have
@@ -127,10 +128,30 @@ impl Report {
     }
 }
 
+/// The rate limit fields of a forwarded request's response, rendered from
+/// the decision when the response comes ([`After::headers`]): the style and
+/// the policy, 16 bytes. What waits for the inner service is moved with its
+/// future several times per request, so it is kept small (rendered fields
+/// are over 200 bytes).
+#[derive(Debug)]
+pub(crate) struct Deferred {
+    pub(crate) style: HeaderStyle,
+    pub(crate) policy: Policy,
+}
+
+impl Deferred {
+    /// The fields `policy` gives a decision in `style`; none for
+    /// [`HeaderStyle::None`].
+    pub(crate) fn new(style: HeaderStyle, policy: Policy) -> Option<Self> {
+        (style != HeaderStyle::None).then_some(Deferred { style, policy })
+    }
+}
+
 /// What is added to a forwarded request and to the inner service's response.
 #[derive(Default)]
 pub(crate) struct After {
-    pub(crate) headers: Report,
+    /// Rendered from `decision` onto the response.
+    pub(crate) headers: Option<Deferred>,
     pub(crate) decision: Option<Decision>,
     pub(crate) failure: Option<StoreFailure>,
     pub(crate) shadow: Option<ShadowRejection>,

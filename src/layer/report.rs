@@ -10,7 +10,7 @@ use super::headers::{
     RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
     ceil_secs, sf_integer,
 };
-use super::outcome::{After, Answer, Report, ShadowRejection};
+use super::outcome::{After, Answer, Deferred, Report, ShadowRejection};
 use crate::{Decision, Policy, Quota, QuotaState};
 
 /// What a policy advertises, built once per policy (see [`Policy`]'s derived
@@ -173,7 +173,7 @@ pub(crate) fn shadow_report(answer: Answer, style: HeaderStyle) -> After {
         Answer::TooMany {
             policy, decision, ..
         } => After {
-            headers: report(style, &policy, &decision),
+            headers: Deferred::new(style, policy),
             decision: Some(decision),
             ..After::default()
         },
