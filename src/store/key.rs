@@ -38,9 +38,28 @@ pub fn safe_key_bytes(key: &[u8]) -> String {
 fn is_safe(key: &[u8]) -> bool {
     key.first().is_some_and(|b| *b != b'#')
         && key.len() <= MAX_RAW_KEY_LEN
-        && key
-            .iter()
-            .all(|b| b.is_ascii_alphanumeric() || b"._:@/=+#-".contains(b))
+        && key.iter().all(|b| SAFE.get(usize::from(*b)) == Some(&true))
+}
+
+/// The bytes a raw key may hold, `[A-Za-z0-9._:@/=+#-]`, as a table: every
+/// request's key is checked byte by byte, at least once.
+static SAFE: [bool; 256] = safe_table();
+
+#[expect(clippy::indexing_slicing, reason = "b < 256, the table's length")]
+const fn safe_table() -> [bool; 256] {
+    let mut table = [false; 256];
+    let mut b = 0;
+    while b < 256 {
+        #[expect(clippy::cast_possible_truncation, reason = "b < 256")]
+        let c = b as u8;
+        table[b] = c.is_ascii_alphanumeric()
+            || matches!(
+                c,
+                b'.' | b'_' | b':' | b'@' | b'/' | b'=' | b'+' | b'#' | b'-'
+            );
+        b += 1;
+    }
+    table
 }
 
 /// The hashed form of any key, `#` and 128 bits of SHA-256 in hex, whether or not
@@ -74,6 +93,14 @@ mod tests {
         // keys must not change between versions.
         assert_eq!(hashed_key(b"abc"), "#ba7816bf8f01cfea414140de5dae2223");
         assert_eq!(safe_key("a b"), hashed_key(b"a b"));
+    }
+
+    #[test]
+    fn the_mask_holds_exactly_the_allowed_bytes() {
+        for b in 0..=255u8 {
+            let allowed = b.is_ascii_alphanumeric() || b"._:@/=+#-".contains(&b);
+            assert_eq!(is_safe(&[b'a', b]), allowed, "byte {b}");
+        }
     }
 
     #[test]
