@@ -40,7 +40,9 @@
 # benches/http_peers/wrk.lua), then INFO commandstats and INFO cpu, then stop
 # the server. Rounds are interleaved and
 # the order of the variants rotates each round, so slow drifts in machine load
-# hit every variant alike; medians are reported with each variant's min–max.
+# hit every variant alike; medians are reported with each variant's min–max,
+# and the ratios of the pairs the targets compare also round by round (each
+# round's two runs faced about the same load), with their median.
 #
 # Measures per run: req/s (all responses, 429s included), non-2xx responses
 # (wrk counts statuses above 399), latency p50/p99 (wrk's done() hook), and for
@@ -355,6 +357,14 @@ awk -v order="$variants" -v hot_order="$hot_variants" '
     if (k in bad) printf "  CHECK FAILED:%s", bad[k]
     printf "\n"
   }
+  function rounds(label, a, b,    na, nb, xa, xb, i, list) {
+    if (!(a in rps) || !(b in rps)) return
+    na = split(rps[a], xa, " "); nb = split(rps[b], xb, " ")
+    if (na != nb) { printf "  %-52s n/a (%d and %d rounds)\n", label, na, nb; return }
+    list = ""
+    for (i = 1; i <= na; i++) list = list " " ((xb[i] > 0) ? sprintf("%.3f", xa[i] / xb[i]) : "n/a")
+    printf "  %-52s %s   (median %.3f)\n", label, list, median(list)
+  }
   function ratio(label, a, b, arr,    x) {
     if (!(a in arr) || !(b in arr) || arr[b] == 0) { printf "  %-52s n/a\n", label; return }
     printf "  %-52s %6.3f   (%s vs %s)\n", label, arr[a] / arr[b], arr[a], arr[b]
@@ -384,6 +394,14 @@ awk -v order="$variants" -v hot_order="$hot_variants" '
     ratio("hot: tollgate-memory / governor, req/s", "hot tollgate-memory", "hot governor", MED)
     if ("hot tollgate-redis" in CMDS) printf "  %-52s %6.3f\n", "hot: tollgate-redis Redis commands per request", CMDS["hot tollgate-redis"]
     if ("hot trlr" in CMDS) printf "  %-52s %6.3f\n", "hot: trlr Redis commands per request", CMDS["hot trlr"]
+
+    printf "\nround by round (a round runs every variant once; the order rotates each round)\n"
+    rounds("open: tollgate-redis / trlr, req/s", "open tollgate-redis", "open trlr")
+    rounds("open: tollgate-redis-bare / trlr, req/s", "open tollgate-redis-bare", "open trlr")
+    rounds("open: tollgate-memory / governor, req/s", "open tollgate-memory", "open governor")
+    rounds("open: tollgate-memory-bare / governor, req/s", "open tollgate-memory-bare", "open governor")
+    rounds("open: none / governor, req/s", "open none", "open governor")
+    rounds("hot: tollgate-redis / tollgate-memory, req/s", "hot tollgate-redis", "hot tollgate-memory")
 
     worst = 0; wk = "one round: no spread to show"
     for (k in SPREAD) if (SPREAD[k] > worst) { worst = SPREAD[k]; wk = k }
