@@ -357,13 +357,17 @@ awk -v order="$variants" -v hot_order="$hot_variants" '
     if (k in bad) printf "  CHECK FAILED:%s", bad[k]
     printf "\n"
   }
-  function rounds(label, a, b,    na, nb, xa, xb, i, list) {
+  function rounds(label, a, b,    na, nb, xa, xb, i, list, known, x) {
     if (!(a in rps) || !(b in rps)) return
     na = split(rps[a], xa, " "); nb = split(rps[b], xb, " ")
     if (na != nb) { printf "  %-52s n/a (%d and %d rounds)\n", label, na, nb; return }
-    list = ""
-    for (i = 1; i <= na; i++) list = list " " ((xb[i] > 0) ? sprintf("%.3f", xa[i] / xb[i]) : "n/a")
-    printf "  %-52s %s   (median %.3f)\n", label, list, median(list)
+    list = ""; known = ""
+    for (i = 1; i <= na; i++) {
+      if (xb[i] > 0) { x = sprintf("%.3f", xa[i] / xb[i]); list = list " " x; known = known " " x }
+      else list = list " n/a"
+    }
+    if (known == "") { printf "  %-52s %s   (median n/a)\n", label, list; return }
+    printf "  %-52s %s   (median %.3f%s)\n", label, list, median(known), (list == known) ? "" : " of the others"
   }
   function ratio(label, a, b, arr,    x) {
     if (!(a in arr) || !(b in arr) || arr[b] == 0) { printf "  %-52s n/a\n", label; return }

@@ -127,8 +127,8 @@ where
                     let mut res = res?.map(ResponseBody::inner);
                     if let Some(after) = after {
                         if let (Some(headers), Some(decision)) = (&after.headers, &after.decision) {
-                            let report = report(headers.style, &headers.policy, decision);
-                            apply_report(res.headers_mut(), report);
+                            let fields = report(headers.style, &headers.policy, decision);
+                            apply_report(res.headers_mut(), fields);
                         }
                         // With nested layers the innermost (most specific) decision
                         // is kept, as the handler saw it in the request.

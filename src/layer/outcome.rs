@@ -1,6 +1,7 @@
 //! What the check found for one request, as data: the layer's own answers
 //! ([`Answer`]) and what is added to a forwarded request ([`After`]). Rendering
-//! them is the job of `http.rs` and `grpc/`.
+//! them is the job of `http_answer.rs` and `grpc/` (answers) and `future.rs`
+//! (a forwarded response's fields).
 
 use std::fmt;
 use std::sync::Arc;
