@@ -4,6 +4,7 @@
 #
 #   bash benches/lua_peers.sh            # 5 interleaved rounds, about 1 minute
 #   ROUNDS=9 N=300000 bash benches/lua_peers.sh
+#   COMPACT=0 bash benches/lua_peers.sh  # tollgate's long form of the arguments
 #
 # Each round runs redis-benchmark (50 clients, 16-deep pipelines, 10 000 random
 # client keys, a 10/s quota) once per script and reads `usec_per_call` of
@@ -48,10 +49,14 @@ run() {
 load() { cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo unknown; }
 load_start=$(load)
 results="$dir/results"
+decision=(-1 1)
+[ "${COMPACT:-1}" = 1 ] || decision=(1 1 1 1 0)
 for round in $(seq "$rounds"); do
   # tollgate: Redis TIME; one quota: full 10 x 100000 units, 1/100000 token per
-  # microsecond (10/s); one decision of cost 1 on quota 1, no debt
-  echo "tollgate $(run EVALSHA "$ours" 1 'tollgate:{user:__rand_int__}:10/1s:10' "" 1 1000000 1 100000 1 1 1 1 0)" >>"$results"
+  # microsecond (10/s); one decision of cost 1 on quota 1, no debt, in the
+  # compact form RedisStore sends for it (-1, then the cost; COMPACT=0: the
+  # long form, 1 decision of 1 quota: cost 1, quota 1, debt 0)
+  echo "tollgate $(run EVALSHA "$ours" 1 'tollgate:{user:__rand_int__}:10/1s:10' "" 1 1000000 1 100000 "${decision[@]}")" >>"$results"
   # GCRA: burst 10, rate 10 per 1 s, cost 1
   echo "gcra_float $(run EVALSHA "$gcra" 1 'rate:{user:__rand_int__}' 10 10 1 1)" >>"$results"
   # hash bucket: capacity 10, 10 tokens/s, cost 1
