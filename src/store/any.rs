@@ -92,7 +92,12 @@ impl AnyStore {
         match unsent {
             #[cfg(feature = "redis")]
             Unsent::Redis(keys) => match &self.inner {
-                Inner::Redis(store) => store.check_keys(keys, policy, cost).await,
+                // Straight to `send`: every async fn between the layer and
+                // the batch adds its own state to the boxed check.
+                Inner::Redis(store) => store
+                    .send(keys, policy, cost, 0, None)
+                    .await
+                    .map(|(decision, _)| decision),
                 Inner::Memory(_) => Err(Error::store(
                     crate::ErrorKind::Server,
                     "a Redis check was sent to a memory store",

@@ -293,7 +293,7 @@ impl RedisStore {
 
     /// A plain check as far as it goes without waiting: the deny cache's
     /// answer, [`Error::CircuitOpen`] while the breaker refuses calls, or the
-    /// storage keys to send with [`check_keys`](Self::check_keys).
+    /// storage keys to send with [`send`](Self::send).
     pub(crate) fn check_now(
         &self,
         key: &str,
@@ -315,21 +315,11 @@ impl RedisStore {
         Ok(Err(keys))
     }
 
-    /// Sends the check that [`check_now`](Self::check_now) could not answer.
-    pub(crate) async fn check_keys(
-        &self,
-        keys: Vec<String>,
-        policy: &Policy,
-        cost: u64,
-    ) -> Result<Decision, Error> {
-        self.send(keys, policy, cost, 0, None)
-            .await
-            .map(|(decision, _)| decision)
-    }
-
     /// Sends a validated check or reservation on `keys` (batched when it
     /// can be) and remembers a denial of a plain check in the deny cache.
-    async fn send(
+    /// A check that [`check_now`](Self::check_now) could not answer is sent
+    /// with `max_wait_us` 0 and no `clock`.
+    pub(crate) async fn send(
         &self,
         keys: Vec<String>,
         policy: &Policy,
@@ -361,6 +351,24 @@ impl RedisStore {
                 None => self.refresh_slots(),
             }
         }
+        // Boxed: the call on its own holds redis-rs's futures, about 2 KB,
+        // which would otherwise be part of every batched check's future too
+        // (an async fn's state is as large as its largest await).
+        Box::pin(self.send_alone(keys, policy, cost, max_wait_us, clock, cacheable)).await
+    }
+
+    /// A check or reservation in a script call of its own: batching is off,
+    /// the breaker is not closed, a cluster store has no slot map yet, or
+    /// `clock` is set (tests).
+    async fn send_alone(
+        &self,
+        keys: Vec<String>,
+        policy: &Policy,
+        cost: u64,
+        max_wait_us: u64,
+        clock: Option<u64>,
+        cacheable: bool,
+    ) -> Result<(Decision, u64), Error> {
         let remembered = (cacheable && self.inner.denials.is_some()).then(|| keys.clone());
         let sent = Instant::now();
         let mut batch = Batch::new(clock);
