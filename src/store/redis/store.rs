@@ -327,7 +327,6 @@ impl RedisStore {
         max_wait_us: u64,
         clock: Option<u64>,
     ) -> Result<(Decision, u64), Error> {
-        let cacheable = clock.is_none() && max_wait_us == 0 && cost > 0;
         // Batch only while the breaker is closed: when it is open, a check is
         // answered at once (or is the probe) instead of queueing behind calls
         // that may hang.
@@ -354,7 +353,7 @@ impl RedisStore {
         // Boxed: the call on its own holds redis-rs's futures, about 2 KB,
         // which would otherwise be part of every batched check's future too
         // (an async fn's state is as large as its largest await).
-        Box::pin(self.send_alone(keys, policy, cost, max_wait_us, clock, cacheable)).await
+        Box::pin(self.send_alone(keys, policy, cost, max_wait_us, clock)).await
     }
 
     /// A check or reservation in a script call of its own: batching is off,
@@ -367,8 +366,8 @@ impl RedisStore {
         cost: u64,
         max_wait_us: u64,
         clock: Option<u64>,
-        cacheable: bool,
     ) -> Result<(Decision, u64), Error> {
+        let cacheable = clock.is_none() && max_wait_us == 0 && cost > 0;
         let remembered = (cacheable && self.inner.denials.is_some()).then(|| keys.clone());
         let sent = Instant::now();
         let mut batch = Batch::new(clock);
