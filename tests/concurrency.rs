@@ -37,9 +37,15 @@ use tollgate::{Quota, RateLimiter};
 
 const RUN: Duration = Duration::from_secs(3);
 const RATE: u64 = 200;
-/// Large enough that the bucket key (its TTL is the time to full plus a second)
-/// outlives any stall between the last admission and the test reading it.
+/// Large enough that the bucket key outlives any stall between the last
+/// admission and the test reading it: a key lasts until its bucket is full
+/// again (plus 1 ms), and the last admission leaves it under a token, 10 s
+/// from full.
 const CAPACITY: u64 = 2_000;
+/// The first admission's cost. Its stamp is read right after it, so it leaves
+/// the bucket far from full: the key then lasts `FIRST / RATE` = 2 s, where
+/// one token would give a busy machine 6 ms to read it.
+const FIRST: u64 = 400;
 /// A token in the script's units: `Quota::per_second(200)` refills one unit a
 /// microsecond, and a token is 1/200 s.
 const UNITS_PER_TOKEN: u64 = 1_000_000 / RATE;
@@ -65,11 +71,12 @@ impl Tally {
         self.saw_full |= other.saw_full;
     }
 
-    /// The first admission, from a bucket that is full by definition.
-    fn first(d: &tollgate::Decision) -> Self {
+    /// The first admission, of `cost` tokens, from a bucket that is full by
+    /// definition.
+    fn first(d: &tollgate::Decision, cost: u64) -> Self {
         assert!(d.allowed(), "{d:?}");
         Tally {
-            admitted: 1,
+            admitted: cost,
             decisions: 1,
             saw_full: false,
         }
@@ -139,9 +146,9 @@ async fn redis_never_admits_more_than_the_quota_across_instances() {
         .unwrap()
         .bucket_key("hot", &quota());
     // The first admission, whose stamp starts the accounting.
-    let mut tally = Tally::first(&limiters[0].check("hot", 1).await.unwrap());
+    let mut tally = Tally::first(&limiters[0].check("hot", FIRST).await.unwrap(), FIRST);
     let (first_level, s0) = stored(&server, &key);
-    assert_eq!(first_level, FULL - UNITS_PER_TOKEN);
+    assert_eq!(first_level, FULL - FIRST * UNITS_PER_TOKEN);
 
     let deadline = Instant::now() + RUN;
     let tasks: Vec<_> = (0..TASKS)
@@ -188,7 +195,7 @@ fn memory_never_admits_more_than_the_quota_across_threads() {
     let policy = Policy::from(quota());
     let s0 = 1_000_000_000;
     let clock = Arc::new(AtomicU64::new(s0));
-    let mut tally = Tally::first(&store.check_at("hot", &policy, 1, s0).unwrap());
+    let mut tally = Tally::first(&store.check_at("hot", &policy, 1, s0).unwrap(), 1);
     let end = s0 + RUN.as_micros() as u64;
     // Each thread returns its tally and the latest time it was admitted at.
     let results: Vec<(Tally, u64)> = std::thread::scope(|scope| {

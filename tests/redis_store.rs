@@ -593,12 +593,16 @@ async fn keys_vanish_after_their_ttl() {
     let server = RedisServer::start();
     let store = server.store();
     let fast = Quota::per_second(1000).unwrap();
-    let _ = store.check("idle", &Policy::from(fast), 1).await.unwrap();
+    // Every token spent: full again in 1 s, so the key is there when the
+    // test looks right after (one token would leave a busy machine 2 ms).
+    let _ = store
+        .check("idle", &Policy::from(fast), 1000)
+        .await
+        .unwrap();
     let key = store.bucket_key("idle", &fast);
     let exists = |server: &RedisServer| server.cmd::<i64>(&["EXISTS", &key]) == 1;
     assert!(exists(&server));
-    // Full in 1 ms, so the TTL is at most 2 ms.
-    // Redis expires it at 2 ms at the latest; the deadline only stops a
+    // Redis expires it 1 s and at most 2 ms later; the deadline only stops a
     // broken store from hanging the test.
     let deadline = Instant::now() + Duration::from_secs(30);
     while exists(&server) && Instant::now() < deadline {
