@@ -31,7 +31,9 @@
 -- an idle client's key disappears exactly when forgetting it changes nothing.
 --
 -- Reply, per decision: allowed (1/0), then per quota: remaining, wait_us,
--- reset_after_us; all integers, so Redis's number conversion loses nothing.
+-- reset_after_us; all integers below 2^53, sent as one string of
+-- little-endian doubles (struct.pack "<d" each; see the end), which loses
+-- nothing.
 -- wait_us is, for a denied decision, the time until this bucket would hold the
 -- cost (0 if it does); for an admitted reservation, the time until the debt it
 -- took on is paid (0 for a plain check).
@@ -273,51 +275,68 @@ if nd < 0 then
       allowed and 1 or 0, remaining, wait, reset
     r = r + 4
   end
-  return reply
-end
--- A decision over one quota (the common case) is decided at once; one over
--- several reads all its buckets first, since it is admitted only if every
--- bucket holds the cost. Per quota of such a decision: index, level, stamp.
-local qs, lv, st = {}, {}, {}
-for _ = 1, nd do
-  local n, cost = known[ARGV[a]] or ARGV[a] + 0, known[ARGV[a + 1]] or ARGV[a + 1] + 0
-  if n == 1 then
-    local q, debt = known[ARGV[a + 2]] or ARGV[a + 2] + 0, known[ARGV[a + 3]] or ARGV[a + 3] + 0
-    a = a + 4
-    local full, need = fulls[q], cost * dens[q]
-    if need > full then
-      return redis.error_reply("ERR tollgate: cost exceeds capacity")
-    end
-    local key = KEYS[k]
-    local level, stamp = stored_bucket(key, full, nums[q])
-    local allowed = level - need >= -debt
-    r = r + 1
-    reply[r] = allowed and 1 or 0
-    finish(key, q, level, stamp, need, allowed, cost)
-    k = k + 1
-  else
-    a = a + 2
-    local allowed = true
-    for i = 1, n do
-      local q, debt = known[ARGV[a]] or ARGV[a] + 0, known[ARGV[a + 1]] or ARGV[a + 1] + 0
-      a = a + 2
+else
+  -- A decision over one quota (the common case) is decided at once; one over
+  -- several reads all its buckets first, since it is admitted only if every
+  -- bucket holds the cost. Per quota of such a decision: index, level, stamp.
+  local qs, lv, st = {}, {}, {}
+  for _ = 1, nd do
+    local n, cost = known[ARGV[a]] or ARGV[a] + 0, known[ARGV[a + 1]] or ARGV[a + 1] + 0
+    if n == 1 then
+      local q, debt = known[ARGV[a + 2]] or ARGV[a + 2] + 0, known[ARGV[a + 3]] or ARGV[a + 3] + 0
+      a = a + 4
       local full, need = fulls[q], cost * dens[q]
       if need > full then
         return redis.error_reply("ERR tollgate: cost exceeds capacity")
       end
-      local level, stamp = stored_bucket(KEYS[k + i - 1], full, nums[q])
-      qs[i], lv[i], st[i] = q, level, stamp
-      if level - need < -debt then
-        allowed = false
+      local key = KEYS[k]
+      local level, stamp = stored_bucket(key, full, nums[q])
+      local allowed = level - need >= -debt
+      r = r + 1
+      reply[r] = allowed and 1 or 0
+      finish(key, q, level, stamp, need, allowed, cost)
+      k = k + 1
+    else
+      a = a + 2
+      local allowed = true
+      for i = 1, n do
+        local q, debt = known[ARGV[a]] or ARGV[a] + 0, known[ARGV[a + 1]] or ARGV[a + 1] + 0
+        a = a + 2
+        local full, need = fulls[q], cost * dens[q]
+        if need > full then
+          return redis.error_reply("ERR tollgate: cost exceeds capacity")
+        end
+        local level, stamp = stored_bucket(KEYS[k + i - 1], full, nums[q])
+        qs[i], lv[i], st[i] = q, level, stamp
+        if level - need < -debt then
+          allowed = false
+        end
       end
+      r = r + 1
+      reply[r] = allowed and 1 or 0
+      for i = 1, n do
+        local q = qs[i]
+        finish(KEYS[k + i - 1], q, lv[i], st[i], cost * dens[q], allowed, cost)
+      end
+      k = k + n
     end
-    r = r + 1
-    reply[r] = allowed and 1 or 0
-    for i = 1, n do
-      local q = qs[i]
-      finish(KEYS[k + i - 1], q, lv[i], st[i], cost * dens[q], allowed, cost)
-    end
-    k = k + n
   end
 end
-return reply
+
+-- The reply goes back as one string of little-endian doubles (exact: every
+-- number is an integer below 2^53): one bulk string costs the client one
+-- read, where a list of integers costs it a parse per number, and it costs
+-- Redis less to send than a table. unpack() puts each value on Lua's stack,
+-- so a long reply is packed in chunks.
+if r <= 1024 then
+  return struct.pack("<" .. string.rep("d", r), unpack(reply, 1, r))
+end
+local parts = {}
+for i = 1, r, 1024 do
+  local j = i + 1023
+  if j > r then
+    j = r
+  end
+  parts[#parts + 1] = struct.pack("<" .. string.rep("d", j - i + 1), unpack(reply, i, j))
+end
+return table.concat(parts)

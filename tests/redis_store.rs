@@ -206,7 +206,7 @@ async fn cost_above_capacity_is_refused_by_the_store_and_the_script() {
         let mut full: Vec<&str> = cmd.to_vec();
         full.extend(["1", key.as_str()]);
         full.extend(args("5"));
-        let err = server.try_cmd::<Vec<i64>>(&full).unwrap_err();
+        let err = server.try_cmd::<Vec<u8>>(&full).unwrap_err();
         assert!(
             err.to_string().contains("cost exceeds capacity"),
             "{}: {err}",
@@ -217,8 +217,22 @@ async fn cost_above_capacity_is_refused_by_the_store_and_the_script() {
     // The same call with cost 4 is admitted: the refusal was about the cost.
     let mut ok = vec!["EVALSHA", sha.as_str(), "1", key.as_str()];
     ok.extend(args("4"));
-    let reply: Vec<i64> = server.cmd(&ok);
+    let reply = numbers(server.cmd(&ok));
     assert_eq!(reply[..2], [1, 0]);
+}
+
+/// The numbers of a reply of the script: little-endian doubles packed into one
+/// string, every one a whole number.
+fn numbers(reply: Vec<u8>) -> Vec<i64> {
+    assert_eq!(reply.len() % 8, 0, "{reply:?}");
+    reply
+        .chunks_exact(8)
+        .map(|c| {
+            let n = f64::from_le_bytes(c.try_into().unwrap());
+            assert_eq!(n.fract(), 0.0, "{n}");
+            n as i64
+        })
+        .collect()
 }
 
 /// The script writes integers with `%d` where a C long holds 53 bits, and with
@@ -277,8 +291,7 @@ async fn both_number_formats_store_and_answer_the_same() {
             let d = decisions_count(decisions);
             cmd.push(d.as_str());
             cmd.extend(decisions.iter().copied());
-            let reply: Vec<i64> = server.cmd(&cmd);
-            replies.push(reply);
+            replies.push(numbers(server.cmd(&cmd)));
         }
         let mut stored = Vec::new();
         for k in ["a", "b", "c", "d"] {
@@ -378,8 +391,7 @@ async fn the_compact_form_decides_as_the_long_form() {
             let mut cmd = vec!["EVAL", source.as_str(), n.as_str()];
             cmd.extend(keys.iter().map(String::as_str));
             cmd.extend(args.iter().map(String::as_str));
-            let reply: Vec<i64> = server.cmd(&cmd);
-            replies.push(reply);
+            replies.push(numbers(server.cmd(&cmd)));
             // Read at once: TTLs run in Redis's own time.
             let form_ttls: Vec<i64> = (0..4)
                 .map(|k| server.cmd(&["PTTL", &format!("{prefix}:{{x}}:{k}")]))
@@ -419,6 +431,37 @@ async fn the_compact_form_decides_as_the_long_form() {
 }
 
 /// How many decisions a flat list of decision arguments holds.
+/// A reply too long to pack at once (the script packs 1 024 numbers at a
+/// time) reads back whole and in order: 300 checks of fresh keys in one call
+/// (1 200 numbers), in both forms, every one admitted with the same figures.
+#[test]
+fn long_replies_are_packed_whole_and_in_order() {
+    let server = RedisServer::start();
+    // 10 per second, cost 1 each: 9 left, a token's refill (100 ms) to full.
+    let quota = ["1", "1000000", "1", "100000"];
+    let keys: Vec<String> = (0..300).map(|i| format!("long:{{x}}:{i}")).collect();
+    for (form, count, per) in [
+        ("compact", "-300", &["1"][..]),
+        ("long", "300", &["1", "1", "1", "0"][..]),
+    ] {
+        let _: () = server.cmd(&["FLUSHALL"]);
+        let n = keys.len().to_string();
+        let mut cmd = vec!["EVAL", SCRIPT, n.as_str()];
+        cmd.extend(keys.iter().map(String::as_str));
+        cmd.push("");
+        cmd.extend(quota);
+        cmd.push(count);
+        for _ in &keys {
+            cmd.extend(per);
+        }
+        let reply = numbers(server.cmd(&cmd));
+        assert_eq!(reply.len(), 1_200, "{form}");
+        for (i, d) in reply.chunks_exact(4).enumerate() {
+            assert_eq!(d, [1, 9, 0, 100_000], "{form}: decision {i}");
+        }
+    }
+}
+
 fn decisions_count(decisions: &[&str]) -> String {
     let mut i = 0;
     let mut count = 0;

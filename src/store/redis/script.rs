@@ -2,7 +2,7 @@
 //! `EVAL` when the server has not cached it) and what its reply means.
 
 use redis::aio::ConnectionLike;
-use redis::{RedisError, ServerErrorKind};
+use redis::{FromRedisValue, ParsingError, RedisError, ServerErrorKind, Value};
 
 use crate::decision::{Decision, QuotaState, States};
 use crate::error::{Error, ErrorKind};
@@ -304,12 +304,13 @@ impl Batch {
         conn: &mut C,
         script: &Script,
     ) -> Result<Vec<i64>, RedisError> {
-        match self.command("EVALSHA", &script.sha).query_async(conn).await {
+        let reply = match self.command("EVALSHA", &script.sha).query_async(conn).await {
             Err(e) if e.kind() == redis::ErrorKind::Server(ServerErrorKind::NoScript) => {
                 self.command("EVAL", &script.source).query_async(conn).await
             }
             other => other,
-        }
+        };
+        reply.map(|Numbers(numbers)| numbers)
     }
 
     fn command(&self, name: &str, script: &str) -> redis::Cmd {
@@ -444,9 +445,74 @@ impl Batch {
     }
 }
 
+/// The script's reply read as numbers. The script packs them into one string
+/// of little-endian doubles (see its header), which the client reads in one
+/// go instead of parsing one RESP integer at a time; a list of integers (the
+/// spread prologue's `{-1}`) is read as it is.
+struct Numbers(Vec<i64>);
+
+impl FromRedisValue for Numbers {
+    fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
+        match v {
+            Value::BulkString(bytes) => unpacked(&bytes).map(Numbers).ok_or_else(|| {
+                ParsingError::from("a reply of packed numbers that does not read as one")
+            }),
+            other => Vec::<i64>::from_redis_value(other).map(Numbers),
+        }
+    }
+}
+
+/// The numbers of a packed reply: little-endian doubles, each converted to an
+/// integer as Redis converts a Lua number in a reply (toward zero), `None` if
+/// the length is not a multiple of 8 or a number is not finite or does not
+/// fit.
+pub(crate) fn unpacked(bytes: &[u8]) -> Option<Vec<i64>> {
+    /// 2^63, the first double an `i64` cannot hold.
+    const LIMIT: f64 = 9_223_372_036_854_775_808.0;
+    let chunks = bytes.chunks_exact(8);
+    if !chunks.remainder().is_empty() {
+        return None;
+    }
+    chunks
+        .map(|chunk| {
+            let number = f64::from_le_bytes(chunk.try_into().ok()?).trunc();
+            #[expect(clippy::cast_possible_truncation, reason = "checked to fit just above")]
+            (number.is_finite() && (-LIMIT..LIMIT).contains(&number)).then_some(number as i64)
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn packed(numbers: &[f64]) -> Vec<u8> {
+        numbers.iter().flat_map(|n| n.to_le_bytes()).collect()
+    }
+
+    #[test]
+    fn packed_replies_read_as_the_integers_they_hold() {
+        let exact = [0.0, 1.0, 999_999.0, 9_007_199_254_740_991.0, -1.0];
+        assert_eq!(
+            unpacked(&packed(&exact)),
+            Some(vec![0, 1, 999_999, 9_007_199_254_740_991, -1])
+        );
+        // Toward zero, as Redis turns a Lua number into an integer reply.
+        assert_eq!(unpacked(&packed(&[2.75, -0.5])), Some(vec![2, 0]));
+        assert_eq!(unpacked(&[]), Some(vec![]));
+        for bad in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY, 1e19, -1e19] {
+            assert_eq!(unpacked(&packed(&[1.0, bad])), None, "{bad}");
+        }
+        let mut cut = packed(&[1.0, 2.0]);
+        cut.pop();
+        assert_eq!(unpacked(&cut), None);
+        // Through redis-rs as the client reads it: a string, or a list of
+        // integers (the spread prologue's `{-1}`).
+        let read = |v: Value| Numbers::from_redis_value(v).map(|Numbers(n)| n);
+        assert_eq!(read(Value::BulkString(packed(&[1.0, 5.0]))), Ok(vec![1, 5]));
+        assert_eq!(read(Value::Array(vec![Value::Int(-1)])), Ok(vec![-1]));
+        assert!(read(Value::BulkString(vec![0; 7])).is_err());
+    }
 
     #[test]
     fn replies_of_the_wrong_shape_are_store_errors() {
