@@ -20,7 +20,8 @@
 
 use std::collections::HashMap;
 use std::collections::hash_map::RandomState;
-use std::hash::BuildHasher;
+use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -46,9 +47,33 @@ struct Entry {
     until: Instant,
 }
 
+/// A shard's entries are keyed by their keys' hash, already a SipHash seeded
+/// at random per cache: the table indexes by it as it is, instead of hashing
+/// it again.
+#[derive(Debug, Default)]
+struct Prehashed(u64);
+
+impl Hasher for Prehashed {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write_u64(&mut self, hash: u64) {
+        self.0 = hash;
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `u64` keys are hashed here (`write_u64`); anything else is
+        // folded in, never dropped.
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+}
+
 #[derive(Debug, Default)]
 struct Shard {
-    entries: HashMap<u64, Entry>,
+    entries: HashMap<u64, Entry, BuildHasherDefault<Prehashed>>,
     /// No entry of this shard expires before this: a full shard does not
     /// rescan until then.
     quiet_until: Option<Instant>,
@@ -60,6 +85,12 @@ pub(crate) struct DenyCache {
     shards: Box<[Mutex<Shard>]>,
     per_shard: usize,
     hasher: RandomState,
+    /// How many entries all shards hold: while there are none (no client
+    /// denied lately), a lookup answers at once, without hashing the keys.
+    /// Changed under the lock of the shard whose entries change, so it never
+    /// counts below zero; a lookup that reads it while another thread
+    /// caches a denial acts as if it came just before.
+    len: AtomicUsize,
 }
 
 impl DenyCache {
@@ -70,6 +101,7 @@ impl DenyCache {
             shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
             per_shard,
             hasher: RandomState::new(),
+            len: AtomicUsize::new(0),
         }
     }
 
@@ -78,7 +110,9 @@ impl DenyCache {
     }
 
     fn shard(&self, hash: u64) -> MutexGuard<'_, Shard> {
-        let index = usize::try_from(hash % SHARDS as u64).unwrap_or(0);
+        // The high half picks the shard: the shard's table indexes by the
+        // low bits, which must not be the same for all of its entries.
+        let index = usize::try_from((hash >> 32) % SHARDS as u64).unwrap_or(0);
         let shard = match self.shards.get(index).or(self.shards.first()) {
             Some(shard) => shard,
             // `new` always makes SHARDS shards.
@@ -92,15 +126,19 @@ impl DenyCache {
     /// The denial of `cost` on these buckets, if one is cached and still holds:
     /// the cached decision with its waits counted down to now.
     pub(crate) fn lookup(&self, keys: &[String], cost: u64) -> Option<Decision> {
+        if self.len.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
         let hash = self.hash(keys);
-        let now = Instant::now();
         let mut shard = self.shard(hash);
         let entry = shard.entries.get(&hash)?;
         if *entry.keys != *keys {
             return None;
         }
+        let now = Instant::now();
         if now >= entry.until {
             shard.entries.remove(&hash);
+            self.len.fetch_sub(1, Ordering::Relaxed);
             return None;
         }
         if cost < entry.cost {
@@ -127,6 +165,7 @@ impl DenyCache {
                 return;
             }
             let mut next = None::<Instant>;
+            let before = shard.entries.len();
             shard.entries.retain(|_, e| {
                 let keep = e.until > now;
                 if keep {
@@ -134,12 +173,14 @@ impl DenyCache {
                 }
                 keep
             });
+            self.len
+                .fetch_sub(before - shard.entries.len(), Ordering::Relaxed);
             shard.quiet_until = next;
             if shard.entries.len() >= self.per_shard {
                 return;
             }
         }
-        shard.entries.insert(
+        let replaced = shard.entries.insert(
             hash,
             Entry {
                 keys: keys.into_boxed_slice(),
@@ -149,6 +190,9 @@ impl DenyCache {
                 until,
             },
         );
+        if replaced.is_none() {
+            self.len.fetch_add(1, Ordering::Relaxed);
+        }
         shard.quiet_until = Some(shard.quiet_until.map_or(until, |q| q.min(until)));
     }
 
@@ -158,16 +202,21 @@ impl DenyCache {
         let mut shard = self.shard(hash);
         if shard.entries.get(&hash).is_some_and(|e| *e.keys == *keys) {
             shard.entries.remove(&hash);
+            self.len.fetch_sub(1, Ordering::Relaxed);
         }
     }
 
     /// How many denials are cached (tests).
     #[cfg(test)]
+    /// (Tests: also checks the running count against the shards.)
     pub(crate) fn len(&self) -> usize {
-        self.shards
+        let held = self
+            .shards
             .iter()
             .map(|s| s.lock().map_or(0, |s| s.entries.len()))
-            .sum()
+            .sum();
+        assert_eq!(self.len.load(Ordering::Relaxed), held, "entries miscounted");
+        held
     }
 }
 
@@ -243,7 +292,9 @@ mod tests {
         tokio::time::advance(Duration::from_secs(2)).await;
         cache.insert(vec!["late".to_owned()], 1, &d, Instant::now());
         assert!(cache.lookup(&["late".to_owned()], 1).is_some());
+        let held = cache.len();
         cache.forget(&["late".to_owned()]);
         assert!(cache.lookup(&["late".to_owned()], 1).is_none());
+        assert_eq!(cache.len(), held - 1);
     }
 }
