@@ -475,9 +475,10 @@ pub(crate) fn unpacked(bytes: &[u8]) -> Option<Vec<i64>> {
     }
     chunks
         .map(|chunk| {
-            let number = f64::from_le_bytes(chunk.try_into().ok()?).trunc();
+            let number = f64::from_le_bytes(chunk.try_into().ok()?);
+            // In range (NaN is not), `as` truncates toward zero, as Redis does.
             #[expect(clippy::cast_possible_truncation, reason = "checked to fit just above")]
-            (number.is_finite() && (-LIMIT..LIMIT).contains(&number)).then_some(number as i64)
+            (-LIMIT..LIMIT).contains(&number).then_some(number as i64)
         })
         .collect()
 }
