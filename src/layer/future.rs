@@ -13,7 +13,7 @@ use super::body::ResponseBody;
 use super::check::{Checked, Verdict};
 use super::config::BoxFuture;
 use super::outcome::After;
-use super::report::{apply_report, report};
+use super::report::add_report;
 
 pin_project! {
     /// The response future of [`RateLimit`](super::RateLimit): the inner
@@ -127,8 +127,7 @@ where
                     let mut res = res?.map(ResponseBody::inner);
                     if let Some(after) = after {
                         if let (Some(headers), Some(decision)) = (&after.headers, &after.decision) {
-                            let fields = report(headers.style, &headers.policy, decision);
-                            apply_report(res.headers_mut(), fields);
+                            add_report(res.headers_mut(), headers.style, &headers.policy, decision);
                         }
                         // With nested layers the innermost (most specific) decision
                         // is kept, as the handler saw it in the request.

@@ -8,7 +8,7 @@ use http::{HeaderValue, Response, StatusCode};
 use super::config::{HeaderStyle, Reject};
 use super::headers::{STORE_RETRY_AFTER, ceil_secs};
 use super::outcome::Answer;
-use super::report::{apply_report, items, report, retry_after_secs};
+use super::report::{add_report, items, retry_after_secs};
 use crate::{Decision, Policy};
 
 const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
@@ -74,7 +74,7 @@ fn too_many(
     if !headers.contains_key(CACHE_CONTROL) {
         headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
     }
-    apply_report(headers, report(style, policy, &decision));
+    add_report(headers, style, policy, &decision);
     res.extensions_mut().insert(decision);
     res
 }

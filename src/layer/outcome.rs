@@ -7,8 +7,6 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::{HeaderName, HeaderValue};
-
 use super::config::HeaderStyle;
 use crate::{Decision, Error, Policy};
 
@@ -102,31 +100,6 @@ pub(crate) enum Answer {
     MissingKey { kind: String },
     /// The store failed and the layer is configured to deny.
     StoreDown(StoreFailure),
-}
-
-/// The rate limit fields that describe one decision: at most three, kept
-/// inline (no map, nothing allocated beyond the values).
-#[derive(Debug, Default)]
-pub(crate) struct Report {
-    fields: [Option<(HeaderName, HeaderValue)>; 3],
-}
-
-impl Report {
-    /// Adds a field; a report has room for the three of the legacy style.
-    pub(crate) fn push(&mut self, name: HeaderName, value: HeaderValue) {
-        if let Some(slot) = self.fields.iter_mut().find(|f| f.is_none()) {
-            *slot = Some((name, value));
-        }
-    }
-
-    #[cfg(test)]
-    pub(crate) fn is_empty(&self) -> bool {
-        self.fields.iter().all(Option::is_none)
-    }
-
-    pub(crate) fn into_fields(self) -> impl Iterator<Item = (HeaderName, HeaderValue)> {
-        self.fields.into_iter().flatten()
-    }
 }
 
 /// The rate limit fields of a forwarded request's response, rendered from

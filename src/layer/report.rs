@@ -10,7 +10,7 @@ use super::headers::{
     RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
     ceil_secs, sf_integer,
 };
-use super::outcome::{After, Answer, Deferred, Report, ShadowRejection};
+use super::outcome::{After, Answer, Deferred, ShadowRejection};
 use crate::{Decision, Policy, Quota, QuotaState};
 
 /// What a policy advertises, built once per policy (see [`Policy`]'s derived
@@ -130,39 +130,37 @@ pub(crate) fn ratelimit_value(policy: &Policy, decision: &Decision) -> String {
     out
 }
 
-/// The rate limit headers describing `decision` under `policy`.
-pub(crate) fn report(style: HeaderStyle, policy: &Policy, decision: &Decision) -> Report {
-    let mut headers = Report::default();
+/// Adds the rate limit headers describing `decision` under `policy` to a
+/// response's headers. The draft's fields are lists, so nested layers (a
+/// global and a per-route limit) append their items; the legacy
+/// single-value fields keep the innermost layer's values (the first set).
+pub(crate) fn add_report(
+    target: &mut HeaderMap,
+    style: HeaderStyle,
+    policy: &Policy,
+    decision: &Decision,
+) {
     match style {
         HeaderStyle::Ietf => {
             if let Some(header) = &advertised(policy).header {
-                headers.push(RATELIMIT_POLICY, header.clone());
+                target.append(RATELIMIT_POLICY, header.clone());
             }
             // Item names, `;r=`, `;t=`, digits and ", ": always a valid value.
             if let Ok(v) = HeaderValue::try_from(ratelimit_value(policy, decision)) {
-                headers.push(RATELIMIT, v);
+                target.append(RATELIMIT, v);
             }
         }
         HeaderStyle::Legacy => {
-            headers.push(X_RATELIMIT_LIMIT, decision.limit().into());
-            headers.push(X_RATELIMIT_REMAINING, decision.remaining().into());
-            headers.push(X_RATELIMIT_RESET, ceil_secs(decision.reset_after()).into());
+            let fields = [
+                (X_RATELIMIT_LIMIT, decision.limit()),
+                (X_RATELIMIT_REMAINING, decision.remaining()),
+                (X_RATELIMIT_RESET, ceil_secs(decision.reset_after())),
+            ];
+            for (name, value) in fields {
+                target.entry(name).or_insert_with(|| value.into());
+            }
         }
         HeaderStyle::None => {}
-    }
-    headers
-}
-
-/// Adds `report` to a response's headers. The draft's fields are lists, so
-/// nested layers (a global and a per-route limit) append their items; the legacy
-/// single-value fields keep the innermost layer's values.
-pub(crate) fn apply_report(target: &mut HeaderMap, report: Report) {
-    for (name, value) in report.into_fields() {
-        if name == RATELIMIT || name == RATELIMIT_POLICY {
-            target.append(name, value);
-        } else if !target.contains_key(&name) {
-            target.insert(name, value);
-        }
     }
 }
 
@@ -199,10 +197,10 @@ pub(crate) fn shadow_report(answer: Answer, style: HeaderStyle) -> After {
 mod tests {
     use super::*;
 
-    /// A report as the response headers it becomes.
-    fn map(report: Report) -> HeaderMap {
+    /// The headers a report of `decision` adds to an empty map.
+    fn map(style: HeaderStyle, policy: &Policy, decision: &Decision) -> HeaderMap {
         let mut headers = HeaderMap::new();
-        apply_report(&mut headers, report);
+        add_report(&mut headers, style, policy, decision);
         headers
     }
     use crate::{MemoryStore, Quota, Store};
@@ -325,11 +323,19 @@ mod tests {
         let store = MemoryStore::new();
         let p = policy(&[q]);
         let d = store.decide_at("k", &p, 1, 0).unwrap();
-        let h = map(report(HeaderStyle::Legacy, &p, &d));
+        let mut h = map(HeaderStyle::Legacy, &p, &d);
         assert_eq!(h[X_RATELIMIT_LIMIT], "6");
         assert_eq!(h[X_RATELIMIT_REMAINING], "5");
         assert_eq!(h[X_RATELIMIT_RESET], "10");
-        assert!(report(HeaderStyle::None, &p, &d).is_empty());
+        assert_eq!(h.len(), 3);
+        assert!(map(HeaderStyle::None, &p, &d).is_empty());
+        // An outer layer's legacy fields leave the inner (first) layer's be.
+        let outer = policy(&[Quota::per_minute(60).unwrap()]);
+        let later = store.decide_at("o", &outer, 1, 0).unwrap();
+        add_report(&mut h, HeaderStyle::Legacy, &outer, &later);
+        assert_eq!(h[X_RATELIMIT_LIMIT], "6");
+        assert_eq!(h[X_RATELIMIT_REMAINING], "5");
+        assert_eq!(h.len(), 3);
     }
 
     #[test]
@@ -338,9 +344,9 @@ mod tests {
         let store = MemoryStore::new();
         let p = policy(&[q]);
         let d = store.decide_at("k", &p, 1, 0).unwrap();
-        let mut target = map(report(HeaderStyle::Ietf, &p, &d));
+        let mut target = map(HeaderStyle::Ietf, &p, &d);
         let outer = Policy::new("outer", [q]).unwrap();
-        apply_report(&mut target, report(HeaderStyle::Ietf, &outer, &d));
+        add_report(&mut target, HeaderStyle::Ietf, &outer, &d);
         assert_eq!(target.get_all(RATELIMIT).iter().count(), 2);
         assert_eq!(target.get_all(RATELIMIT_POLICY).iter().count(), 2);
     }

@@ -16,7 +16,7 @@ use http::request::Parts;
 use super::config::HeaderStyle;
 use super::headers::{STORE_RETRY_AFTER, ceil_millis};
 use super::outcome::{Answer, StoreFailure};
-use super::report::{apply_report, report};
+use super::report::add_report;
 use crate::{Decision, Policy};
 
 #[cfg(feature = "tonic")]
@@ -144,7 +144,7 @@ fn too_many(
         Some(Duration::from_millis(retry)),
         details::exhausted(policy, &decision, kind),
     );
-    apply_report(res.headers_mut(), report(style, policy, &decision));
+    add_report(res.headers_mut(), style, policy, &decision);
     res.extensions_mut().insert(decision);
     res
 }
