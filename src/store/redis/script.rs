@@ -469,18 +469,21 @@ impl FromRedisValue for Numbers {
 pub(crate) fn unpacked(bytes: &[u8]) -> Option<Vec<i64>> {
     /// 2^63, the first double an `i64` cannot hold.
     const LIMIT: f64 = 9_223_372_036_854_775_808.0;
-    let chunks = bytes.chunks_exact(8);
-    if !chunks.remainder().is_empty() {
+    let (numbers, rest) = bytes.as_chunks::<8>();
+    if !rest.is_empty() {
         return None;
     }
-    chunks
-        .map(|chunk| {
-            let number = f64::from_le_bytes(chunk.try_into().ok()?);
-            // In range (NaN is not), `as` truncates toward zero, as Redis does.
-            #[expect(clippy::cast_possible_truncation, reason = "checked to fit just above")]
-            (-LIMIT..LIMIT).contains(&number).then_some(number as i64)
-        })
-        .collect()
+    let mut out = Vec::with_capacity(numbers.len());
+    for &number in numbers {
+        let number = f64::from_le_bytes(number);
+        // In range (NaN is not), `as` truncates toward zero, as Redis does.
+        if !(-LIMIT..LIMIT).contains(&number) {
+            return None;
+        }
+        #[expect(clippy::cast_possible_truncation, reason = "checked to fit just above")]
+        out.push(number as i64);
+    }
+    Some(out)
 }
 
 #[cfg(test)]
