@@ -245,8 +245,9 @@ async fn run_pool_per_decision(server: &RedisServer, keys: u64, max_size: Option
             // The arguments RedisStore sends for one check (see the header of
             // lua/token_bucket.lua): Redis TIME; one quota (full, num, den);
             // one decision of cost 1 on quota 1, no debt. The reply: allowed,
-            // then remaining, wait and reset for the quota.
-            let reply: Vec<i64> = script
+            // then remaining, wait and reset for the quota, as little-endian
+            // doubles packed into one string.
+            let reply: Vec<u8> = script
                 .key(store.bucket_key(&client(keys, task, n), &q))
                 .arg("")
                 .arg(1)
@@ -261,7 +262,7 @@ async fn run_pool_per_decision(server: &RedisServer, keys: u64, max_size: Option
                 .invoke_async(&mut conn)
                 .await
                 .expect("evalsha");
-            reply.first() == Some(&1)
+            reply.get(..8) == Some(&1f64.to_le_bytes()[..])
         }
     };
     // Load the script and open the pool's connections before measuring.

@@ -430,38 +430,89 @@ async fn the_compact_form_decides_as_the_long_form() {
     );
 }
 
-/// How many decisions a flat list of decision arguments holds.
 /// A reply too long to pack at once (the script packs 1 024 numbers at a
-/// time) reads back whole and in order: 300 checks of fresh keys in one call
-/// (1 200 numbers), in both forms, every one admitted with the same figures.
+/// time) reads back whole and in order: 300 checks of fresh keys in one call,
+/// each of its own cost (1 to 10), in the compact form (1 200 numbers), the
+/// long form, and the long form over two quotas (7 numbers a decision, 2 100
+/// in all, so chunks end inside decisions).
 #[test]
 fn long_replies_are_packed_whole_and_in_order() {
     let server = RedisServer::start();
-    // 10 per second, cost 1 each: 9 left, a token's refill (100 ms) to full.
-    let quota = ["1", "1000000", "1", "100000"];
-    let keys: Vec<String> = (0..300).map(|i| format!("long:{{x}}:{i}")).collect();
-    for (form, count, per) in [
-        ("compact", "-300", &["1"][..]),
-        ("long", "300", &["1", "1", "1", "0"][..]),
-    ] {
+    // Quota 1: 10 per second (full 10 x 100 000 units, 1 unit a µs), quota 2:
+    // 20 per second (full 20 x 50 000).
+    let quotas = ["2", "1000000", "1", "100000", "1000000", "1", "50000"];
+    let cost = |i: usize| (i % 10 + 1) as i64;
+    let decisions = 300;
+    for form in ["compact", "long", "two quotas"] {
         let _: () = server.cmd(&["FLUSHALL"]);
+        let per = if form == "two quotas" { 2 } else { 1 };
+        let keys: Vec<String> = (0..decisions * per)
+            .map(|i| format!("long:{{x}}:{i}"))
+            .collect();
+        let mut args: Vec<String> = vec![String::new()];
+        args.extend(quotas.iter().map(|q| q.to_string()));
+        match form {
+            "compact" => args.push(format!("-{decisions}")),
+            _ => args.push(decisions.to_string()),
+        }
+        for i in 0..decisions {
+            let c = cost(i).to_string();
+            match form {
+                "compact" => args.push(c),
+                "long" => args.extend(["1".into(), c, "1".into(), "0".into()]),
+                _ => args.extend([
+                    "2".into(),
+                    c,
+                    "1".into(),
+                    "0".into(),
+                    "2".into(),
+                    "0".into(),
+                ]),
+            }
+        }
         let n = keys.len().to_string();
         let mut cmd = vec!["EVAL", SCRIPT, n.as_str()];
         cmd.extend(keys.iter().map(String::as_str));
-        cmd.push("");
-        cmd.extend(quota);
-        cmd.push(count);
-        for _ in &keys {
-            cmd.extend(per);
-        }
+        cmd.extend(args.iter().map(String::as_str));
         let reply = numbers(server.cmd(&cmd));
-        assert_eq!(reply.len(), 1_200, "{form}");
-        for (i, d) in reply.chunks_exact(4).enumerate() {
-            assert_eq!(d, [1, 9, 0, 100_000], "{form}: decision {i}");
+        let width = 1 + 3 * per;
+        assert_eq!(reply.len(), decisions * width, "{form}");
+        for (i, d) in reply.chunks_exact(width).enumerate() {
+            let c = cost(i);
+            // Admitted, what is left, no wait, a token's refill per token spent.
+            let mut expected = vec![1, 10 - c, 0, c * 100_000];
+            if per == 2 {
+                expected.extend([20 - c, 0, c * 50_000]);
+            }
+            assert_eq!(d, expected, "{form}: decision {i}");
         }
     }
 }
 
+/// A bucket whose stored value Redis cannot make sense of as numbers (`nan`
+/// parses as a Lua number, so the script computes with it) gives a reply of
+/// numbers that are not integers. The client refuses it as the server's
+/// malformed reply, once: the call is not taken for a broken connection and
+/// sent again (the script has already run).
+#[tokio::test]
+async fn a_corrupt_bucket_is_a_server_error_and_is_not_sent_twice() {
+    let server = RedisServer::start();
+    let store = server.store();
+    let policy = Policy::from(q(10, Duration::from_secs(1)));
+    // The script is cached on the server after the first check.
+    assert!(store.check("fine", &policy, 1).await.unwrap().allowed());
+    let key = store.bucket_key("broken", &policy.quotas()[0]);
+    let _: () = server.cmd(&["SET", &key, "nan:0"]);
+    server.reset_stats();
+    let err = store.check("broken", &policy, 1).await.unwrap_err();
+    assert_eq!(err.kind(), tollgate::ErrorKind::Server, "{err:?}");
+    assert!(err.to_string().contains("unexpected reply"), "{err}");
+    assert_eq!(server.calls("evalsha") + server.calls("eval"), 1);
+    // The store goes on deciding for other clients.
+    assert!(store.check("fine2", &policy, 1).await.unwrap().allowed());
+}
+
+/// How many decisions a flat list of decision arguments holds.
 fn decisions_count(decisions: &[&str]) -> String {
     let mut i = 0;
     let mut count = 0;

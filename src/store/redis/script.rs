@@ -449,41 +449,48 @@ impl Batch {
 /// of little-endian doubles (see its header), which the client reads in one
 /// go instead of parsing one RESP integer at a time; a list of integers (the
 /// spread prologue's `{-1}`) is read as it is.
+///
+/// A packed reply always reads: numbers it cannot hold come out as
+/// [`i64::MIN`], and [`Batch::outcomes`] refuses them as a malformed reply
+/// (a server error). A conversion error here would be taken by redis-rs for
+/// a broken connection, and the call, which Redis has already run, sent again.
 struct Numbers(Vec<i64>);
 
 impl FromRedisValue for Numbers {
     fn from_redis_value(v: Value) -> Result<Self, ParsingError> {
         match v {
-            Value::BulkString(bytes) => unpacked(&bytes).map(Numbers).ok_or_else(|| {
-                ParsingError::from("a reply of packed numbers that does not read as one")
-            }),
+            Value::BulkString(bytes) => Ok(Numbers(unpacked(&bytes))),
             other => Vec::<i64>::from_redis_value(other).map(Numbers),
         }
     }
 }
 
 /// The numbers of a packed reply: little-endian doubles, each converted to an
-/// integer as Redis converts a Lua number in a reply (toward zero), `None` if
-/// the length is not a multiple of 8 or a number is not finite or does not
-/// fit.
-pub(crate) fn unpacked(bytes: &[u8]) -> Option<Vec<i64>> {
+/// integer as Redis converts a Lua number in a reply (toward zero). One that
+/// is not finite or does not fit reads as [`i64::MIN`], as it did from Redis
+/// on x86-64, and so do trailing bytes short of a number.
+pub(crate) fn unpacked(bytes: &[u8]) -> Vec<i64> {
     /// 2^63, the first double an `i64` cannot hold.
     const LIMIT: f64 = 9_223_372_036_854_775_808.0;
     let (numbers, rest) = bytes.as_chunks::<8>();
-    if !rest.is_empty() {
-        return None;
-    }
-    let mut out = Vec::with_capacity(numbers.len());
+    let mut out = Vec::with_capacity(numbers.len() + 1);
     for &number in numbers {
         let number = f64::from_le_bytes(number);
         // In range (NaN is not), `as` truncates toward zero, as Redis does.
-        if !(-LIMIT..LIMIT).contains(&number) {
-            return None;
-        }
-        #[expect(clippy::cast_possible_truncation, reason = "checked to fit just above")]
-        out.push(number as i64);
+        #[expect(
+            clippy::cast_possible_truncation,
+            reason = "checked to fit just before"
+        )]
+        out.push(if (-LIMIT..LIMIT).contains(&number) {
+            number as i64
+        } else {
+            i64::MIN
+        });
     }
-    Some(out)
+    if !rest.is_empty() {
+        out.push(i64::MIN);
+    }
+    out
 }
 
 #[cfg(test)]
@@ -499,23 +506,36 @@ mod tests {
         let exact = [0.0, 1.0, 999_999.0, 9_007_199_254_740_991.0, -1.0];
         assert_eq!(
             unpacked(&packed(&exact)),
-            Some(vec![0, 1, 999_999, 9_007_199_254_740_991, -1])
+            vec![0, 1, 999_999, 9_007_199_254_740_991, -1]
         );
         // Toward zero, as Redis turns a Lua number into an integer reply.
-        assert_eq!(unpacked(&packed(&[2.75, -0.5])), Some(vec![2, 0]));
-        assert_eq!(unpacked(&[]), Some(vec![]));
+        assert_eq!(unpacked(&packed(&[2.75, -0.5])), vec![2, 0]);
+        assert_eq!(unpacked(&[]), Vec::<i64>::new());
         for bad in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY, 1e19, -1e19] {
-            assert_eq!(unpacked(&packed(&[1.0, bad])), None, "{bad}");
+            assert_eq!(unpacked(&packed(&[1.0, bad])), vec![1, i64::MIN], "{bad}");
         }
         let mut cut = packed(&[1.0, 2.0]);
         cut.pop();
-        assert_eq!(unpacked(&cut), None);
+        assert_eq!(unpacked(&cut), vec![1, i64::MIN]);
         // Through redis-rs as the client reads it: a string, or a list of
-        // integers (the spread prologue's `{-1}`).
+        // integers (the spread prologue's `{-1}`). A string always reads, so
+        // a bad one is refused by `outcomes` as a server's malformed reply,
+        // never taken for a broken connection.
         let read = |v: Value| Numbers::from_redis_value(v).map(|Numbers(n)| n);
         assert_eq!(read(Value::BulkString(packed(&[1.0, 5.0]))), Ok(vec![1, 5]));
         assert_eq!(read(Value::Array(vec![Value::Int(-1)])), Ok(vec![-1]));
-        assert!(read(Value::BulkString(vec![0; 7])).is_err());
+        let odd = read(Value::BulkString(vec![0; 12])).unwrap();
+        assert_eq!(odd, [0, i64::MIN]);
+        let mut batch = Batch::new(None);
+        batch.push(
+            vec!["k".to_owned()],
+            &Policy::from(Quota::per_second(1).unwrap()),
+            1,
+            0,
+        );
+        let nan = read(Value::BulkString(packed(&[1.0, 0.0, 0.0, f64::NAN]))).unwrap();
+        let err = batch.outcomes(&nan).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Server, "{err:?}");
     }
 
     #[test]
