@@ -21,13 +21,14 @@
 use std::collections::HashMap;
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use crate::decision::{Decision, QuotaState, States};
+use crate::quota::micros;
 
 /// Default number of denials a store keeps.
 pub const DEFAULT_DENY_CACHE: usize = 10_000;
@@ -85,12 +86,15 @@ pub(crate) struct DenyCache {
     shards: Box<[Mutex<Shard>]>,
     per_shard: usize,
     hasher: RandomState,
-    /// How many entries all shards hold: while there are none (no client
-    /// denied lately), a lookup answers at once, without hashing the keys.
-    /// Changed under the lock of the shard whose entries change, so it never
-    /// counts below zero; a lookup that reads it while another thread
-    /// caches a denial acts as if it came just before.
-    len: AtomicUsize,
+    /// When the cache was made; [`latest`](Self::latest) counts from here.
+    base: Instant,
+    /// The latest `until` of every denial ever cached, in microseconds after
+    /// `base`, rounded up; it only grows. Once the clock has passed it, every
+    /// entry has expired, so a lookup answers at once, without hashing the
+    /// keys (no client denied for a while, or none yet). A lookup that reads
+    /// it while another thread caches a denial acts as if it came just
+    /// before: it asks the store.
+    latest: AtomicU64,
 }
 
 impl DenyCache {
@@ -101,7 +105,8 @@ impl DenyCache {
             shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
             per_shard,
             hasher: RandomState::new(),
-            len: AtomicUsize::new(0),
+            base: Instant::now(),
+            latest: AtomicU64::new(0),
         }
     }
 
@@ -126,7 +131,8 @@ impl DenyCache {
     /// The denial of `cost` on these buckets, if one is cached and still holds:
     /// the cached decision with its waits counted down to now.
     pub(crate) fn lookup(&self, keys: &[String], cost: u64) -> Option<Decision> {
-        if self.len.load(Ordering::Relaxed) == 0 {
+        let now = Instant::now();
+        if micros(now.saturating_duration_since(self.base)) >= self.latest.load(Ordering::Relaxed) {
             return None;
         }
         let hash = self.hash(keys);
@@ -135,10 +141,8 @@ impl DenyCache {
         if *entry.keys != *keys {
             return None;
         }
-        let now = Instant::now();
         if now >= entry.until {
             shard.entries.remove(&hash);
-            self.len.fetch_sub(1, Ordering::Relaxed);
             return None;
         }
         if cost < entry.cost {
@@ -165,7 +169,6 @@ impl DenyCache {
                 return;
             }
             let mut next = None::<Instant>;
-            let before = shard.entries.len();
             shard.entries.retain(|_, e| {
                 let keep = e.until > now;
                 if keep {
@@ -173,14 +176,12 @@ impl DenyCache {
                 }
                 keep
             });
-            self.len
-                .fetch_sub(before - shard.entries.len(), Ordering::Relaxed);
             shard.quiet_until = next;
             if shard.entries.len() >= self.per_shard {
                 return;
             }
         }
-        let replaced = shard.entries.insert(
+        shard.entries.insert(
             hash,
             Entry {
                 keys: keys.into_boxed_slice(),
@@ -190,9 +191,10 @@ impl DenyCache {
                 until,
             },
         );
-        if replaced.is_none() {
-            self.len.fetch_add(1, Ordering::Relaxed);
-        }
+        // Rounded up: a clock read past it is past `until`.
+        let since = until.saturating_duration_since(self.base);
+        let until_us = micros(since).saturating_add(u64::from(since.subsec_nanos() % 1_000 != 0));
+        self.latest.fetch_max(until_us, Ordering::Relaxed);
         shard.quiet_until = Some(shard.quiet_until.map_or(until, |q| q.min(until)));
     }
 
@@ -202,21 +204,16 @@ impl DenyCache {
         let mut shard = self.shard(hash);
         if shard.entries.get(&hash).is_some_and(|e| *e.keys == *keys) {
             shard.entries.remove(&hash);
-            self.len.fetch_sub(1, Ordering::Relaxed);
         }
     }
 
     /// How many denials are cached (tests).
     #[cfg(test)]
-    /// (Tests: also checks the running count against the shards.)
     pub(crate) fn len(&self) -> usize {
-        let held = self
-            .shards
+        self.shards
             .iter()
             .map(|s| s.lock().map_or(0, |s| s.entries.len()))
-            .sum();
-        assert_eq!(self.len.load(Ordering::Relaxed), held, "entries miscounted");
-        held
+            .sum()
     }
 }
 
@@ -277,7 +274,32 @@ mod tests {
         assert_eq!(d.reset_after(), Duration::from_millis(1_400));
         tokio::time::advance(Duration::from_millis(400)).await;
         assert!(cache.lookup(&keys, 1).is_none(), "due: ask the store");
-        assert_eq!(cache.len(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn lookups_skip_the_cache_once_every_denial_has_expired() {
+        let policy = Policy::from(Quota::per_second(1).unwrap().burst(2).unwrap());
+        let cache = DenyCache::new(100);
+        let (a, b) = (vec!["a".to_owned()], vec!["b".to_owned()]);
+        // Nothing cached yet: nothing to find.
+        assert!(cache.lookup(&a, 1).is_none());
+        cache.insert(a.clone(), 1, &denied(&policy), Instant::now());
+        tokio::time::advance(Duration::from_millis(500)).await;
+        cache.insert(b.clone(), 1, &denied(&policy), Instant::now());
+        // At 1 s, a is due and b is not: the cache is read, and a's expired
+        // entry dropped.
+        tokio::time::advance(Duration::from_millis(500)).await;
+        assert!(cache.lookup(&a, 1).is_none());
+        assert_eq!(cache.len(), 1);
+        assert!(cache.lookup(&b, 1).is_some());
+        // One microsecond short of b's deadline b still holds; at it, every
+        // denial has expired and lookups no longer read the shards (b's
+        // entry stays until an insert needs the room).
+        tokio::time::advance(Duration::from_micros(499_999)).await;
+        assert!(cache.lookup(&b, 1).is_some());
+        tokio::time::advance(Duration::from_micros(1)).await;
+        assert!(cache.lookup(&b, 1).is_none());
+        assert_eq!(cache.len(), 1);
     }
 
     #[tokio::test(start_paused = true)]
