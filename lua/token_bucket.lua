@@ -91,7 +91,8 @@ local function stored_bucket(key, full, num)
     local sep = find(stored, ":", 1, true)
     local level = sep and tonumber(sub(stored, 1, sep - 1))
     local stamp = sep and tonumber(sub(stored, sep + 1))
-    if level and stamp then
+    -- tonumber also reads "nan" and "inf": x - x is 0 only for a finite x.
+    if level and stamp and level - level == 0 and stamp - stamp == 0 then
       if level > full then
         level = full
       end
@@ -203,7 +204,7 @@ if nd < 0 then
       local sep = find(stored, ":", 1, true)
       local l = sep and tonumber(sub(stored, 1, sep - 1))
       local s = sep and tonumber(sub(stored, sep + 1))
-      if l and s then
+      if l and s and l - l == 0 and s - s == 0 then
         level, stamp = l, s
         if level > full then
           level = full

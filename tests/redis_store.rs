@@ -489,27 +489,44 @@ fn long_replies_are_packed_whole_and_in_order() {
     }
 }
 
-/// A bucket whose stored value Redis cannot make sense of as numbers (`nan`
-/// parses as a Lua number, so the script computes with it) gives a reply of
-/// numbers that are not integers. The client refuses it as the server's
-/// malformed reply, once: the call is not taken for a broken connection and
-/// sent again (the script has already run).
+/// A bucket whose stored value does not read as a level and a stamp is a
+/// full bucket, in the compact form (a check of one quota) and the long form
+/// (two quotas), including values Lua's `tonumber` reads as NaN or infinity.
+/// The check is decided, one script call each, and the bucket written anew.
 #[tokio::test]
-async fn a_corrupt_bucket_is_a_server_error_and_is_not_sent_twice() {
+async fn unreadable_buckets_are_full() {
     let server = RedisServer::start();
     let store = server.store();
-    let policy = Policy::from(q(10, Duration::from_secs(1)));
+    let ten = q(10, Duration::from_secs(1));
+    let one = Policy::from(ten);
+    let two = Policy::new("two", [ten, q(100, Duration::from_secs(60))]).unwrap();
     // The script is cached on the server after the first check.
-    assert!(store.check("fine", &policy, 1).await.unwrap().allowed());
-    let key = store.bucket_key("broken", &policy.quotas()[0]);
-    let _: () = server.cmd(&["SET", &key, "nan:0"]);
-    server.reset_stats();
-    let err = store.check("broken", &policy, 1).await.unwrap_err();
-    assert_eq!(err.kind(), tollgate::ErrorKind::Server, "{err:?}");
-    assert!(err.to_string().contains("unexpected reply"), "{err}");
-    assert_eq!(server.calls("evalsha") + server.calls("eval"), 1);
-    // The store goes on deciding for other clients.
-    assert!(store.check("fine2", &policy, 1).await.unwrap().allowed());
+    assert!(store.check("warm", &one, 1).await.unwrap().allowed());
+    let values = [
+        "nan:0", "0:nan", "inf:0", "-inf:0", "0:inf", "1:-inf", "1e400:5", "junk", "5", ":",
+    ];
+    for (i, value) in values.iter().enumerate() {
+        for (form, policy) in [("compact", &one), ("long", &two)] {
+            let client = format!("broken-{form}-{i}");
+            let key = store.bucket_key(&client, &ten);
+            let _: () = server.cmd(&["SET", &key, value]);
+            server.reset_stats();
+            let d = store.check(&client, policy, 1).await.unwrap();
+            assert!(d.allowed(), "{form} {value:?}: {d:?}");
+            assert_eq!(d.states()[0].remaining(), 9, "{form} {value:?}");
+            assert_eq!(
+                server.calls("evalsha") + server.calls("eval"),
+                1,
+                "{value:?}"
+            );
+            let stored = get(&server, &key).unwrap();
+            let (level, stamp) = stored.split_once(':').unwrap();
+            assert!(
+                level.parse::<i64>().is_ok() && stamp.parse::<u64>().is_ok(),
+                "{form} {value:?} -> {stored:?}"
+            );
+        }
+    }
 }
 
 /// How many decisions a flat list of decision arguments holds.

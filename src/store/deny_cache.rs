@@ -141,6 +141,10 @@ impl DenyCache {
         if *entry.keys != *keys {
             return None;
         }
+        // Read again under the lock: this entry may have been cached after
+        // the first read (from a check sent after it), and its wait is
+        // counted down from when that check was sent.
+        let now = Instant::now();
         if now >= entry.until {
             shard.entries.remove(&hash);
             return None;
@@ -191,7 +195,7 @@ impl DenyCache {
                 until,
             },
         );
-        // Rounded up: a clock read past it is past `until`.
+        // Rounded up: a clock read at or past it is at or past `until`.
         let since = until.saturating_duration_since(self.base);
         let until_us = micros(since).saturating_add(u64::from(since.subsec_nanos() % 1_000 != 0));
         self.latest.fetch_max(until_us, Ordering::Relaxed);

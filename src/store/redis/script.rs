@@ -424,7 +424,11 @@ impl Batch {
         for policy in &self.shapes {
             let quotas = policy.quotas();
             let (allowed, tail) = rest.split_first().ok_or_else(malformed)?;
-            let allowed = *allowed == 1;
+            let allowed = match *allowed {
+                1 => true,
+                0 => false,
+                _ => return Err(malformed()),
+            };
             let (mine, tail) = tail.split_at(3 * quotas.len());
             rest = tail;
             let mut wait = 0;
