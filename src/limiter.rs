@@ -156,13 +156,19 @@ impl RateLimiter {
         policy: &Policy,
         cost: u64,
     ) -> Decided {
-        let result = self.store.check_unsent(unsent, policy, cost).await;
-        self.settle(result, key, key_kind, policy, cost)
+        let result = self.store.send_unsent(unsent, policy, cost).await;
+        self.settle(
+            result.map(|(decision, _)| decision),
+            key,
+            key_kind,
+            policy,
+            cost,
+        )
     }
 
     /// The store's answer, with the fallback deciding when the store failed,
     /// reported to tracing and metrics.
-    fn settle(
+    pub(crate) fn settle(
         &self,
         result: Result<Decision, Error>,
         key: &str,

@@ -89,6 +89,61 @@ async fn hammer(store: &RedisStore, tasks: usize, run: Duration, t0: Instant) ->
     calls
 }
 
+/// A check queued behind calls that hang (Redis frozen) is answered by its
+/// own deadline, when it was queued plus the store timeout, and not when the
+/// call it ends up in gives up: the task that sends the call answers it. A
+/// store keeps two calls in flight; the third check waits for one of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_check_queued_behind_hung_calls_is_answered_by_its_own_deadline() {
+    const LONG: Duration = Duration::from_secs(1);
+    let server = RedisServer::start();
+    let store = RedisStore::builder()
+        .url(server.url())
+        .timeout(LONG)
+        // Every check goes to Redis: an open breaker would answer the third
+        // at once, and this is about the calls.
+        .circuit_breaker(CircuitBreaker::disabled())
+        .build()
+        .expect("store");
+    let _ = answered(&store, "warm").await;
+    server.freeze();
+    let hung: Vec<_> = ["first", "second"]
+        .into_iter()
+        .map(|key| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let t = Instant::now();
+                let result = store.check(key, &policy(), 1).await;
+                (result.err().map(|e| e.kind()), t.elapsed())
+            })
+        })
+        .collect();
+    // Both calls are out (and hang) well before the third check comes.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let t = Instant::now();
+    let third = store.check("third", &policy(), 1).await;
+    let waited = t.elapsed();
+    for h in hung {
+        let (failure, took) = h.await.unwrap();
+        println!("a check in a hung call: {failure:?} after {took:?}");
+        assert_eq!(failure, Some(ErrorKind::Timeout));
+    }
+    println!(
+        "the queued check: {:?} after {waited:?}",
+        third.as_ref().err()
+    );
+    assert!(
+        matches!(third, Err(Error::Timeout(t)) if t == LONG),
+        "{third:?}"
+    );
+    // Its call started about 1 s after the first two (when one of them gave
+    // up) and hangs for another second: answered when that call gives up, the
+    // check would have waited about 1.7 s.
+    assert!(waited >= LONG * 9 / 10, "answered early: {waited:?}");
+    assert!(waited < LONG + LONG / 2, "waited {waited:?}");
+    server.thaw();
+}
+
 /// A frozen Redis (SIGSTOP: sockets open, nobody answers) costs the calls in
 /// flight one timeout, then the breaker opens: checks fail at once with
 /// `CircuitOpen`, and only one probe at a time waits the timeout. When Redis

@@ -105,10 +105,15 @@ pub(crate) async fn check_unsent(
     ask: Ask,
     unsent: Unsent,
 ) -> Checked {
-    let decided = config
-        .limiter
-        .decide_unsent(unsent, &ask.key, &ask.kind, &ask.policy, ask.cost)
-        .await;
+    // The store's own future, awaited here: an `async fn` in between would
+    // keep a copy of its arguments in this boxed future while it waits.
+    let limiter = &config.limiter;
+    let result = limiter
+        .store()
+        .send_unsent(unsent, &ask.policy, ask.cost)
+        .await
+        .map(|(decision, _)| decision);
+    let decided = limiter.settle(result, &ask.key, &ask.kind, &ask.policy, ask.cost);
     let result = outcome(&config, ask, decided, None);
     let verdict = verdict(&config, &mut parts, result);
     Checked { parts, verdict }

@@ -5,6 +5,8 @@ use super::memory::MemoryStore;
 #[cfg(feature = "redis")]
 use super::redis::RedisStore;
 use super::sealed::Sealed;
+#[cfg(feature = "redis")]
+use std::future::Future;
 use std::time::Duration;
 
 use crate::decision::Reservation;
@@ -80,30 +82,38 @@ impl AnyStore {
     }
 
     /// Sends what [`check_now`](Self::check_now) left, for the same key,
-    /// policy and cost.
-    pub(crate) async fn check_unsent(
-        &self,
+    /// policy and cost: the decision, and the wait (always 0 for a check).
+    ///
+    /// Not an `async fn`: the future returned is the Redis store's own, so a
+    /// waiting check holds no copy of these arguments (see
+    /// `store/redis/sending.rs`).
+    #[cfg(feature = "redis")]
+    pub(crate) fn send_unsent<'a>(
+        &'a self,
         unsent: Unsent,
-        policy: &Policy,
+        policy: &'a Policy,
         cost: u64,
-    ) -> Result<Decision, Error> {
-        #[cfg(not(feature = "redis"))]
-        let _ = (policy, cost);
+    ) -> impl Future<Output = Result<(Decision, u64), Error>> + Send + 'a {
         match unsent {
-            #[cfg(feature = "redis")]
             Unsent::Redis(keys) => match &self.inner {
-                // Straight to `send`: every async fn between the layer and
-                // the batch adds its own state to the boxed check.
-                Inner::Redis(store) => store
-                    .send(keys, policy, cost, 0, None)
-                    .await
-                    .map(|(decision, _)| decision),
-                Inner::Memory(_) => Err(Error::store(
+                Inner::Redis(store) => store.send(keys, policy, cost, 0, None),
+                Inner::Memory(_) => super::redis::Sending::ready(Err(Error::store(
                     crate::ErrorKind::Server,
                     "a Redis check was sent to a memory store",
-                )),
+                ))),
             },
         }
+    }
+
+    /// Without Redis nothing is ever left to send ([`Unsent`] has no value).
+    #[cfg(not(feature = "redis"))]
+    pub(crate) fn send_unsent(
+        &self,
+        unsent: Unsent,
+        _policy: &Policy,
+        _cost: u64,
+    ) -> std::future::Ready<Result<(Decision, u64), Error>> {
+        match unsent {}
     }
 }
 

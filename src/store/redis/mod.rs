@@ -6,6 +6,7 @@
 //! connection and its lifecycle, for one server, a cluster or the primary that
 //! sentinels name), `batch.rs` (checks queued for one script call),
 //! `nodes.rs` (on a cluster: the slot map and a queue per primary),
+//! `sending.rs` (the future of a check on its way),
 //! `store.rs` (the store: breaker, timeouts, retries, batching), `target.rs`
 //! (where connections come from, TLS, checked at build time), `builder.rs`
 //! (configuration).
@@ -17,10 +18,12 @@ mod failure;
 #[cfg(feature = "cluster")]
 mod nodes;
 mod script;
+mod sending;
 mod store;
 mod target;
 
 pub use builder::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_MAX_BATCH, DEFAULT_PREFIX, DEFAULT_TIMEOUT, RedisStoreBuilder,
 };
+pub(crate) use sending::Sending;
 pub use store::RedisStore;

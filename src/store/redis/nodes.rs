@@ -248,7 +248,7 @@ mod tests {
             cost: 1,
             max_wait_us: 0,
             sent: Instant::now(),
-            reply,
+            reply: Some(reply),
         };
         (check, answered)
     }

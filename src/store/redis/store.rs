@@ -1,6 +1,7 @@
 //! [`RedisStore`]: token buckets in Redis, behind a circuit breaker.
 
 use std::fmt;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,6 +14,7 @@ use super::failure::{classify, is_connection_error};
 #[cfg(feature = "cluster")]
 use super::nodes::Nodes;
 use super::script::{Batch, Script, others_in_first_slot};
+use super::sending::Sending;
 use crate::decision::Reservation;
 use crate::error::Error;
 use crate::observe::{self, LogThrottle};
@@ -319,23 +321,26 @@ impl RedisStore {
     /// can be) and remembers a denial of a plain check in the deny cache.
     /// A check that [`check_now`](Self::check_now) could not answer is sent
     /// with `max_wait_us` 0 and no `clock`.
-    pub(crate) async fn send(
-        &self,
+    ///
+    /// The route is chosen here, before anything is awaited (see
+    /// `sending.rs`); nothing is sent until the future is polled.
+    pub(crate) fn send<'a>(
+        &'a self,
         keys: Vec<String>,
-        policy: &Policy,
+        policy: &'a Policy,
         cost: u64,
         max_wait_us: u64,
         clock: Option<u64>,
-    ) -> Result<(Decision, u64), Error> {
+    ) -> Sending<'a, impl Future<Output = Result<(Decision, u64), Error>> + Send + 'a> {
         // Batch only while the breaker is closed: when it is open, a check is
         // answered at once (or is the probe) instead of queueing behind calls
         // that may hang.
         let may_batch = clock.is_none() && self.inner.breaker.is_closed();
         if may_batch && let Some(batcher) = &self.inner.batcher {
             let queue = Arc::clone(batcher);
-            return self
-                .batched(queue, false, keys, policy, cost, max_wait_us)
-                .await;
+            return Sending::Batched {
+                future: self.batched(queue, false, keys, policy, cost, max_wait_us),
+            };
         }
         // On a cluster, into the queue of the node that serves the client's
         // slot; sent on its own until the store has a slot map.
@@ -343,17 +348,18 @@ impl RedisStore {
         if may_batch && let Some(nodes) = &self.inner.nodes {
             match keys.first().and_then(|key| nodes.queue_for(key)) {
                 Some(queue) => {
-                    return self
-                        .batched(queue, true, keys, policy, cost, max_wait_us)
-                        .await;
+                    return Sending::Batched {
+                        future: self.batched(queue, true, keys, policy, cost, max_wait_us),
+                    };
                 }
                 None => self.refresh_slots(),
             }
         }
         // Boxed: the call on its own holds redis-rs's futures, about 2 KB,
-        // which would otherwise be part of every batched check's future too
-        // (an async fn's state is as large as its largest await).
-        Box::pin(self.send_alone(keys, policy, cost, max_wait_us, clock)).await
+        // which would otherwise be part of every batched check's future too.
+        Sending::Alone {
+            future: Box::pin(self.send_alone(keys, policy, cost, max_wait_us, clock)),
+        }
     }
 
     /// A check or reservation in a script call of its own: batching is off,
@@ -456,49 +462,83 @@ impl RedisStore {
         max_wait_us: u64,
     ) -> Result<(Decision, u64), Error> {
         let (reply, answered) = tokio::sync::oneshot::channel();
-        let sent = Instant::now();
         let check = Pending {
             keys,
             policy: policy.clone(),
             cost,
             max_wait_us,
-            sent,
-            reply,
+            sent: Instant::now(),
+            reply: Some(reply),
         };
         if let Some(checks) = queue.enqueue(check) {
             let store = self.clone();
             tokio::spawn(async move { store.drain(queue, checks, spread).await });
         }
+        // No timer here: the drain that takes the check answers it by its
+        // deadline (`within_deadlines`), with a timeout if the call is not
+        // done by then, and a check never waits in the queue past it (see
+        // `drain`). One timer per call instead of one per check.
+        //
         // Each check counts towards the breaker by what its caller saw: an
         // answer, a failure, or its own timeout (waiting in the queue or in
         // the call), once.
-        // The deadline from the clock already read for `sent` (one read of
-        // the clock per check, not two); the timeout is at most 60 s (checked
-        // when the store is built), so this cannot overflow.
-        let deadline = sent + self.inner.timeout;
-        match tokio::time::timeout_at(deadline, answered).await {
-            Ok(Ok(Ok(outcome))) => {
+        match answered.await {
+            Ok(Ok(outcome)) => {
                 self.inner.breaker.success();
                 Ok(outcome)
             }
-            Ok(Ok(Err(err))) => {
+            Ok(Err(err)) => {
                 if !matches!(err, Error::CircuitOpen { .. }) {
                     self.inner.breaker.failure();
                 }
                 Err(err)
             }
-            Ok(Err(_)) => Err(Error::store(
+            Err(_) => Err(Error::store(
                 crate::ErrorKind::Server,
                 "the batch of this check was dropped",
             )),
-            Err(_) => {
-                // The caller waited the whole timeout (in the queue or in the
-                // call): for the breaker, as for the caller, a timeout.
-                self.inner.breaker.failure();
-                let err = Error::Timeout(self.inner.timeout);
-                observe::store_error(STORE, &err, &self.inner.errors);
-                Err(err)
+        }
+    }
+
+    /// Waits for `call`, meanwhile answering each of `checks` whose deadline
+    /// (queued at `sent`, plus the store timeout) passes first with a
+    /// timeout, as if it had its own timer: no caller waits longer than the
+    /// timeout. The call goes on (it is bounded too, from its start), and
+    /// its answers for checks already answered go nowhere.
+    async fn within_deadlines<T>(
+        &self,
+        checks: &mut [Pending],
+        call: impl Future<Output = T>,
+    ) -> T {
+        let mut call = std::pin::pin!(call);
+        loop {
+            let next = checks
+                .iter()
+                .filter(|c| c.waiting())
+                .map(|c| c.sent + self.inner.timeout)
+                .min();
+            let Some(deadline) = next else {
+                return call.await;
+            };
+            match tokio::time::timeout_at(deadline, call.as_mut()).await {
+                Ok(out) => return out,
+                Err(_) => self.expire(checks),
             }
+        }
+    }
+
+    /// Answers every check of `checks` whose deadline has passed with a
+    /// timeout, reported as the store error its caller sees.
+    fn expire(&self, checks: &mut [Pending]) {
+        let now = Instant::now();
+        let timeout = self.inner.timeout;
+        for check in checks
+            .iter_mut()
+            .filter(|c| c.waiting() && c.sent + timeout <= now)
+        {
+            let err = Error::Timeout(timeout);
+            observe::store_error(STORE, &err, &self.inner.errors);
+            check.respond(Err(err));
         }
     }
 
@@ -508,6 +548,20 @@ impl RedisStore {
     async fn drain(&self, queue: Arc<Batcher>, mut checks: Vec<Pending>, spread: bool) {
         let mut slot = Slot::new(queue);
         loop {
+            // A check that waited in the queue past its deadline (the calls
+            // before it were slow) gets its timeout now and is not sent: it
+            // spends nothing.
+            self.expire(&mut checks);
+            checks.retain(Pending::waiting);
+            if checks.is_empty() {
+                match slot.next() {
+                    Some(next) => {
+                        checks = next;
+                        continue;
+                    }
+                    None => return,
+                }
+            }
             if spread {
                 let apart =
                     others_in_first_slot(&mut checks, |c| c.keys.first().map(String::as_str));
@@ -523,9 +577,12 @@ impl RedisStore {
             let script = self.batch_script(spread);
             let call = &batch;
             let reply = self
-                .guarded_checks(
-                    0,
-                    |mut conn| async move { call.run(&mut conn, script).await },
+                .within_deadlines(
+                    &mut checks,
+                    self.guarded_checks(
+                        0,
+                        |mut conn| async move { call.run(&mut conn, script).await },
+                    ),
                 )
                 .await;
             // The checks' keys back, for the deny cache and for checks sent
@@ -560,17 +617,21 @@ impl RedisStore {
 
     /// Sends one check of a batch on its own, routed by its slot.
     async fn alone(&self, check: Pending) {
-        if check.reply.is_closed() {
+        let mut checks = vec![check];
+        self.expire(&mut checks);
+        if !checks.iter().any(Pending::waiting) {
             return;
         }
-        let mut checks = vec![check];
         let mut batch = batch_of(&mut checks, false);
         let script = &self.inner.script;
         let call = &batch;
         let outcomes = self
-            .guarded_checks(
-                0,
-                |mut conn| async move { call.run(&mut conn, script).await },
+            .within_deadlines(
+                &mut checks,
+                self.guarded_checks(
+                    0,
+                    |mut conn| async move { call.run(&mut conn, script).await },
+                ),
             )
             .await
             .and_then(|reply| batch.outcomes(&reply));
