@@ -89,58 +89,50 @@ async fn hammer(store: &RedisStore, tasks: usize, run: Duration, t0: Instant) ->
     calls
 }
 
-/// A check queued behind calls that hang (Redis frozen) is answered by its
-/// own deadline, when it was queued plus the store timeout, and not when the
-/// call it ends up in gives up: the task that sends the call answers it. A
-/// store keeps two calls in flight; the third check waits for one of them.
+/// Checks behind calls that hang (Redis frozen) are answered by their own
+/// deadline, when they were queued plus the store timeout, wherever they
+/// wait: in a call, or in the queue, also behind more checks than the next
+/// calls take. A store keeps two calls in flight; with batches of two, the
+/// last of five queued checks is still queued when the first calls give up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_check_queued_behind_hung_calls_is_answered_by_its_own_deadline() {
+async fn checks_behind_hung_calls_are_answered_by_their_own_deadlines() {
     const LONG: Duration = Duration::from_secs(1);
     let server = RedisServer::start();
     let store = RedisStore::builder()
         .url(server.url())
         .timeout(LONG)
-        // Every check goes to Redis: an open breaker would answer the third
-        // at once, and this is about the calls.
+        .max_batch(2)
+        // Every check goes to Redis: an open breaker would answer the later
+        // ones at once, and this is about the calls and the queue.
         .circuit_breaker(CircuitBreaker::disabled())
         .build()
         .expect("store");
     let _ = answered(&store, "warm").await;
     server.freeze();
-    let hung: Vec<_> = ["first", "second"]
-        .into_iter()
-        .map(|key| {
-            let store = store.clone();
-            tokio::spawn(async move {
-                let t = Instant::now();
-                let result = store.check(key, &policy(), 1).await;
-                (result.err().map(|e| e.kind()), t.elapsed())
-            })
+    let check = |key: &'static str| {
+        let store = store.clone();
+        tokio::spawn(async move {
+            let t = Instant::now();
+            let result = store.check(key, &policy(), 1).await;
+            (key, result.err(), t.elapsed())
         })
-        .collect();
-    // Both calls are out (and hang) well before the third check comes.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let t = Instant::now();
-    let third = store.check("third", &policy(), 1).await;
-    let waited = t.elapsed();
-    for h in hung {
-        let (failure, took) = h.await.unwrap();
-        println!("a check in a hung call: {failure:?} after {took:?}");
-        assert_eq!(failure, Some(ErrorKind::Timeout));
+    };
+    let hung = [check("first"), check("second")];
+    // Both calls are out (and hang) before the next checks come.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let queued = ["third", "fourth", "fifth", "sixth", "seventh"].map(check);
+    for task in hung.into_iter().chain(queued) {
+        let (key, error, waited) = task.await.unwrap();
+        println!("{key}: {error:?} after {waited:?}");
+        assert!(
+            matches!(error, Some(Error::Timeout(t)) if t == LONG),
+            "{key}: {error:?}"
+        );
+        // Answered only when it leaves the queue, the seventh check would
+        // wait about 1.9 s: the calls that end at about 1 s take four.
+        assert!(waited >= LONG * 9 / 10, "{key} answered early: {waited:?}");
+        assert!(waited < LONG + LONG / 2, "{key} waited {waited:?}");
     }
-    println!(
-        "the queued check: {:?} after {waited:?}",
-        third.as_ref().err()
-    );
-    assert!(
-        matches!(third, Err(Error::Timeout(t)) if t == LONG),
-        "{third:?}"
-    );
-    // Its call started about 1 s after the first two (when one of them gave
-    // up) and hangs for another second: answered when that call gives up, the
-    // check would have waited about 1.7 s.
-    assert!(waited >= LONG * 9 / 10, "answered early: {waited:?}");
-    assert!(waited < LONG + LONG / 2, "waited {waited:?}");
     server.thaw();
 }
 

@@ -303,10 +303,10 @@ mod tests {
         let future = check_unsent(Arc::clone(&svc.config), parts, ask, unsent);
         let size = std::mem::size_of_val(&future);
         // 2 224 bytes when written; 1 168 before the route to Redis was
-        // chosen outside the future and checks lost their own timers (728
-        // then). Glibc's allocator serves blocks of up to 1 032 bytes from a
-        // per-thread cache; larger ones take its slower shared path, which
-        // callgrind and perf showed on every request.
+        // chosen outside the future (832 then). Glibc's allocator serves
+        // blocks of up to 1 032 bytes from a per-thread cache; larger ones
+        // take its slower shared path, which callgrind and perf showed on
+        // every request.
         assert!(size <= 1_024, "the Redis check future is {size} bytes");
     }
 

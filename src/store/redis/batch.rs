@@ -9,13 +9,6 @@
 //!   the queue (up to the batch size) goes out as the next call.
 //! - Calls are sent from a task of their own, so a caller that gives up (a
 //!   client that went away) never strands the checks batched with its own.
-//! - **Bounded waits without a timer per check.** A check's deadline is when
-//!   it was queued plus the store timeout. The task sending a call answers
-//!   each of its checks whose deadline passes first with a timeout, and
-//!   answers a check that waited in the queue past its deadline without
-//!   sending it; a check never waits in the queue for longer than the call
-//!   before it, which is bounded from its start. So no caller waits longer
-//!   than the timeout, with one timer per call instead of one per check.
 //! - **Same answers.** The script decides the batch's checks in order, each
 //!   seeing the buckets as the ones before it left them, all with one Redis
 //!   `TIME`: the same answers as the checks sent one by one at that instant.
@@ -38,36 +31,15 @@ use crate::{Decision, Policy};
 /// two, so Redis never waits for the next batch while one's reply travels.
 pub(crate) const MAX_IN_FLIGHT: usize = 2;
 
-/// What a check's caller receives: the decision and its wait, or why there
-/// is none.
-pub(crate) type Answer = Result<(Decision, u64), Error>;
-
 /// One check waiting for its call.
 pub(crate) struct Pending {
     pub(crate) keys: Vec<String>,
     pub(crate) policy: Policy,
     pub(crate) cost: u64,
     pub(crate) max_wait_us: u64,
-    /// When the check was queued: before Redis decides it. Its deadline is
-    /// this plus the store timeout.
+    /// When the check was queued: before Redis decides it.
     pub(crate) sent: Instant,
-    /// Where the answer goes; `None` once answered (a check can be answered
-    /// with a timeout while its call goes on).
-    pub(crate) reply: Option<oneshot::Sender<Answer>>,
-}
-
-impl Pending {
-    /// True while the check has no answer and its caller still listens.
-    pub(crate) fn waiting(&self) -> bool {
-        self.reply.as_ref().is_some_and(|reply| !reply.is_closed())
-    }
-
-    /// Answers the check, once; a caller that went away no longer listens.
-    pub(crate) fn respond(&mut self, answer: Answer) {
-        if let Some(reply) = self.reply.take() {
-            let _ = reply.send(answer);
-        }
-    }
+    pub(crate) reply: oneshot::Sender<Result<(Decision, u64), Error>>,
 }
 
 /// The queue of one store.
@@ -137,28 +109,16 @@ impl Batcher {
 
     /// Gives back the slot of a call whose drain ended without
     /// [`next`](Self::next) (its task panicked or was dropped with its
-    /// runtime), so the queue does not stall. With no other call left to
-    /// take them, the queued checks are dropped: their callers get an error
-    /// at once instead of waiting for a drain that will not come (a drain
-    /// answers its checks' deadlines; nothing else does).
+    /// runtime), so the queue does not stall.
     pub(crate) fn give_back(&self) {
-        let stranded = {
-            let mut queue = self.lock();
-            queue.in_flight = queue.in_flight.saturating_sub(1);
-            if queue.in_flight == 0 {
-                std::mem::take(&mut queue.pending)
-            } else {
-                Vec::new()
-            }
-        };
-        // Dropped outside the lock: dropping a reply wakes its caller.
-        drop(stranded);
+        let mut queue = self.lock();
+        queue.in_flight = queue.in_flight.saturating_sub(1);
     }
 
-    /// The next batch: checks whose caller went away are dropped rather
-    /// than sent, so they spend nothing.
+    /// The next batch: checks whose caller gave up (timed out, went away)
+    /// are dropped rather than sent, so they spend nothing.
     fn take(&self, queue: &mut Queue) -> Vec<Pending> {
-        queue.pending.retain(Pending::waiting);
+        queue.pending.retain(|p| !p.reply.is_closed());
         let n = queue.pending.len().min(self.max_batch);
         queue.pending.drain(..n).collect()
     }
@@ -218,24 +178,20 @@ pub(crate) fn answer(
 ) {
     match outcomes {
         Ok(outcomes) => {
-            for (mut check, outcome) in checks.into_iter().zip(outcomes) {
-                let reply = check.reply.take();
-                // Redis decided, even for a check already answered with a
-                // timeout: its denial is as true as any.
+            for (check, outcome) in checks.into_iter().zip(outcomes) {
                 if let Some(cache) = denials
                     && !outcome.0.allowed()
                     && check.max_wait_us == 0
                 {
                     cache.insert(check.keys, check.cost, &outcome.0, check.sent);
                 }
-                if let Some(reply) = reply {
-                    let _ = reply.send(Ok(outcome));
-                }
+                // A caller that gave up (timed out) no longer listens.
+                let _ = check.reply.send(Ok(outcome));
             }
         }
         Err(error) => {
-            for mut check in checks {
-                check.respond(Err(copy(&error)));
+            for check in checks {
+                let _ = check.reply.send(Err(copy(&error)));
             }
         }
     }
@@ -254,82 +210,5 @@ fn copy(error: &Error) -> Error {
         },
         Error::Store(inner) => Error::store(error.kind(), inner.to_string()),
         other => Error::store(other.kind(), other.to_string()),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A check and where its answer would go.
-    fn pending() -> (Pending, oneshot::Receiver<Answer>) {
-        let (reply, answered) = oneshot::channel();
-        let check = Pending {
-            keys: vec!["{a}".into()],
-            policy: Policy::from(crate::Quota::per_second(1).unwrap()),
-            cost: 1,
-            max_wait_us: 0,
-            sent: Instant::now(),
-            reply: Some(reply),
-        };
-        (check, answered)
-    }
-
-    /// Checks have no timer of their own: a drain that dies (a panic, its
-    /// task dropped) with no other call in flight must not leave queued
-    /// checks waiting for a drain that will never come.
-    #[test]
-    fn checks_queued_when_the_last_drain_dies_are_answered_at_once() {
-        let queue = Arc::new(Batcher::new(8));
-        let mut sent = Vec::new();
-        let mut queued = Vec::new();
-        for i in 0..4 {
-            let (check, answered) = pending();
-            let batch = queue.enqueue(check);
-            if i < MAX_IN_FLIGHT {
-                sent.push((batch.expect("a call starts"), answered));
-            } else {
-                assert!(batch.is_none(), "queued behind the calls in flight");
-                queued.push(answered);
-            }
-        }
-        // One drain dies: the other call is still in flight and will take
-        // the queued checks, so they stay.
-        drop(Slot::new(Arc::clone(&queue)));
-        for answered in &mut queued {
-            assert!(matches!(
-                answered.try_recv(),
-                Err(oneshot::error::TryRecvError::Empty)
-            ));
-        }
-        // The last one dies too: nobody is left to send them.
-        drop(Slot::new(Arc::clone(&queue)));
-        for answered in &mut queued {
-            assert!(
-                matches!(
-                    answered.try_recv(),
-                    Err(oneshot::error::TryRecvError::Closed)
-                ),
-                "a queued check still waits"
-            );
-        }
-        // The queue works again.
-        let (check, _answered) = pending();
-        assert!(queue.enqueue(check).is_some());
-        drop(sent);
-    }
-
-    #[test]
-    fn a_check_answered_early_is_answered_once() {
-        let (mut check, mut answered) = pending();
-        assert!(check.waiting());
-        check.respond(Err(Error::Timeout(std::time::Duration::from_millis(5))));
-        assert!(!check.waiting());
-        answer(
-            vec![check],
-            Err(Error::store(crate::ErrorKind::Server, "late")),
-            None,
-        );
-        assert!(matches!(answered.try_recv(), Ok(Err(Error::Timeout(_)))));
     }
 }

@@ -248,7 +248,7 @@ mod tests {
             cost: 1,
             max_wait_us: 0,
             sent: Instant::now(),
-            reply: Some(reply),
+            reply,
         };
         (check, answered)
     }

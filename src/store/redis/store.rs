@@ -462,106 +462,62 @@ impl RedisStore {
         max_wait_us: u64,
     ) -> Result<(Decision, u64), Error> {
         let (reply, answered) = tokio::sync::oneshot::channel();
+        let sent = Instant::now();
         let check = Pending {
             keys,
             policy: policy.clone(),
             cost,
             max_wait_us,
-            sent: Instant::now(),
-            reply: Some(reply),
+            sent,
+            reply,
         };
         if let Some(checks) = queue.enqueue(check) {
+            // The in-flight slot `enqueue` handed out is owned by the drain's
+            // future from here on: a task dropped before it first runs (a
+            // runtime shutting down) gives it back too, so the queue never
+            // stalls.
+            let slot = Slot::new(queue);
             let store = self.clone();
-            tokio::spawn(async move { store.drain(queue, checks, spread).await });
+            tokio::spawn(async move { store.drain(slot, checks, spread).await });
         }
-        // No timer here: the drain that takes the check answers it by its
-        // deadline (`within_deadlines`), with a timeout if the call is not
-        // done by then, and a check never waits in the queue past it (see
-        // `drain`). One timer per call instead of one per check.
-        //
         // Each check counts towards the breaker by what its caller saw: an
         // answer, a failure, or its own timeout (waiting in the queue or in
         // the call), once.
-        match answered.await {
-            Ok(Ok(outcome)) => {
+        // The deadline from the clock already read for `sent` (one read of
+        // the clock per check, not two); the timeout is at most 60 s (checked
+        // when the store is built), so this cannot overflow.
+        let deadline = sent + self.inner.timeout;
+        match tokio::time::timeout_at(deadline, answered).await {
+            Ok(Ok(Ok(outcome))) => {
                 self.inner.breaker.success();
                 Ok(outcome)
             }
-            Ok(Err(err)) => {
+            Ok(Ok(Err(err))) => {
                 if !matches!(err, Error::CircuitOpen { .. }) {
                     self.inner.breaker.failure();
                 }
                 Err(err)
             }
-            Err(_) => Err(Error::store(
+            Ok(Err(_)) => Err(Error::store(
                 crate::ErrorKind::Server,
                 "the batch of this check was dropped",
             )),
-        }
-    }
-
-    /// Waits for `call`, meanwhile answering each of `checks` whose deadline
-    /// (queued at `sent`, plus the store timeout) passes first with a
-    /// timeout, as if it had its own timer: no caller waits longer than the
-    /// timeout. The call goes on (it is bounded too, from its start), and
-    /// its answers for checks already answered go nowhere.
-    async fn within_deadlines<T>(
-        &self,
-        checks: &mut [Pending],
-        call: impl Future<Output = T>,
-    ) -> T {
-        let mut call = std::pin::pin!(call);
-        loop {
-            let next = checks
-                .iter()
-                .filter(|c| c.waiting())
-                .map(|c| c.sent + self.inner.timeout)
-                .min();
-            let Some(deadline) = next else {
-                return call.await;
-            };
-            match tokio::time::timeout_at(deadline, call.as_mut()).await {
-                Ok(out) => return out,
-                Err(_) => self.expire(checks),
+            Err(_) => {
+                // The caller waited the whole timeout (in the queue or in the
+                // call): for the breaker, as for the caller, a timeout.
+                self.inner.breaker.failure();
+                let err = Error::Timeout(self.inner.timeout);
+                observe::store_error(STORE, &err, &self.inner.errors);
+                Err(err)
             }
-        }
-    }
-
-    /// Answers every check of `checks` whose deadline has passed with a
-    /// timeout, reported as the store error its caller sees.
-    fn expire(&self, checks: &mut [Pending]) {
-        let now = Instant::now();
-        let timeout = self.inner.timeout;
-        for check in checks
-            .iter_mut()
-            .filter(|c| c.waiting() && c.sent + timeout <= now)
-        {
-            let err = Error::Timeout(timeout);
-            observe::store_error(STORE, &err, &self.inner.errors);
-            check.respond(Err(err));
         }
     }
 
     /// Sends `checks`, then whatever queued meanwhile, until `queue` is
     /// empty. `spread`: a cluster node's queue, whose batches may hold
     /// clients of several slots.
-    async fn drain(&self, queue: Arc<Batcher>, mut checks: Vec<Pending>, spread: bool) {
-        let mut slot = Slot::new(queue);
+    async fn drain(&self, mut slot: Slot, mut checks: Vec<Pending>, spread: bool) {
         loop {
-            // A check that waited in the queue past its deadline (the calls
-            // before it were slow) gets its timeout now and is not sent: it
-            // spends nothing.
-            self.expire(&mut checks);
-            checks.retain(Pending::waiting);
-            if checks.is_empty() {
-                match slot.next() {
-                    Some(next) => {
-                        checks = next;
-                        continue;
-                    }
-                    None => return,
-                }
-            }
             if spread {
                 let apart =
                     others_in_first_slot(&mut checks, |c| c.keys.first().map(String::as_str));
@@ -577,12 +533,9 @@ impl RedisStore {
             let script = self.batch_script(spread);
             let call = &batch;
             let reply = self
-                .within_deadlines(
-                    &mut checks,
-                    self.guarded_checks(
-                        0,
-                        |mut conn| async move { call.run(&mut conn, script).await },
-                    ),
+                .guarded_checks(
+                    0,
+                    |mut conn| async move { call.run(&mut conn, script).await },
                 )
                 .await;
             // The checks' keys back, for the deny cache and for checks sent
@@ -617,21 +570,17 @@ impl RedisStore {
 
     /// Sends one check of a batch on its own, routed by its slot.
     async fn alone(&self, check: Pending) {
-        let mut checks = vec![check];
-        self.expire(&mut checks);
-        if !checks.iter().any(Pending::waiting) {
+        if check.reply.is_closed() {
             return;
         }
+        let mut checks = vec![check];
         let mut batch = batch_of(&mut checks, false);
         let script = &self.inner.script;
         let call = &batch;
         let outcomes = self
-            .within_deadlines(
-                &mut checks,
-                self.guarded_checks(
-                    0,
-                    |mut conn| async move { call.run(&mut conn, script).await },
-                ),
+            .guarded_checks(
+                0,
+                |mut conn| async move { call.run(&mut conn, script).await },
             )
             .await
             .and_then(|reply| batch.outcomes(&reply));
@@ -966,6 +915,51 @@ mod tests {
         assert_eq!(
             store.bucket_key("user:42", &policy.quotas()[0]),
             "app:rl:{user:42}:10/1s:10"
+        );
+    }
+
+    /// A batched check that finds a free call slot takes it and spawns the
+    /// task that sends the call. A task dropped before it first runs (its
+    /// runtime shut down) must give the slot back: a store keeps two, and
+    /// with both lost every later check of the store would wait in the queue
+    /// until its timeout, for good.
+    #[test]
+    fn a_drain_task_dropped_before_it_runs_gives_its_call_slot_back() {
+        use std::task::{Context, Waker};
+        // Built without connecting: the drain never runs, nothing is sent.
+        let store = RedisStore::from_url("redis://127.0.0.1:1").unwrap();
+        let policy = Policy::from(Quota::per_second(10).unwrap());
+        for _ in 0..super::super::batch::MAX_IN_FLIGHT + 1 {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async {
+                // One poll: the check is queued and its drain spawned, but the
+                // block ends before the runtime runs the drain.
+                let mut check = std::pin::pin!(store.check("a", &policy, 1));
+                let pending = check
+                    .as_mut()
+                    .poll(&mut Context::from_waker(Waker::noop()))
+                    .is_pending();
+                assert!(pending, "answered without a call");
+            });
+            // Shutting down drops the drain's task unpolled.
+            drop(runtime);
+        }
+        let batcher = store.inner.batcher.as_ref().unwrap();
+        let (reply, _answered) = tokio::sync::oneshot::channel();
+        let check = Pending {
+            keys: vec!["{a}".into()],
+            policy,
+            cost: 1,
+            max_wait_us: 0,
+            sent: Instant::now(),
+            reply,
+        };
+        assert!(
+            batcher.enqueue(check).is_some(),
+            "a new check no longer finds a free call slot"
         );
     }
 }
