@@ -97,10 +97,10 @@ impl AnyStore {
         match unsent {
             Unsent::Redis(keys) => match &self.inner {
                 Inner::Redis(store) => store.send(keys, policy, cost, 0, None),
-                Inner::Memory(_) => super::redis::Sending::ready(Err(Error::store(
+                Inner::Memory(_) => super::redis::Sending::failed(Error::store(
                     crate::ErrorKind::Server,
                     "a Redis check was sent to a memory store",
-                ))),
+                )),
             },
         }
     }

@@ -22,22 +22,21 @@ pub(crate) type Boxed<'a> =
     Pin<Box<dyn Future<Output = Result<(Decision, u64), Error>> + Send + 'a>>;
 
 pin_project! {
-    /// A check queued for the next batched call (`B`), a call of its own
-    /// (boxed: its redis-rs futures are kilobytes, and rare), or an answer
-    /// known before anything was sent.
+    /// A check queued for the next batched call (`B`), or anything else,
+    /// boxed: a call of its own (its redis-rs futures are kilobytes, and
+    /// rare) or an answer known before anything was sent.
     #[project = SendingProj]
     pub(crate) enum Sending<'a, B> {
         Batched { #[pin] future: B },
         Alone { future: Boxed<'a> },
-        Ready { answer: Option<Result<(Decision, u64), Error>> },
     }
 }
 
 impl<B> Sending<'_, B> {
-    /// A future that answers `answer` at once.
-    pub(crate) fn ready(answer: Result<(Decision, u64), Error>) -> Self {
-        Sending::Ready {
-            answer: Some(answer),
+    /// A future that answers `error` at once (a path no check should take).
+    pub(crate) fn failed(error: Error) -> Self {
+        Sending::Alone {
+            future: Box::pin(std::future::ready(Err(error))),
         }
     }
 }
@@ -52,18 +51,6 @@ where
         match self.project() {
             SendingProj::Batched { future } => future.poll(cx),
             SendingProj::Alone { future } => future.as_mut().poll(cx),
-            SendingProj::Ready { answer } => match answer.take() {
-                Some(answer) => Poll::Ready(answer),
-                None => polled_after_completion(),
-            },
         }
     }
-}
-
-/// The `Future` contract forbids polling a finished future; like std's
-/// `Ready`, this one panics if it happens (a bug in the caller, never
-/// something a request can cause).
-#[cold]
-fn polled_after_completion() -> ! {
-    panic!("Sending polled after completion")
 }
