@@ -120,6 +120,20 @@ end
 
 local reply, r, k = {}, 0, 1
 
+-- The debt a reservation may take on in a bucket stamped at `stamp`: a clock
+-- behind the stamp (failover) makes every wait start from the stamp, so the
+-- time ahead comes off the debt, and the wait stays within max_wait.
+local function debt_at(debt, stamp, num)
+  if debt > 0 and stamp > now then
+    local ahead = stamp - now
+    if ahead * num >= debt then
+      return 0
+    end
+    return debt - ahead * num
+  end
+  return debt
+end
+
 -- Spends from one bucket of a decision (if it is admitted and costs
 -- something), writes it back with its TTL, and appends its figures to the
 -- reply: remaining, wait_us, reset_after_us.
@@ -292,7 +306,7 @@ else
       end
       local key = KEYS[k]
       local level, stamp = stored_bucket(key, full, nums[q])
-      local allowed = level - need >= -debt
+      local allowed = level - need >= -debt_at(debt, stamp, nums[q])
       r = r + 1
       reply[r] = allowed and 1 or 0
       finish(key, q, level, stamp, need, allowed, cost)
@@ -309,7 +323,7 @@ else
         end
         local level, stamp = stored_bucket(KEYS[k + i - 1], full, nums[q])
         qs[i], lv[i], st[i] = q, level, stamp
-        if level - need < -debt then
+        if level - need < -debt_at(debt, stamp, nums[q]) then
           allowed = false
         end
       end

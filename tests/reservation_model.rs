@@ -476,6 +476,86 @@ fn both_stores_reserve_as_the_model_does() {
     }
 }
 
+/// A clock that steps back (a failover to a server whose clock is behind, a
+/// reshard between nodes whose clocks differ) leaves buckets stamped ahead of
+/// it; their waits count from the stamp. Both stores must still never admit
+/// a reservation whose wait is longer than its `max_wait`, and must agree.
+#[test]
+fn a_clock_stepped_back_never_makes_a_reservation_wait_past_max_wait() {
+    let server = RedisServer::start();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let redis = server.store();
+    let next_key = AtomicU64::new(0);
+    let step = (
+        prop_oneof![3 => 0i64..2_000_000, 2 => -2_000_000i64..0],
+        1u64..=3,
+        prop_oneof![Just(0u64), 0u64..3_000_000],
+    );
+    let case = (quota(), prop::collection::vec(step, 1..30));
+    let mut runner = TestRunner::new(Config {
+        cases: 200,
+        max_shrink_iters: 2_000,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let result = runner.run(&case, |(q, steps)| {
+        let policy = Policy::from(q);
+        let key = format!("back:{}", next_key.fetch_add(1, Ordering::Relaxed));
+        let memory = MemoryStore::new();
+        let expired = server.expired_keys();
+        let mut now = EPOCH_US;
+        let mut outcome = Ok(());
+        for (i, &(moved, cost, max_wait)) in steps.iter().enumerate() {
+            now = now.saturating_add_signed(moved);
+            let cost = cost.min(q.capacity());
+            let w = Duration::from_micros(max_wait);
+            let mem = memory.reserve_at(&key, &policy, cost, w, now).unwrap();
+            let red = runtime
+                .block_on(redis.reserve_at(&key, &policy, cost, w, now))
+                .unwrap();
+            for (who, r) in [("memory", &mem), ("redis", &red)] {
+                if r.admitted() && r.wait() > w {
+                    outcome = Err(format!(
+                        "{who}, step {i}: admitted with a wait of {:?}, max wait {w:?}",
+                        r.wait()
+                    ));
+                }
+            }
+            let got = |r: &tollgate::Reservation| {
+                (
+                    r.admitted(),
+                    r.wait(),
+                    r.decision().remaining(),
+                    r.decision().retry_after(),
+                )
+            };
+            if outcome.is_ok() && got(&mem) != got(&red) {
+                outcome = Err(format!(
+                    "step {i}: memory {:?}, redis {:?}",
+                    got(&mem),
+                    got(&red)
+                ));
+            }
+            if outcome.is_err() {
+                break;
+            }
+        }
+        let perturbed = server.expired_keys() != expired;
+        let _: () = server.cmd(&["FLUSHALL"]);
+        match outcome {
+            Err(_) if perturbed => Err(TestCaseError::reject("a key expired in real time")),
+            Err(why) => Err(TestCaseError::fail(why)),
+            Ok(()) => Ok(()),
+        }
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}
+
 /// The model itself, on a case worked by hand: it must be able to say no.
 #[test]
 fn the_model_refuses_what_does_not_fit() {

@@ -89,7 +89,9 @@ pub(crate) fn debt_for(quota: &Quota, max_wait_us: u64) -> u64 {
 /// debt is paid (0 for a plain check).
 ///
 /// A bucket stamped after `now` (a clock that went backwards) refills nothing
-/// until the clock reaches its stamp, so its waits start from the stamp.
+/// until the clock reaches its stamp, so its waits start from the stamp, and
+/// a reservation there may take on only the debt that the rest of its
+/// `max_wait` pays: an admitted reservation never waits longer than that.
 pub(crate) fn spend(
     quotas: &[Quota],
     levels: &mut [Level],
@@ -97,12 +99,18 @@ pub(crate) fn spend(
     now: u64,
     debts: &[u64],
 ) -> (Decision, u64) {
-    let debt = |i: usize| signed(debts.get(i).copied().unwrap_or(0));
+    // A bucket stamped ahead of `now` owes its wait from the stamp, so the
+    // time ahead comes off the debt: the wait stays within `max_wait`.
+    let debt = |i: usize, q: &Quota, l: &Level| {
+        let debt = debts.get(i).copied().unwrap_or(0);
+        let ahead = l.stamp.saturating_sub(now);
+        signed(debt.saturating_sub(ahead.saturating_mul(q.num())))
+    };
     let allowed = quotas
         .iter()
         .zip(levels.iter())
         .enumerate()
-        .all(|(i, (q, l))| l.level - signed(cost * q.den()) >= -debt(i));
+        .all(|(i, (q, l))| l.level - signed(cost * q.den()) >= -debt(i, q, l));
     // One quota's state stays inline (no allocation); several are collected.
     let mut one = None;
     let mut many = Vec::new();
@@ -245,5 +253,26 @@ mod reservation_tests {
         assert_eq!(d.retry_after(), Duration::from_millis(500));
         l[0] = l[0].refilled(&q, 500_000);
         assert!(spend(&[q], &mut l, 1, 500_000, &[]).0.allowed());
+    }
+
+    #[test]
+    fn a_reservation_behind_the_stamp_never_waits_past_max_wait() {
+        // 1 a second, drained at 10 s; then a clock 0.5 s behind (a failover).
+        let q = Quota::per_second(1).unwrap();
+        let mut l = [Level::full(&q, 10_000_000)];
+        assert!(spend(&[q], &mut l, 1, 10_000_000, &[]).0.allowed());
+        let behind = 9_500_000;
+        l[0] = l[0].refilled(&q, behind);
+        // The token is due 1 s after the stamp: 1.5 s away. Waiting up to 1 s
+        // is too little, and spends nothing.
+        let before = l;
+        let (d, wait) = spend(&[q], &mut l, 1, behind, &[debt_for(&q, 1_000_000)]);
+        assert!(!d.allowed(), "admitted with a wait of {wait} us");
+        assert_eq!(d.retry_after(), Duration::from_millis(1_500));
+        assert_eq!(l, before);
+        // Waiting up to 1.5 s is enough, and the wait is exactly that.
+        let (d, wait) = spend(&[q], &mut l, 1, behind, &[debt_for(&q, 1_500_000)]);
+        assert!(d.allowed());
+        assert_eq!(wait, 1_500_000);
     }
 }
