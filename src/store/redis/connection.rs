@@ -299,7 +299,7 @@ impl Link {
                         return Err(self.last_error(&state));
                     }
                     state.connecting = true;
-                    tokio::spawn(connect(Arc::clone(&self.inner)));
+                    tokio::spawn(connect(Connecting::new(&self.inner)));
                 }
                 seen = Some(state.attempts);
             }
@@ -356,9 +356,13 @@ impl Link {
         if self.inner.pinging.swap(true, Ordering::AcqRel) {
             return;
         }
+        // Owned by the task from here: a task that never finishes (dropped
+        // with its runtime, or panicking) still lets the next timeout ping.
+        let pinging = Pinging(Arc::clone(&self.inner));
         let inner = Arc::clone(&self.inner);
         let held = held.clone();
         tokio::spawn(async move {
+            let _pinging = pinging;
             let mut conn = held.conn.clone();
             let ping = redis::cmd("PING");
             let alive =
@@ -373,7 +377,6 @@ impl Link {
                     state.held = None;
                 }
             }
-            inner.pinging.store(false, Ordering::Release);
         });
     }
 
@@ -391,7 +394,57 @@ impl Link {
         }
         state.connecting = true;
         state.renewed_at = Some(now);
-        tokio::spawn(connect(Arc::clone(&self.inner)));
+        tokio::spawn(connect(Connecting::new(&self.inner)));
+    }
+}
+
+/// A connect under way, made when `connecting` is set and moved into the
+/// task that connects. If that task never finishes (dropped unpolled or
+/// mid-connect with its runtime, or panicking), dropping this ends the
+/// connect as a failed one: `connecting` cleared and the waiters woken, so
+/// the next call starts another connect instead of waiting, for good, on one
+/// that will never end.
+struct Connecting {
+    inner: Option<Arc<Inner>>,
+}
+
+impl Connecting {
+    fn new(inner: &Arc<Inner>) -> Self {
+        Connecting {
+            inner: Some(Arc::clone(inner)),
+        }
+    }
+}
+
+impl Drop for Connecting {
+    fn drop(&mut self) {
+        let Some(inner) = self.inner.take() else {
+            return;
+        };
+        let mut state = inner.lock();
+        state.connecting = false;
+        state.attempts += 1;
+        state.last_error = Some((
+            ErrorKind::Connection,
+            format!(
+                "Redis at {}: the connect was dropped before it finished \
+                 (its runtime shut down, or its task panicked)",
+                inner.host
+            )
+            .into(),
+        ));
+        drop(state);
+        inner.changed.notify_waiters();
+    }
+}
+
+/// A background `PING` under way: clears `pinging` when its task ends, however
+/// it ends.
+struct Pinging(Arc<Inner>);
+
+impl Drop for Pinging {
+    fn drop(&mut self) {
+        self.0.pinging.store(false, Ordering::Release);
     }
 }
 
@@ -405,9 +458,14 @@ impl Inner {
 
 /// One connect, run as a task of its own so that it completes even when the
 /// call that started it has given up.
-async fn connect(inner: Arc<Inner>) {
+async fn connect(mut connecting: Connecting) {
+    let Some(inner) = connecting.inner.clone() else {
+        return;
+    };
     let outcome =
         tokio::time::timeout(inner.connect_timeout, inner.source.connect(&inner.config)).await;
+    // Finished: the outcome below ends the connect, not the guard.
+    connecting.inner = None;
     let mut state = inner.lock();
     state.connecting = false;
     state.attempts += 1;

@@ -95,8 +95,9 @@ impl Nodes {
 
     /// Whether a read of the slot map may start now: none runs and, if
     /// `spaced`, none started within [`REFRESH_INTERVAL`]. If so, the caller
-    /// reads it and ends with [`install`](Self::install) or
-    /// [`refresh_failed`](Self::refresh_failed).
+    /// reads it, maybe [`install`](Self::install)s it, and ends the read with
+    /// [`end_refresh`](Self::end_refresh), from a drop guard (`store.rs`), so
+    /// a read whose task never finishes still ends.
     pub(crate) fn begin_refresh(&self, spaced: bool) -> bool {
         let mut at = self.refreshed_at.lock().unwrap_or_else(|p| p.into_inner());
         let now = Instant::now();
@@ -110,20 +111,18 @@ impl Nodes {
         true
     }
 
-    /// Ends a read of the slot map that failed; the old map stays.
-    pub(crate) fn refresh_failed(&self) {
+    /// Ends a read of the slot map, however it went.
+    pub(crate) fn end_refresh(&self) {
         self.refreshing.store(false, Ordering::Release);
     }
 
     /// Installs the slot map of a `CLUSTER SLOTS` reply, keeping the queue of
-    /// every primary that stays (its checks and calls in flight go on), and
-    /// ends the read. A reply it cannot read leaves the old map.
+    /// every primary that stays (its checks and calls in flight go on). A
+    /// reply it cannot read leaves the old map.
     pub(crate) fn install(&self, reply: &Value) -> Result<(), String> {
-        let outcome = self.parse(reply).map(|map| {
+        self.parse(reply).map(|map| {
             *self.map() = Some(Arc::new(map));
-        });
-        self.refreshing.store(false, Ordering::Release);
-        outcome
+        })
     }
 
     fn parse(&self, reply: &Value) -> Result<SlotMap, String> {
@@ -339,7 +338,7 @@ mod tests {
         assert!(nodes.begin_refresh(true));
         assert!(!nodes.begin_refresh(true));
         assert!(!nodes.begin_refresh(false), "one at a time");
-        nodes.refresh_failed();
+        nodes.end_refresh();
         assert!(!nodes.begin_refresh(true), "within the interval");
         assert!(nodes.begin_refresh(false));
     }

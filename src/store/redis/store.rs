@@ -607,16 +607,19 @@ impl RedisStore {
         if let Some(nodes) = &self.inner.nodes
             && nodes.begin_refresh(true)
         {
-            let store = self.clone();
-            tokio::spawn(async move { store.read_slots().await });
+            // Owned by the task from here: a task that never finishes still
+            // ends the read, so later refreshes can start.
+            let read = SlotRead(self.clone());
+            tokio::spawn(async move { read.0.read_slots(&read).await });
         }
     }
 
     /// Reads `CLUSTER SLOTS` through the cluster connection into the slot map,
-    /// after `begin_refresh` allowed it. A failure keeps the old map and is
-    /// reported as a store error (not counted by the breaker).
+    /// in the `read` that `begin_refresh` allowed (which ends it when
+    /// dropped). A failure keeps the old map and is reported as a store error
+    /// (not counted by the breaker).
     #[cfg(feature = "cluster")]
-    async fn read_slots(&self) {
+    async fn read_slots(&self, _read: &SlotRead) {
         let Some(nodes) = &self.inner.nodes else {
             return;
         };
@@ -638,10 +641,7 @@ impl RedisStore {
                     format!("Redis at {}: {why}", self.inner.link.host()),
                 )
             }),
-            Err(err) => {
-                nodes.refresh_failed();
-                Some(err)
-            }
+            Err(err) => Some(err),
         };
         if let Some(err) = failure {
             observe::store_error(STORE, &err, &self.inner.errors);
@@ -658,7 +658,8 @@ impl RedisStore {
         now_us: u64,
     ) -> Result<Vec<Decision>, Error> {
         if !nodes.has_map() && nodes.begin_refresh(false) {
-            self.read_slots().await;
+            let read = SlotRead(self.clone());
+            self.read_slots(&read).await;
         }
         // Per node (by its queue), its checks in order: index, first key.
         type Members = Vec<(usize, String)>;
@@ -714,7 +715,8 @@ impl RedisStore {
             if batch.not_local(&reply) {
                 alone.append(&mut members);
                 if nodes.begin_refresh(false) {
-                    self.read_slots().await;
+                    let read = SlotRead(self.clone());
+                    self.read_slots(&read).await;
                 }
             } else {
                 for ((i, _), (decision, _)) in members.iter().zip(batch.outcomes(&reply)?) {
@@ -837,6 +839,21 @@ impl RedisStore {
             }
             Err(Error::Timeout(self.inner.timeout))
         })
+    }
+}
+
+/// A read of the slot map that `Nodes::begin_refresh` allowed: ends it when
+/// dropped, whether the read finished, failed, or its task never finished
+/// (dropped with its runtime, or panicking).
+#[cfg(feature = "cluster")]
+struct SlotRead(RedisStore);
+
+#[cfg(feature = "cluster")]
+impl Drop for SlotRead {
+    fn drop(&mut self) {
+        if let Some(nodes) = &self.0.inner.nodes {
+            nodes.end_refresh();
+        }
     }
 }
 

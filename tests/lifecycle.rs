@@ -1,0 +1,105 @@
+//! A store outlives the runtimes it is used on: stores shared across runtimes
+//! (actix workers, tests with a static store) see their background tasks
+//! dropped when a runtime shuts down. A connect dropped that way must not leave
+//! the store waiting for it for good: against a real redis-server, frozen with
+//! SIGSTOP while the first runtime's connect waits on it.
+#![cfg(feature = "redis")]
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use support::RedisServer;
+use tollgate::{Policy, Quota, RedisStore, Store};
+
+fn policy() -> Policy {
+    Policy::new("lifecycle", [Quota::per_second(1_000_000).unwrap()]).unwrap()
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// Checks on `runtime` until one is answered by Redis, for up to `within`.
+fn answered_within(
+    runtime: &tokio::runtime::Runtime,
+    store: &RedisStore,
+    within: Duration,
+) -> bool {
+    let deadline = Instant::now() + within;
+    runtime.block_on(async {
+        while Instant::now() < deadline {
+            if store.check("after", &policy(), 1).await.is_ok() {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        false
+    })
+}
+
+#[test]
+fn a_connect_dropped_with_its_runtime_does_not_stall_the_store() {
+    let server = RedisServer::start();
+    // A connect timeout far longer than the first runtime lives: its connect
+    // is still waiting on the frozen server when that runtime shuts down.
+    let store = RedisStore::builder()
+        .url(server.url())
+        .timeout(Duration::from_millis(200))
+        .connect_timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    server.freeze();
+    let first = runtime();
+    let failed = first.block_on(async { store.check("before", &policy(), 1).await.is_err() });
+    assert!(failed, "a frozen server answered");
+    // Shutting down drops the connect's task mid-connect.
+    first.shutdown_timeout(Duration::from_millis(100));
+    server.thaw();
+
+    let second = runtime();
+    assert!(
+        answered_within(&second, &store, Duration::from_secs(10)),
+        "the store never connected again after the runtime of its first connect shut down"
+    );
+}
+
+#[test]
+fn a_connect_whose_task_never_ran_does_not_stall_the_store() {
+    use std::future::Future;
+    use std::task::{Context, Waker};
+    let server = RedisServer::start();
+    // Unbatched, so the check's first poll is what starts the connect.
+    let store = RedisStore::builder()
+        .url(server.url())
+        .timeout(Duration::from_millis(500))
+        .max_batch(1)
+        .build()
+        .unwrap();
+    // One poll starts the connect's task; the runtime is dropped before it
+    // runs.
+    let first = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    first.block_on(async {
+        let policy = policy();
+        let mut check = std::pin::pin!(store.check("before", &policy, 1));
+        let pending = check
+            .as_mut()
+            .poll(&mut Context::from_waker(Waker::noop()))
+            .is_pending();
+        assert!(pending, "answered without connecting");
+    });
+    drop(first);
+
+    let second = runtime();
+    assert!(
+        answered_within(&second, &store, Duration::from_secs(10)),
+        "the store never connected after the task of its first connect was dropped unrun"
+    );
+}
