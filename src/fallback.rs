@@ -61,6 +61,8 @@ struct Inner {
     store: MemoryStore,
     share: u32,
     active: AtomicBool,
+    /// Per policy: the share's policy, scaled for checks of up to the cost
+    /// it was built for (see [`Fallback::share`]).
     scaled: Mutex<Vec<(Policy, Policy)>>,
 }
 
@@ -97,6 +99,16 @@ impl Fallback {
     /// the quota's (the period is multiplied, so refills stay exact, or, past
     /// [`MAX_PERIOD`], the tokens divided, rounded up), and the burst
     /// `capacity / instances`, rounded up, at least 1.
+    ///
+    /// A request may cost more than that burst (a `per_second(10)` quota
+    /// shared by 4 has a burst of 3; a request of cost 5 would never fit).
+    /// The share's burst is then raised to the largest cost its policy has
+    /// been asked for (never above the quota's own capacity), so every
+    /// request the store could admit is admitted at the share's rate, never
+    /// unlimited. Raising it starts the policy's buckets anew once, so a
+    /// client may be admitted one burst more when a larger cost first comes.
+    /// Quotas whose shares coincide (`10/s burst 7` and `10/s burst 8` shared
+    /// by 2 are both `5/s burst 4`) are one quota of the share.
     ///
     /// # Errors
     ///
@@ -144,7 +156,7 @@ impl Fallback {
         if !self.inner.active.swap(true, Ordering::AcqRel) {
             observe::fallback(true, Some(error));
         }
-        let scaled = self.scaled(policy);
+        let scaled = self.scaled(policy, cost);
         let decision = self.inner.store.check_now(key, &scaled, cost)?;
         Ok((decision.marked_fallback(), scaled))
     }
@@ -163,7 +175,7 @@ impl Fallback {
         if !self.inner.active.swap(true, Ordering::AcqRel) {
             observe::fallback(true, Some(error));
         }
-        let scaled = self.scaled(policy);
+        let scaled = self.scaled(policy, cost);
         let reservation = self
             .inner
             .store
@@ -188,7 +200,9 @@ impl Fallback {
         }
     }
 
-    fn scaled(&self, policy: &Policy) -> Policy {
+    /// `policy` at this instance's share, with a burst of at least `cost`
+    /// (up to the policy's own largest cost; see [`share`](Self::share)).
+    fn scaled(&self, policy: &Policy, cost: u64) -> Policy {
         if self.inner.share == 1 {
             return policy.clone();
         }
@@ -197,31 +211,48 @@ impl Fallback {
             .scaled
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some((_, scaled)) = cache.iter().find(|(p, _)| p == policy) {
-            return scaled.clone();
-        }
-        let scaled = scale_policy(policy, self.inner.share);
-        if cache.len() < MAX_SCALED {
+        let cached = cache.iter().position(|(p, _)| p == policy);
+        let floor = match cached.and_then(|i| cache.get(i)) {
+            Some((_, scaled)) if cost <= scaled.max_cost() => return scaled.clone(),
+            // Never lower the burst a larger cost raised.
+            Some((_, scaled)) => cost.max(scaled.max_cost()),
+            None => cost,
+        };
+        let scaled = scale_policy(policy, self.inner.share, floor);
+        if let Some((_, old)) = cached.and_then(|i| cache.get_mut(i)) {
+            *old = scaled.clone();
+        } else if cache.len() < MAX_SCALED {
             cache.push((policy.clone(), scaled.clone()));
         }
         scaled
     }
 }
 
-fn scale_policy(policy: &Policy, instances: u32) -> Policy {
-    let quotas: Vec<Quota> = policy
-        .quotas()
-        .iter()
-        .map(|q| scale(*q, instances))
-        .collect();
-    // Scaled quotas of distinct quotas may coincide; keep the policy's own then.
+/// `policy` at `1 / instances` of its quotas, each with a burst of at least
+/// `floor` (capped at the quota's own capacity), quotas that coincide kept
+/// once.
+fn scale_policy(policy: &Policy, instances: u32, floor: u64) -> Policy {
+    let mut quotas: Vec<Quota> = Vec::with_capacity(policy.quotas().len());
+    for q in policy.quotas() {
+        let scaled = scale(*q, instances, floor);
+        if !quotas.contains(&scaled) {
+            quotas.push(scaled);
+        }
+    }
+    // Distinct scaled quotas and a checked name: this cannot fail. If it ever
+    // did, the whole quota per instance still limits.
     Policy::new(policy.name(), quotas).unwrap_or_else(|_| policy.clone())
 }
 
-/// `quota` at `1 / instances` of its rate and burst (see [`Fallback::share`]).
-fn scale(quota: Quota, instances: u32) -> Quota {
+/// `quota` at `1 / instances` of its rate and burst (see [`Fallback::share`]),
+/// with a burst of at least `floor`, at most the quota's capacity.
+fn scale(quota: Quota, instances: u32, floor: u64) -> Quota {
     let n = u64::from(instances);
-    let capacity = quota.capacity().div_ceil(n).max(1);
+    let capacity = quota
+        .capacity()
+        .div_ceil(n)
+        .max(floor.min(quota.capacity()))
+        .max(1);
     let longer = quota
         .period()
         .checked_mul(instances)
@@ -242,7 +273,7 @@ mod tests {
     #[test]
     fn shares_divide_rate_and_burst() {
         let q = Quota::per_second(100).unwrap().burst(50).unwrap();
-        let s = scale(q, 4);
+        let s = scale(q, 4, 1);
         assert_eq!(s.capacity(), 13);
         assert_eq!(s.tokens(), 100);
         assert_eq!(s.period(), Duration::from_secs(4));
@@ -250,10 +281,56 @@ mod tests {
         assert_eq!(s.refill_time(), Duration::from_millis(520));
         // A yearly quota cannot take a longer period: fewer tokens instead.
         let yearly = Quota::new(10, MAX_PERIOD).unwrap();
-        let s = scale(yearly, 3);
+        let s = scale(yearly, 3, 1);
         assert_eq!((s.tokens(), s.period(), s.capacity()), (4, MAX_PERIOD, 4));
-        assert_eq!(scale(q, 1), q);
+        assert_eq!(scale(q, 1, 1), q);
         assert!(Fallback::memory().share(0).is_err());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_cost_above_the_shares_burst_is_admitted_at_the_shares_rate() {
+        // 10 a second shared by 4: 2.5 a second, burst 3. A request of cost 5
+        // raises the burst to 5: one now, the next one 2 s later.
+        let fallback = Fallback::memory().share(4).unwrap();
+        let policy = Policy::from(Quota::per_second(10).unwrap());
+        let error = Error::Timeout(Duration::from_millis(1));
+        let (d, scaled) = fallback.check("k", &policy, 5, &error).unwrap();
+        assert!(d.allowed() && d.is_fallback());
+        assert_eq!(scaled.quotas()[0].capacity(), 5);
+        assert_eq!(scaled.quotas()[0].refill_time(), Duration::from_secs(2));
+        let (d, _) = fallback.check("k", &policy, 5, &error).unwrap();
+        assert!(!d.allowed());
+        assert_eq!(d.retry_after(), Duration::from_secs(2));
+        // Cheaper requests share the raised bucket: nothing left for them.
+        let (d, scaled) = fallback.check("k", &policy, 1, &error).unwrap();
+        assert!(!d.allowed());
+        assert_eq!(scaled.quotas()[0].capacity(), 5);
+        // Never above the quota's own capacity.
+        assert_eq!(scale(Quota::per_second(10).unwrap(), 4, 50).capacity(), 10);
+    }
+
+    #[test]
+    fn quotas_whose_shares_coincide_are_one_quota_of_the_share() {
+        let policy = Policy::new(
+            "p",
+            [
+                Quota::per_second(10).unwrap().burst(7).unwrap(),
+                Quota::per_second(10).unwrap().burst(8).unwrap(),
+            ],
+        )
+        .unwrap();
+        let fallback = Fallback::memory().share(2).unwrap();
+        let error = Error::Timeout(Duration::from_millis(1));
+        let (_, scaled) = fallback.check("k", &policy, 1, &error).unwrap();
+        assert_eq!(scaled.quotas().len(), 1);
+        assert_eq!(scaled.quotas()[0].capacity(), 4);
+        assert_eq!(scaled.name(), "p");
+        let admitted = (0..10)
+            .filter(|_| fallback.check("k", &policy, 1, &error).unwrap().0.allowed())
+            .count();
+        // One was spent above: 3 of the share's 4 are left, not the 7 of the
+        // whole quota.
+        assert_eq!(admitted, 3);
     }
 
     #[tokio::test]

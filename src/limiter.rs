@@ -34,11 +34,12 @@ use crate::{Decision, Error, Policy, Quota};
 ///
 /// Takes any store ([`MemoryStore`](crate::MemoryStore),
 /// [`RedisStore`](crate::RedisStore), [`AnyStore`]) and does not carry its
-/// type. Keys are yours to choose: two limiters on the same store that check the
-/// same key with the same quota share its bucket (with different quotas they
-/// never do). Give each use its own key prefix (`login:user:42`,
-/// `search:user:42`) or its own store prefix
-/// ([`RedisStoreBuilder::prefix`](crate::store::RedisStoreBuilder::prefix)).
+/// type. Keys are yours to choose; the limiter stores each one behind its
+/// policy's name (`name:key`), as the HTTP layer does, so two limiters whose
+/// policies have different names never share a bucket, even with the same
+/// quotas and keys (`login` and `signup` for `user:42`), while limiters of
+/// one policy name on one store do. A policy built from a bare [`Quota`] is
+/// named [`DEFAULT_POLICY_NAME`](crate::policy::DEFAULT_POLICY_NAME).
 ///
 /// Cheap to clone: clones share the store and the policy.
 #[derive(Clone, Debug)]
@@ -108,7 +109,13 @@ impl RateLimiter {
     /// check spends nothing. A cost of 0 only looks. When the store fails and a
     /// [`fallback`](Self::fallback) is set, the fallback decides.
     pub async fn check(&self, key: &str, cost: u64) -> Result<Decision, Error> {
-        match self.decide(key, "limiter", &self.policy, cost).await {
+        // A check answered without I/O (a memory store, a remembered denial,
+        // the fallback) would never yield: a loop of them could keep a
+        // runtime's worker from every other task and timer. Spending tokio's
+        // cooperative budget makes such a loop yield now and then.
+        tokio::task::coop::consume_budget().await;
+        let key = self.named(key);
+        match self.decide(&key, "limiter", &self.policy, cost).await {
             Decided::Store(decision) | Decided::Fallback { decision, .. } => Ok(decision),
             Decided::Failed(error) => Err(error),
         }
@@ -144,7 +151,11 @@ impl RateLimiter {
         cost: u64,
     ) -> Result<Decided, Unsent> {
         let result = self.store.check_now(key, policy, cost)?;
-        Ok(self.settle(result, key, key_kind, policy, cost))
+        // A decision made at once by a store that has to be asked otherwise is
+        // a remembered denial: the store did not answer, so a fallback that
+        // decides while it fails goes on deciding.
+        let fresh = self.store.as_memory().is_some();
+        Ok(self.settle(result, fresh, key, key_kind, policy, cost))
     }
 
     /// Sends what [`decide_now`](Self::decide_now) left, and decides.
@@ -159,6 +170,7 @@ impl RateLimiter {
         let result = self.store.send_unsent(unsent, policy, cost).await;
         self.settle(
             result.map(|(decision, _)| decision),
+            true,
             key,
             key_kind,
             policy,
@@ -167,10 +179,12 @@ impl RateLimiter {
     }
 
     /// The store's answer, with the fallback deciding when the store failed,
-    /// reported to tracing and metrics.
+    /// reported to tracing and metrics. `fresh`: the store itself answered
+    /// (not a denial it remembered), so a fallback that was deciding stops.
     pub(crate) fn settle(
         &self,
         result: Result<Decision, Error>,
+        fresh: bool,
         key: &str,
         key_kind: &str,
         policy: &Policy,
@@ -178,7 +192,7 @@ impl RateLimiter {
     ) -> Decided {
         let decided = match result {
             Ok(decision) => {
-                if let Some(fallback) = &self.fallback {
+                if fresh && let Some(fallback) = &self.fallback {
                     fallback.store_answered();
                 }
                 Decided::Store(decision)
@@ -190,6 +204,9 @@ impl RateLimiter {
                         policy,
                         error,
                     },
+                    // The fallback refused the request itself (never a store
+                    // problem): answer that, rather than forward it unlimited.
+                    Err(refused) if !refused.is_store_error() => Decided::Failed(refused),
                     Err(_) => Decided::Failed(error),
                 },
                 None => Decided::Failed(error),
@@ -221,7 +238,11 @@ impl RateLimiter {
         };
         let (decided, wait) = match self.store.reserve(key, policy, cost, max_wait).await {
             Ok(reservation) => {
-                if let Some(fallback) = &self.fallback {
+                // A reservation that may wait is never answered from the deny
+                // cache: the store answered.
+                if !max_wait.is_zero()
+                    && let Some(fallback) = &self.fallback
+                {
                     fallback.store_answered();
                 }
                 let wait = admitted(&reservation);
@@ -239,6 +260,9 @@ impl RateLimiter {
                             error,
                         };
                         (decided, wait)
+                    }
+                    Err(refused) if !refused.is_store_error() => {
+                        (Decided::Failed(refused), Duration::ZERO)
                     }
                     Err(_) => (Decided::Failed(error), Duration::ZERO),
                 },
@@ -262,8 +286,12 @@ impl RateLimiter {
         cost: u64,
         max_wait: Duration,
     ) -> Result<Reservation, Error> {
+        // As in `check`: a reservation answered at once still yields now and
+        // then.
+        tokio::task::coop::consume_budget().await;
+        let key = self.named(key);
         let (decided, wait) = self
-            .decide_within(key, "limiter", &self.policy, cost, max_wait)
+            .decide_within(&key, "limiter", &self.policy, cost, max_wait)
             .await;
         let wait_us = crate::quota::micros(wait);
         match decided {
@@ -308,7 +336,18 @@ impl RateLimiter {
 
     /// Forgets `key`'s buckets: the next check finds them full.
     pub async fn reset(&self, key: &str) -> Result<(), Error> {
-        self.store.reset(key, &self.policy).await
+        self.store.reset(&self.named(key), &self.policy).await
+    }
+
+    /// `key` behind the policy's name: what the store keeps its buckets
+    /// under (the layer's keys are `name:kind:value`).
+    fn named(&self, key: &str) -> String {
+        let name = self.policy.name();
+        let mut named = String::with_capacity(name.len() + 1 + key.len());
+        named.push_str(name);
+        named.push(':');
+        named.push_str(key);
+        named
     }
 }
 

@@ -113,7 +113,7 @@ pub(crate) async fn check_unsent(
         .send_unsent(unsent, &ask.policy, ask.cost)
         .await
         .map(|(decision, _)| decision);
-    let decided = limiter.settle(result, &ask.key, &ask.kind, &ask.policy, ask.cost);
+    let decided = limiter.settle(result, true, &ask.key, &ask.kind, &ask.policy, ask.cost);
     let result = outcome(&config, ask, decided, None);
     let verdict = verdict(&config, &mut parts, result);
     Checked { parts, verdict }

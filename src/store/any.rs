@@ -62,7 +62,7 @@ pub(crate) enum Unsent {
 impl AnyStore {
     /// [`Store::check`] as far as it goes without waiting: the decision (a
     /// memory store's, or a Redis store's deny cache), or what is left to
-    /// send with [`check_unsent`](Self::check_unsent). Nothing is sent to a
+    /// send with [`send_unsent`](Self::send_unsent). Nothing is sent to a
     /// store here, so dropping an [`Unsent`] spends nothing.
     pub(crate) fn check_now(
         &self,
