@@ -103,3 +103,65 @@ fn a_connect_whose_task_never_ran_does_not_stall_the_store() {
         "the store never connected after the task of its first connect was dropped unrun"
     );
 }
+
+/// Checks answered without I/O (a memory store; the fallback while Redis is
+/// down) in tight loops on both workers of a 2-worker runtime: other tasks
+/// and timers must still run, because each check spends tokio's cooperative
+/// budget. Without that the loops hold both workers until they stop by
+/// themselves (5 s here).
+#[test]
+fn loops_of_checks_answered_at_once_let_other_tasks_run() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use tollgate::{Fallback, MemoryStore, RateLimiter};
+
+    let mut redis = RedisServer::start();
+    let store = redis.store();
+    redis.stop();
+    let limiters = [
+        RateLimiter::new(MemoryStore::new(), Quota::per_second(1_000).unwrap()),
+        RateLimiter::new(store, Quota::per_second(1_000).unwrap()).fallback(Fallback::memory()),
+    ];
+    for limiter in limiters {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let started = Instant::now();
+        let waited = runtime.block_on(async {
+            // Redis dead: the breaker opens, then the fallback answers at once.
+            for _ in 0..20 {
+                let _ = limiter.check("warm", 1).await;
+            }
+            for _ in 0..2 {
+                let limiter = limiter.clone();
+                let stop = Arc::clone(&stop);
+                tokio::spawn(async move {
+                    let until = Instant::now() + Duration::from_secs(5);
+                    while !stop.load(Ordering::Relaxed) && Instant::now() < until {
+                        let _ = limiter.check("loop", 1).await;
+                    }
+                });
+            }
+            let timer = tokio::spawn(async {
+                let asked = Instant::now();
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                asked.elapsed()
+            });
+            let waited = timer.await.unwrap();
+            stop.store(true, Ordering::Relaxed);
+            waited
+        });
+        drop(runtime);
+        println!(
+            "a 10 ms sleep took {waited:?} ({:?} in all)",
+            started.elapsed()
+        );
+        assert!(
+            waited < Duration::from_secs(2),
+            "a 10 ms timer waited {waited:?} behind loops of checks"
+        );
+    }
+}
