@@ -383,8 +383,8 @@ impl RedisStore {
         let reply = self
             .guarded(|mut conn| async move { batch.run(&mut conn, script).await })
             .await?;
-        let outcome = batch
-            .outcomes(&reply)?
+        let outcome = self
+            .read(batch, &reply)?
             .pop()
             .ok_or_else(|| Error::store(crate::ErrorKind::Server, "empty reply from the script"))?;
         if let (Some(cache), Some(keys)) = (&self.inner.denials, remembered)
@@ -498,10 +498,17 @@ impl RedisStore {
                 }
                 Err(err)
             }
-            Ok(Err(_)) => Err(Error::store(
-                crate::ErrorKind::Server,
-                "the batch of this check was dropped",
-            )),
+            Ok(Err(_)) => {
+                // The drain that held this check ended without answering it
+                // (its task was dropped with its runtime, or panicked): not
+                // Redis's doing, so the breaker does not count it.
+                let err = Error::store(
+                    crate::ErrorKind::Server,
+                    "the batch of this check was dropped",
+                );
+                observe::store_error(STORE, &err, &self.inner.errors);
+                Err(err)
+            }
             Err(_) => {
                 // The caller waited the whole timeout (in the queue or in the
                 // call): for the breaker, as for the caller, a timeout.
@@ -553,7 +560,11 @@ impl RedisStore {
                     }
                     self.refresh_slots();
                 }
-                Ok(reply) => answer(checks, batch.outcomes(&reply), self.inner.denials.as_ref()),
+                Ok(reply) => answer(
+                    checks,
+                    self.read(&batch, &reply),
+                    self.inner.denials.as_ref(),
+                ),
                 Err(err) => {
                     // A failover or a replaced connection may have moved
                     // slots: read the map again.
@@ -583,11 +594,19 @@ impl RedisStore {
                 |mut conn| async move { call.run(&mut conn, script).await },
             )
             .await
-            .and_then(|reply| batch.outcomes(&reply));
+            .and_then(|reply| self.read(&batch, &reply));
         for (check, keys) in checks.iter_mut().zip(batch.take_keys()) {
             check.keys = keys;
         }
         answer(checks, outcomes, self.inner.denials.as_ref());
+    }
+
+    /// The decisions of `batch` in the script's `reply`; a reply that does
+    /// not read is a store error, reported as one.
+    fn read(&self, batch: &Batch, reply: &[i64]) -> Result<Vec<(Decision, u64)>, Error> {
+        batch.outcomes(reply).inspect_err(|err| {
+            observe::store_error(STORE, err, &self.inner.errors);
+        })
     }
 
     /// The script for a batch of `drain`.
