@@ -75,7 +75,7 @@ async fn one_round_trip_per_decision_summed_over_the_primaries(cluster: &RedisCl
     .unwrap();
     let store = store(cluster, "trips:");
     let limiter = RateLimiter::new(store.clone(), policy.clone());
-    let clients = cluster.clients_on_every_primary(&store, &policy.quotas()[0], "c", 10);
+    let clients = cluster.limiter_clients_on_every_primary(&limiter, "c", 10);
     // Warm-up: the connections to every primary, the script on every primary,
     // the store's slot map.
     for (client, _) in &clients {
@@ -176,7 +176,7 @@ async fn script_flush_on_every_node_between_calls(cluster: &RedisCluster) {
     let quota = Quota::new(100, Duration::from_secs(24 * 3600)).unwrap();
     let store = store(cluster, "flush:");
     let limiter = RateLimiter::new(store.clone(), quota);
-    let clients = cluster.clients_on_every_primary(&store, &quota, "f", 4);
+    let clients = cluster.limiter_clients_on_every_primary(&limiter, "f", 4);
     for round in 1..=3u64 {
         for n in cluster.nodes() {
             let _: () = n.cmd(&["SCRIPT", "FLUSH"]);
@@ -299,7 +299,8 @@ async fn four_limiters_on_one_hot_key_never_exceed_the_quota(cluster: &RedisClus
     for l in &limiters {
         let _ = l.peek("warm-up").await.unwrap();
     }
-    let key = store(cluster, "exact:").bucket_key("hot", &hammer::quota());
+    // The limiters keep the key behind their policy's name.
+    let key = store(cluster, "exact:").bucket_key("default:hot", &hammer::quota());
     let owner = cluster.primary_for_key(&key);
     let outcome = hammer::hammer(&limiters, move || time_us(&owner)).await;
     hammer::assert_bounds("cluster", &outcome);
@@ -411,12 +412,14 @@ async fn fail_a_primary_under_load(cluster: &Arc<RedisCluster>, fault: Fault) ->
     let (hot, victim, heir) = (0..)
         .find_map(|i| {
             let hot = format!("hot{i}");
-            let victim = cluster.primary_for_key(&store.bucket_key(&hot, &quota));
+            // The limiters keep the key behind their policy's name.
+            let victim =
+                cluster.primary_for_key(&store.bucket_key(&format!("default:{hot}"), &quota));
             replica_of(&victim).map(|heir| (hot, victim, heir))
         })
         .unwrap();
     let others: Vec<String> = cluster
-        .clients_on_every_primary(&store, &quota, "o", 4)
+        .limiter_clients_on_every_primary(&limiters[0], "o", 4)
         .into_iter()
         .map(|(client, _)| client)
         .collect();
@@ -465,7 +468,7 @@ async fn fail_a_primary_under_load(cluster: &Arc<RedisCluster>, fault: Fault) ->
     )
     .await;
     assert_ne!(
-        cluster.primary_for_key(&store.bucket_key(&hot, &quota)),
+        cluster.primary_for_key(&store.bucket_key(&format!("default:{hot}"), &quota)),
         victim
     );
     // A frozen primary stays out of the way: gone for good.

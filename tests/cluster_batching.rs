@@ -209,7 +209,11 @@ async fn cluster_batching_under_load_sends_fewer_calls_and_stays_exact(cluster: 
     assert_eq!(calls.get("time"), Some(&evalsha), "one TIME per call");
     // Each of the 300 buckets lost exactly the checks it answered: 10 each.
     for client in clients.iter() {
-        let d = stores[0].check(client, &quota.into(), 0).await.unwrap();
+        // The limiters keep each key behind their policy's name.
+        let d = stores[0]
+            .check(&format!("default:{client}"), &quota.into(), 0)
+            .await
+            .unwrap();
         assert_eq!(d.remaining(), 990, "{client}");
     }
 }
@@ -329,7 +333,8 @@ async fn cluster_slot_moved_under_load_loses_no_token(cluster: Arc<RedisCluster>
         let _ = l.peek("warm-up").await.unwrap();
     }
     let hot = "hot".to_string();
-    let slot = cluster.keyslot(&stores[0].bucket_key(&hot, &quota));
+    // The limiters keep the key behind their policy's name.
+    let slot = cluster.keyslot(&stores[0].bucket_key(&format!("default:{hot}"), &quota));
     let from = cluster.primary_for_slot(slot);
     let to = cluster
         .primaries()
@@ -402,7 +407,10 @@ async fn cluster_slot_moved_under_load_loses_no_token(cluster: Arc<RedisCluster>
     assert!(totals[&hot].0 > 50, "{hot} was not contended");
     for (client, (checks, admitted)) in &totals {
         assert_eq!(*admitted, (*checks).min(50), "{client}: {checks} checks");
-        let d = stores[0].check(client, &quota.into(), 0).await.unwrap();
+        let d = stores[0]
+            .check(&format!("default:{client}"), &quota.into(), 0)
+            .await
+            .unwrap();
         assert_eq!(d.remaining(), 50 - admitted, "{client}");
     }
 

@@ -144,7 +144,7 @@ async fn redis_never_admits_more_than_the_quota_across_instances() {
         .store()
         .as_redis()
         .unwrap()
-        .bucket_key("hot", &quota());
+        .bucket_key("default:hot", &quota());
     // The first admission, whose stamp starts the accounting.
     let mut tally = Tally::first(&limiters[0].check("hot", FIRST).await.unwrap(), FIRST);
     let (first_level, s0) = stored(&server, &key);

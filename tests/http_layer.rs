@@ -1016,7 +1016,7 @@ async fn nested_layers_with_the_same_name_share_one_bucket() {
     // Three spends (two, then the outer one before the inner refusal): no
     // whole token left.
     let peek = tollgate::RateLimiter::new(redis.store(), slow())
-        .peek("default:global:global")
+        .peek("global:global")
         .await
         .unwrap();
     assert_eq!(peek.remaining(), 0);

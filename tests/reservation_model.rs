@@ -794,10 +794,11 @@ async fn acquire_makes_one_store_call_per_admitted_wait() {
             .store()
             .as_redis()
             .unwrap()
-            .bucket_key("k", &limiter.quotas()[0]);
+            .bucket_key("default:k", &limiter.quotas()[0]);
         server.cmd(&["GET", &key])
     };
     let before = stored(&server);
+    assert!(before.is_some(), "no bucket where the limiter keeps it");
     let refused_at = Instant::now();
     let err = limiter
         .acquire("k", 1, Duration::from_millis(1))

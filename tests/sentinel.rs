@@ -45,7 +45,7 @@ async fn sentinel_primary_killed_under_load_checks_resume_on_the_new_primary() {
     let replica = set.replica();
     let d = limiters[0].check("hot", 1).await.unwrap();
     assert_eq!(d.remaining(), failover::CAPACITY - 1);
-    let key = store(&set, timeout).bucket_key("hot", &failover::quota());
+    let key = store(&set, timeout).bucket_key("default:hot", &failover::quota());
     let exists: i64 = old.cmd(&["EXISTS", &key]);
     assert_eq!(exists, 1, "the check did not reach the primary");
     assert!(old.calls("evalsha") + old.calls("eval") >= 1);

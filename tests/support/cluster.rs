@@ -386,6 +386,24 @@ impl RedisCluster {
         Ok(slots)
     }
 
+    /// `per_primary` clients named `{name}:{i}` whose buckets, as `limiter`
+    /// keeps them (behind its policy's name, for its first quota), live on
+    /// each primary, in turn, with the port of their primary.
+    #[allow(dead_code)]
+    pub fn limiter_clients_on_every_primary(
+        &self,
+        limiter: &tollgate::RateLimiter,
+        name: &str,
+        per_primary: usize,
+    ) -> Vec<(String, u16)> {
+        let store = limiter.store().as_redis().expect("a Redis limiter");
+        let quota = limiter.quotas()[0];
+        let policy = limiter.policy().name().to_owned();
+        self.clients_where(store, &quota, name, per_primary, |client| {
+            format!("{policy}:{client}")
+        })
+    }
+
     /// `per_primary` clients named `{name}:{i}` whose buckets (for `quota`,
     /// keyed by `store`) live on each primary, in turn (one of each primary,
     /// then the next of each...), with the port of their primary.
@@ -396,12 +414,25 @@ impl RedisCluster {
         name: &str,
         per_primary: usize,
     ) -> Vec<(String, u16)> {
+        self.clients_where(store, quota, name, per_primary, str::to_owned)
+    }
+
+    /// The clients of `clients_on_every_primary`, each stored under
+    /// `stored(client)`.
+    fn clients_where(
+        &self,
+        store: &tollgate::RedisStore,
+        quota: &tollgate::Quota,
+        name: &str,
+        per_primary: usize,
+        stored: impl Fn(&str) -> String,
+    ) -> Vec<(String, u16)> {
         let primaries: Vec<u16> = self.primaries().iter().map(Node::port).collect();
         let mut found: BTreeMap<u16, Vec<String>> = BTreeMap::new();
         for i in 0.. {
             let client = format!("{name}:{i}");
             let owner = self
-                .primary_for_key(&store.bucket_key(&client, quota))
+                .primary_for_key(&store.bucket_key(&stored(&client), quota))
                 .port();
             let list = found.entry(owner).or_default();
             if list.len() < per_primary {

@@ -266,6 +266,7 @@ pub struct Proxy {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
     delay_ms: std::sync::Arc<std::sync::atomic::AtomicU64>,
     accepted: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    corrupt: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Proxy {
@@ -280,6 +281,8 @@ impl Proxy {
         let stop = Arc::new(AtomicBool::new(false));
         let delay_ms = Arc::new(AtomicU64::new(0));
         let accepted = Arc::new(AtomicU64::new(0));
+        let corrupt = Arc::new(AtomicBool::new(false));
+        let corrupt_accept = Arc::clone(&corrupt);
         let (upstream_accept, gen_accept, stop_accept) = (
             Arc::clone(&upstream),
             Arc::clone(&generation),
@@ -296,20 +299,22 @@ impl Proxy {
                 let target = upstream_accept.load(Ordering::SeqCst);
                 let delay = Duration::from_millis(delay_accept.load(Ordering::SeqCst));
                 let generation = Arc::clone(&gen_accept);
+                let corrupt = Arc::clone(&corrupt_accept);
                 std::thread::spawn(move || {
                     std::thread::sleep(delay);
                     let Ok(server) = TcpStream::connect(("127.0.0.1", target)) else {
                         return;
                     };
                     let born = generation.load(Ordering::SeqCst);
-                    for (from, to) in [
-                        (client.try_clone(), server.try_clone()),
-                        (server.try_clone(), client.try_clone()),
+                    for (replies, from, to) in [
+                        (false, client.try_clone(), server.try_clone()),
+                        (true, server.try_clone(), client.try_clone()),
                     ] {
                         let (Ok(mut from), Ok(mut to)) = (from, to) else {
                             continue;
                         };
                         let generation = Arc::clone(&generation);
+                        let corrupt = Arc::clone(&corrupt);
                         std::thread::spawn(move || {
                             use std::io::{Read, Write};
                             let mut buf = [0u8; 16 * 1024];
@@ -321,6 +326,9 @@ impl Proxy {
                                 // Blackholed: the bytes vanish, the sockets stay up.
                                 if generation.load(Ordering::SeqCst) != born {
                                     continue;
+                                }
+                                if replies && corrupt.load(Ordering::SeqCst) {
+                                    corrupt_script_reply(&mut buf[..n]);
                                 }
                                 if to.write_all(&buf[..n]).is_err() {
                                     break;
@@ -339,7 +347,18 @@ impl Proxy {
             stop,
             delay_ms,
             accepted,
+            corrupt,
         }
+    }
+
+    /// From now on, the reply of a script call deciding one check of one
+    /// quota (a bulk string of 4 packed doubles) says "allowed: 7", which no
+    /// script sends: a malformed reply, as a buggy server or proxy might
+    /// send. The framing stays intact.
+    #[allow(dead_code)]
+    pub fn corrupt_script_replies(&self) {
+        self.corrupt
+            .store(true, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// The proxy's loopback port.
@@ -377,6 +396,23 @@ impl Proxy {
     /// How many connections clients have opened through the proxy.
     pub fn accepted(&self) -> u64 {
         self.accepted.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// Rewrites every `$32\r\n` bulk string wholly inside `chunk` (one decision
+/// of one quota, packed) to begin with the double 7.0.
+fn corrupt_script_reply(chunk: &mut [u8]) {
+    let header = b"$32\r\n";
+    let mut i = 0;
+    while let Some(at) = chunk
+        .get(i..)
+        .and_then(|rest| rest.windows(header.len()).position(|w| w == header))
+    {
+        let start = i + at + header.len();
+        if let Some(first) = chunk.get_mut(start..start + 8) {
+            first.copy_from_slice(&7.0f64.to_le_bytes());
+        }
+        i = start;
     }
 }
 
