@@ -18,29 +18,33 @@
 //!   But the store's waits are counted by its clock (Redis `TIME`, the wall
 //!   clock of the Redis host) and this cache counts them down by the local
 //!   monotonic clock, so a denial is kept for the store's wait less 0.1 %
-//!   (`DRIFT_DIVISOR`): more than the rate at which NTP slews a clock
-//!   (ntpd: at most 0.05 %) on either host. If the store's clock runs faster
-//!   than that, or is stepped forward by `s` while a denial is cached, the
-//!   cache can deny for up to `s` plus the excess rate times the wait after
-//!   the store would admit, and never past the wait the store told.
+//!   (`DRIFT_DIVISOR`): twice the most ntpd slews a clock (0.05 %), so both
+//!   hosts' clocks may be slewed at that rate in opposite directions. If
+//!   the store's clock runs faster than that (chrony may slew faster while
+//!   it corrects a large offset), or is stepped forward by `s` while a
+//!   denial is cached, the cache can deny for up to `s` plus the excess
+//!   rate times the wait after the store would admit, and never past the
+//!   wait the store told.
 //! - **`Retry-After` is never understated** (as far as this instance can
 //!   know: spends by other instances make any wait longer, Redis's own
 //!   answers included). The same cost is answered with the store's wait,
 //!   counted down. A larger cost `c'` than the cached `c` waits longer: for
 //!   a bucket that lacked `c` by a wait `w`, lacking `c'` takes at most
-//!   `w + ceil((c' - c) / rate)` (exact to the microsecond when `c' - c`
-//!   tokens refill in a whole number of microseconds), which is what the
-//!   cache answers. A bucket of a multi-quota denial that held `c` gives no
-//!   such bound, so a larger cost asks the store unless that bucket's
-//!   remaining tokens cover it. A smaller cost always asks the store.
+//!   `w + ceil((c' - c) / rate)` microseconds, which is what the cache
+//!   answers (at most 1 µs more than the true wait, exact when `c' - c`
+//!   tokens refill in a whole number of microseconds). A bucket of a
+//!   multi-quota denial that held `c` gives no such bound, so a larger cost
+//!   asks the store unless that bucket's remaining tokens cover it. A
+//!   smaller cost always asks the store.
 //!
-//! Spending on this instance forgets the cached denial of those buckets (its
-//! wait would no longer count the tokens spent); spends on other instances
-//! are not seen, and lengthen the true wait beyond any told, Redis's own
-//! answers included. Two events add tokens and the cache does not see them on
-//! other instances: a `reset` (seen at once on the instance that made it), and the
-//! store losing its data (a Redis restart or failover without the key).
-//! Either way a denied client waits at most the wait it was told.
+//! Spending on this instance (an admitted check or reservation with the same
+//! keys) forgets the cached denial of those buckets: its wait would no longer
+//! count the tokens spent. Spends on other instances are not seen, and
+//! lengthen the true wait beyond any told, Redis's own answers included. Two
+//! events add tokens and the cache does not see them on other instances: a
+//! `reset` (seen at once on the instance that made it), and the store losing
+//! its data (a Redis restart or failover without the key). Either way a
+//! denied client waits at most the wait it was told.
 //!
 //! Memory is bounded: at most `capacity` entries, spread over shards by a
 //! hash seeded at random per cache, each behind its own short-held lock; when
