@@ -27,11 +27,31 @@
 -- at that moment, not yet moved, would read as missing. redis-cli moves one
 -- slot at a time, so this needs two slots moved into one node in parallel.
 --
+-- The clock is read first, before any key: the body's own TIME line is
+-- taken out (src/store/redis/script.rs, `Script::spread`) and it stamps
+-- buckets with this `now`, so the key-expiry argument of token_bucket.lua
+-- (a key lasts until its bucket is full, with MARGIN_MS to spare) holds
+-- here as it does for the body alone, whatever the prologue costs: with
+-- TIME read after thousands of GETs (1024 checks over several quotas), a
+-- server whose TIME moves during a call but whose PX counts from the call's
+-- start would expire keys that long, less the margin, before their buckets
+-- are full, and a later call would read them full. Redis itself does not:
+-- 7.0 counts PX from when SET runs (after TIME) and judges expiry by the
+-- call's start; 7.2 and later freeze TIME, PX and expiry at the call's
+-- start. Either way the order changes nothing there.
+--
 -- The values read are kept in `held`, and the body reads them from there
 -- instead of sending GET again: its GET and SET lines are rewritten for this
 -- script (src/store/redis/script.rs, `Script::spread`) to read `held` and to
 -- keep it up to date, so a key that comes twice in the batch is read as the
 -- decision before left it, exactly as the same decisions sent one by one.
+
+-- Effects replication, as in the body: TIME comes before any write.
+if redis.replicate_commands then
+  redis.replicate_commands()
+end
+
+local now = redis.call("TIME") -- tollgate:clock
 
 local KEYS, held = KEYS, {}
 do

@@ -11,7 +11,7 @@ use std::time::Duration;
 use proptest::test_runner::TestCaseError;
 use support::RedisServer;
 use support::batches::{Check, batch_equals_one_by_one, policies, run_guarded, steps};
-use tollgate::{MemoryStore, Policy, RedisStore};
+use tollgate::{MemoryStore, Policy, RedisStore, Store};
 
 const T0: u64 = 1_763_000_000_000_000;
 
@@ -61,4 +61,55 @@ fn a_batch_answers_as_its_checks_sent_one_by_one() {
         },
         run_case,
     );
+}
+
+/// The production path (`check`: the queue, the drain, the answers handed
+/// back) gives each of many concurrent callers its own answer. 32 clients
+/// are drained to 32 levels (client `i` holds `i` tokens), then all 32 check
+/// at once: client 0 is denied, client `i` is admitted with `i - 1` left.
+/// Tasks on one thread all queue before any call is sent, so the first call
+/// carries one check and the rest go together in the next ones: fewer
+/// script calls than checks.
+#[tokio::test]
+async fn concurrent_checks_through_the_queue_each_get_their_own_answer() {
+    const CLIENTS: u64 = 32;
+    let server = RedisServer::start();
+    let store = server.store();
+    let policy = Policy::from(tollgate::Quota::per_hour(2 * CLIENTS).unwrap());
+    let name = |i: u64| format!("client{i}");
+    for i in 0..CLIENTS {
+        let d = store
+            .check(&name(i), &policy, 2 * CLIENTS - i)
+            .await
+            .unwrap();
+        assert!(d.allowed() && d.remaining() == i, "{i}: {d:?}");
+    }
+    server.reset_stats();
+    let tasks: Vec<_> = (0..CLIENTS)
+        .map(|i| {
+            let (store, policy, key) = (store.clone(), policy.clone(), name(i));
+            tokio::spawn(async move { store.check(&key, &policy, 1).await.unwrap() })
+        })
+        .collect();
+    for (i, task) in (0..CLIENTS).zip(tasks) {
+        let d = task.await.unwrap();
+        if i == 0 {
+            assert!(!d.allowed() && d.remaining() == 0, "{i}: {d:?}");
+            assert!(d.retry_after() > Duration::ZERO, "{i}: {d:?}");
+        } else {
+            assert!(d.allowed(), "{i}: {d:?}");
+            assert_eq!(d.remaining(), i - 1, "{i}: {d:?}");
+        }
+    }
+    let calls = server.calls("evalsha") + server.calls("eval");
+    println!("{CLIENTS} concurrent checks in {calls} script calls");
+    assert!(
+        calls < CLIENTS / 4,
+        "{calls} script calls for {CLIENTS} checks"
+    );
+    // Each bucket holds what its answer said.
+    for i in 1..CLIENTS {
+        let d = store.check(&name(i), &policy, 0).await.unwrap();
+        assert_eq!(d.remaining(), i - 1, "{i}");
+    }
 }

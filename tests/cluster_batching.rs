@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use deadpool_redis::redis;
 use proptest::test_runner::TestCaseError;
 use support::batches::{Check, batch_equals_one_by_one, policies, run_guarded, steps};
 use support::cluster::RedisCluster;
@@ -66,6 +67,10 @@ fn cluster_batching_scenarios_on_one_shared_cluster() {
     runtime.block_on(
         cluster_batch_sent_on_by_ask_never_reads_a_client_left_behind(Arc::clone(&cluster)),
     );
+    runtime.block_on(cluster_concurrent_checks_each_get_their_own_answer(
+        &cluster,
+    ));
+    runtime.block_on(cluster_batches_of_1024_keep_every_key_until_its_bucket_is_full(&cluster));
 }
 
 /// Random sequences of batches over 9 clients, three on each primary (so a
@@ -393,11 +398,13 @@ async fn cluster_slot_moved_under_load_loses_no_token(cluster: Arc<RedisCluster>
     }
     mover.await.unwrap();
     assert_eq!(cluster.primary_for_slot(slot), to);
-    // A refused call runs no TIME; every other EVALSHA runs one, or fails
-    // with NOSCRIPT and is followed by an EVAL that does.
+    // A refused call's prologue stops at the first key this node does not
+    // serve: Redis rejects that GET (it counts in `rejected_calls`).
     let calls = summed_calls(&primaries);
-    let refused =
-        calls.get("evalsha").copied().unwrap_or(0) - calls.get("time").copied().unwrap_or(0);
+    let refused: u64 = primaries
+        .iter()
+        .map(|p| p.command_stat("get", "rejected_calls").unwrap_or(0.0) as u64)
+        .sum();
     println!(
         "cluster slot move under load: {} checks of {hot}, {} admitted; \
          {refused} batches refused by a node that did not serve every key: {calls:?}",
@@ -497,4 +504,158 @@ async fn cluster_batch_sent_on_by_ask_never_reads_a_client_left_behind(cluster: 
         );
     }
     assert!(!together[1].allowed(), "{y} was spent");
+}
+
+/// The production path on a cluster (`check`: a queue per primary, spread
+/// batches, answers handed back): 33 clients, 11 on each primary, drained
+/// to 33 levels (client `i` holds `i` tokens), check at once; each caller
+/// gets its own client's answer, in fewer script calls than checks.
+async fn cluster_concurrent_checks_each_get_their_own_answer(cluster: &RedisCluster) {
+    let store = store(cluster, "own:");
+    let quota = Quota::per_hour(100).unwrap();
+    let policy = Policy::from(quota);
+    let clients: Vec<String> = cluster
+        .clients_on_every_primary(&store, &quota, "own", 11)
+        .into_iter()
+        .map(|(c, _)| c)
+        .collect();
+    for (i, c) in (0u64..).zip(&clients) {
+        let d = store.check(c, &policy, 100 - i).await.unwrap();
+        assert!(d.allowed() && d.remaining() == i, "{c}: {d:?}");
+    }
+    let primaries = cluster.primaries();
+    cluster.reset_stats_all();
+    let barrier = Arc::new(tokio::sync::Barrier::new(clients.len()));
+    let tasks: Vec<_> = clients
+        .iter()
+        .map(|c| {
+            let (store, policy, c) = (store.clone(), policy.clone(), c.clone());
+            let barrier = Arc::clone(&barrier);
+            tokio::spawn(async move {
+                barrier.wait().await;
+                store.check(&c, &policy, 1).await.unwrap()
+            })
+        })
+        .collect();
+    for ((i, c), task) in (0u64..).zip(&clients).zip(tasks) {
+        let d = task.await.unwrap();
+        if i == 0 {
+            assert!(!d.allowed() && d.remaining() == 0, "{c}: {d:?}");
+        } else {
+            assert!(d.allowed(), "{c}: {d:?}");
+            assert_eq!(d.remaining(), i - 1, "{c}: {d:?}");
+        }
+    }
+    let calls = summed_calls(&primaries);
+    let sent = calls.get("evalsha").copied().unwrap_or(0) + calls.get("eval").copied().unwrap_or(0);
+    println!(
+        "cluster: {} concurrent checks in {sent} script calls: {calls:?}",
+        clients.len()
+    );
+    assert!(
+        sent < clients.len() as u64,
+        "{sent} script calls for {} checks",
+        clients.len()
+    );
+}
+
+/// Batches of up to 1024 checks over three quotas (three keys a check): the
+/// spread script reads thousands of keys before its body decides. Every
+/// key must outlive its bucket's refill: it expires (`PEXPIRETIME`) no
+/// sooner than its stamp plus the time to full, or a later call would read
+/// it as a full bucket and hand out tokens early. The spread prologue reads
+/// `TIME` before any key, so this holds whatever the prologue costs (see
+/// `lua/cluster_batch.lua`).
+async fn cluster_batches_of_1024_keep_every_key_until_its_bucket_is_full(cluster: &RedisCluster) {
+    // One unit of level a microsecond (a token every `den` µs), so a
+    // bucket's time to full is `full - level` µs exactly.
+    let quotas = [
+        (
+            Quota::per_minute(1).unwrap().burst(10).unwrap(),
+            60_000_000u64,
+        ),
+        (Quota::per_hour(10).unwrap(), 360_000_000),
+        (
+            Quota::new(5, Duration::from_secs(86_400)).unwrap(),
+            17_280_000_000,
+        ),
+    ];
+    let policy = Policy::new("three", quotas.iter().map(|(q, _)| *q)).unwrap();
+    let store = RedisStore::builder()
+        .cluster(cluster.seed_urls())
+        .prefix("big:")
+        .timeout(Duration::from_secs(30))
+        .max_batch(1024)
+        .build()
+        .expect("cluster store");
+    // The units of each quota, by the tail of its bucket keys.
+    let tail = |q: &Quota| {
+        let key = store.bucket_key("c", q);
+        key[key.find('}').unwrap()..].to_string()
+    };
+    let units: Vec<(String, u64, u64)> = quotas
+        .iter()
+        .map(|(q, den)| (tail(q), q.capacity() * den, *den))
+        .collect();
+    let _ = store.check("warm-up", &policy, 0).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let primaries = cluster.primaries();
+    cluster.reset_stats_all();
+    const CLIENTS: usize = 3_000;
+    let tasks: Vec<_> = (0..CLIENTS)
+        .map(|i| {
+            let (store, policy) = (store.clone(), policy.clone());
+            tokio::spawn(async move { store.check(&format!("b:{i}"), &policy, 1).await.unwrap() })
+        })
+        .collect();
+    for t in tasks {
+        let d = t.await.unwrap();
+        assert!(d.allowed(), "{d:?}");
+    }
+    let calls = summed_calls(&primaries);
+    let sent = calls.get("evalsha").copied().unwrap_or(0) + calls.get("eval").copied().unwrap_or(0);
+    let per_call: Vec<f64> = primaries
+        .iter()
+        .filter_map(|p| p.command_stat("evalsha", "usec_per_call"))
+        .collect();
+    println!(
+        "cluster: {CLIENTS} checks of 3 quotas with max_batch 1024: {sent} script calls, \
+         {per_call:?} us per EVALSHA by primary: {calls:?}"
+    );
+    assert!(
+        sent <= (CLIENTS / 100) as u64,
+        "{sent} script calls for {CLIENTS} checks: no large batches"
+    );
+
+    let mut checked = 0;
+    for p in &primaries {
+        let keys: Vec<String> = p.cmd(&["KEYS", "big:*"]);
+        let mut conn = p.conn();
+        for key in keys {
+            let Some((_, full, den)) = units.iter().find(|(t, _, _)| key.ends_with(t.as_str()))
+            else {
+                continue;
+            };
+            let (value, expires_ms): (Option<String>, i64) = redis::pipe()
+                .cmd("GET")
+                .arg(&key)
+                .cmd("PEXPIRETIME")
+                .arg(&key)
+                .query(&mut conn)
+                .unwrap();
+            let Some(value) = value else { continue };
+            let (level, stamp) = value.split_once(':').unwrap();
+            let (level, stamp): (u64, u64) = (level.parse().unwrap(), stamp.parse().unwrap());
+            assert_eq!(*full - level, *den, "{key}: one token spent");
+            let full_at = stamp + (full - level);
+            let expires_us = u64::try_from(expires_ms).unwrap() * 1_000;
+            assert!(
+                expires_us >= full_at,
+                "{key} expires at {expires_us} us, {} us before its bucket is full ({value})",
+                full_at - expires_us
+            );
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, 3 * CLIENTS, "keys checked");
 }

@@ -600,6 +600,10 @@ fn live_case_run(
     let policy = Policy::new("live", quotas.iter().copied()).map_err(|e| e.to_string())?;
     let keys: Vec<String> = quotas.iter().map(|q| store.bucket_key(key, q)).collect();
     let mut model = Model::new(quotas);
+    // The longest Redis call so far, in Redis time: a cached wait is counted
+    // down from when its answer arrived, after Redis decided, so it may
+    // overstate by that call's reply time at most.
+    let mut longest_call = 0u64;
     for (step, &(sleep_us, cost)) in steps.iter().enumerate() {
         std::thread::sleep(Duration::from_micros(sleep_us));
         let before: Vec<Option<String>> = keys.iter().map(|k| server.cmd(&["GET", k])).collect();
@@ -610,7 +614,12 @@ fn live_case_run(
             .map_err(|e| format!("step {step}: {e}"))?;
         let hi = server.time_us();
         if calls.is_some_and(|calls| script_calls(server) == calls) {
-            let at_lo = model.peek(lo, cost);
+            // Answered from the cache, somewhere in [lo, hi]: a denial the
+            // model gives at lo, each wait no shorter than the model's at hi
+            // (never understated), and no longer than the model's at lo
+            // plus the reply time of the call it came from (and 1 µs for a
+            // larger cost than the cached one).
+            let (at_lo, at_hi) = (model.peek(lo, cost), model.peek(hi, cost));
             let waits = |states: &[Expected]| -> Vec<u64> {
                 states.iter().map(|s| s.retry_after_us).collect()
             };
@@ -619,14 +628,20 @@ fn live_case_run(
                 .iter()
                 .map(|s| s.retry_after().as_micros() as u64)
                 .collect();
-            let longer = cached.iter().zip(waits(&at_lo)).any(|(c, m)| *c > m);
-            if got.allowed() || at_lo[0].allowed || longer {
+            let shorter = cached.iter().zip(waits(&at_hi)).any(|(c, m)| *c < m);
+            let longer = cached
+                .iter()
+                .zip(waits(&at_lo))
+                .any(|(c, m)| *c > m + longest_call + 1);
+            if got.allowed() || at_lo[0].allowed || shorter || longer {
                 return Err(format!(
-                    "step {step}: answered without Redis: {got:?}; the model at {lo}: {at_lo:?}"
+                    "step {step}: answered without Redis: {got:?}; the model at {lo}: {at_lo:?}, \
+                     at {hi}: {at_hi:?} (calls took up to {longest_call} us)"
                 ));
             }
             continue;
         }
+        longest_call = longest_call.max(hi - lo);
         // The script read TIME between `lo` and `hi`, and the model is a
         // function of that time: some t in between must give this answer.
         let Some(first) =

@@ -2,16 +2,49 @@
 //! the same cost (or any larger one) cannot be admitted, and deny locally until
 //! then, without asking the store.
 //!
-//! It cannot deny what the store would admit: other instances can only spend
-//! tokens from the bucket, never add them, so a bucket that lacked the cost
-//! until some time lacks it at least as long. The wait is counted from when the
-//! check was sent, which is before the store decided, so the cache's deadline
-//! is never later than the store's (counting from the reply's arrival would
-//! deny for the reply's travel time after the token is due). Two events do add tokens,
-//! and the cache does not see them on other instances: a `reset` (seen at once
-//! on the instance that made it), and the store losing its data (a Redis
-//! restart or failover without the key). Either way a denied client waits at
-//! most the wait it was told.
+//! What holds, and why:
+//!
+//! - **A client that waits the `Retry-After` it was told is never denied
+//!   here.** A denial is kept for at most the wait the store gave, counted
+//!   from when the check was sent, which is before the store decided and
+//!   before the client heard the answer. The waits the cache tells are
+//!   counted down from when the answer arrived instead, which is after the
+//!   store decided: they may overstate by the reply's travel time, never
+//!   understate.
+//! - **It denies only what the store would deny, while the store's clock
+//!   runs at most 0.1 % faster than this process's monotonic clock.** Other
+//!   instances can only spend tokens from a bucket, never add them, so a
+//!   bucket that lacked the cost until some time lacks it at least as long.
+//!   But the store's waits are counted by its clock (Redis `TIME`, the wall
+//!   clock of the Redis host) and this cache counts them down by the local
+//!   monotonic clock, so a denial is kept for the store's wait less 0.1 %
+//!   (`DRIFT_DIVISOR`): twice the most ntpd slews a clock (0.05 %), so both
+//!   hosts' clocks may be slewed at that rate in opposite directions. If
+//!   the store's clock runs faster than that (chrony may slew faster while
+//!   it corrects a large offset), or is stepped forward by `s` while a
+//!   denial is cached, the cache can deny for up to `s` plus the excess
+//!   rate times the wait after the store would admit, and never past the
+//!   wait the store told.
+//! - **`Retry-After` is never understated** (as far as this instance can
+//!   know: spends by other instances make any wait longer, Redis's own
+//!   answers included). The same cost is answered with the store's wait,
+//!   counted down. A larger cost `c'` than the cached `c` waits longer: for
+//!   a bucket that lacked `c` by a wait `w`, lacking `c'` takes at most
+//!   `w + ceil((c' - c) / rate)` microseconds, which is what the cache
+//!   answers (at most 1 µs more than the true wait, exact when `c' - c`
+//!   tokens refill in a whole number of microseconds). A bucket of a
+//!   multi-quota denial that held `c` gives no such bound, so a larger cost
+//!   asks the store unless that bucket's remaining tokens cover it. A
+//!   smaller cost always asks the store.
+//!
+//! Spending on this instance (an admitted check or reservation with the same
+//! keys) forgets the cached denial of those buckets: its wait would no longer
+//! count the tokens spent. Spends on other instances are not seen, and
+//! lengthen the true wait beyond any told, Redis's own answers included. Two
+//! events add tokens and the cache does not see them on other instances: a
+//! `reset` (seen at once on the instance that made it), and the store losing
+//! its data (a Redis restart or failover without the key). Either way a
+//! denied client waits at most the wait it was told.
 //!
 //! Memory is bounded: at most `capacity` entries, spread over shards by a
 //! hash seeded at random per cache, each behind its own short-held lock; when
@@ -35,6 +68,11 @@ pub const DEFAULT_DENY_CACHE: usize = 10_000;
 
 const SHARDS: usize = 16;
 
+/// A cached denial lasts the store's wait less `1 / DRIFT_DIVISOR` of it
+/// (0.1 %): the store's clock may run that much faster than the local
+/// monotonic clock that counts the wait down (see the module docs).
+const DRIFT_DIVISOR: u32 = 1_000;
+
 /// What one cached denial remembers.
 #[derive(Debug)]
 struct Entry {
@@ -42,9 +80,10 @@ struct Entry {
     keys: Box<[String]>,
     cost: u64,
     decision: Decision,
-    /// When the check that was denied was sent.
-    at: Instant,
-    /// Until when the same cost cannot be admitted.
+    /// When the store's answer arrived: the waits told count down from here.
+    told: Instant,
+    /// Until when the same cost cannot be admitted, by the local clock: the
+    /// store's wait from when the check was sent, less the drift allowed for.
     until: Instant,
 }
 
@@ -129,7 +168,9 @@ impl DenyCache {
     }
 
     /// The denial of `cost` on these buckets, if one is cached and still holds:
-    /// the cached decision with its waits counted down to now.
+    /// the cached decision (for a larger cost than the cached one, with its
+    /// waits made longer, see `for_larger_cost`) with its waits counted down
+    /// to now.
     pub(crate) fn lookup(&self, keys: &[String], cost: u64) -> Option<Decision> {
         let now = Instant::now();
         if micros(now.saturating_duration_since(self.base)) >= self.latest.load(Ordering::Relaxed) {
@@ -149,10 +190,17 @@ impl DenyCache {
             shard.entries.remove(&hash);
             return None;
         }
+        let elapsed = now.saturating_duration_since(entry.told);
+        if cost == entry.cost {
+            return Some(counted_down(&entry.decision, elapsed));
+        }
         if cost < entry.cost {
             return None;
         }
-        Some(counted_down(&entry.decision, now - entry.at))
+        // A larger cost lacks its tokens at least as long as the cached one
+        // (so it is denied until `until` too), but its wait may be longer.
+        let larger = for_larger_cost(&entry.decision, cost - entry.cost, cost)?;
+        Some(counted_down(&larger, elapsed))
     }
 
     /// Remembers that the store denied `cost` on these buckets with `decision`,
@@ -163,7 +211,8 @@ impl DenyCache {
             return;
         }
         let now = Instant::now();
-        let Some(until) = sent.checked_add(wait).filter(|until| *until > now) else {
+        let trusted = wait - wait / DRIFT_DIVISOR;
+        let Some(until) = sent.checked_add(trusted).filter(|until| *until > now) else {
             return;
         };
         let hash = self.hash(&keys);
@@ -191,7 +240,7 @@ impl DenyCache {
                 keys: keys.into_boxed_slice(),
                 cost,
                 decision: decision.clone(),
-                at: sent,
+                told: now,
                 until,
             },
         );
@@ -200,6 +249,19 @@ impl DenyCache {
         let until_us = micros(since).saturating_add(u64::from(since.subsec_nanos() % 1_000 != 0));
         self.latest.fetch_max(until_us, Ordering::Relaxed);
         shard.quiet_until = Some(shard.quiet_until.map_or(until, |q| q.min(until)));
+    }
+
+    /// Forgets the denial of these buckets after this instance spent from
+    /// them (an admitted check or reservation): the wait it holds no longer
+    /// counts the tokens just spent, and would be told short.
+    pub(crate) fn spent(&self, keys: &[String]) {
+        // Nothing cached is still live (the common case): nothing to forget,
+        // without hashing the keys.
+        let now = micros(Instant::now().saturating_duration_since(self.base));
+        if now >= self.latest.load(Ordering::Relaxed) {
+            return;
+        }
+        self.forget(keys);
     }
 
     /// Forgets the denial of these buckets (after a `reset`).
@@ -218,6 +280,46 @@ impl DenyCache {
             .iter()
             .map(|s| s.lock().map_or(0, |s| s.entries.len()))
             .sum()
+    }
+}
+
+/// `decision`, a denial of some cost, as the answer to a check of `extra`
+/// tokens more (`cost` in all) at the same instant, or `None` when the cache
+/// cannot answer it without understating its wait: a bucket that held the
+/// cached cost may lack `cost` by a wait nothing cached tells.
+///
+/// A bucket that lacked the cached cost by a wait of `w` microseconds lacks
+/// `cost` by at most `w + ceil(d / num)`, `d = extra x den` the extra units:
+/// with `x` the units it lacked, `w = ahead + ceil(x / num)` (`ahead` while
+/// the store's clock is behind the bucket's stamp), and the wait for `cost`
+/// is `ahead + ceil((x + d) / num) <= w + ceil(d / num)`. It is at least
+/// `w - 1 + ceil((d + 1) / num)`, so the answer overstates by 1 µs at most
+/// (not at all when `num` divides `d`).
+fn for_larger_cost(decision: &Decision, extra: u64, cost: u64) -> Option<Decision> {
+    let more = |s: &QuotaState| -> Option<QuotaState> {
+        let q = *s.quota();
+        let wait = micros(s.retry_after());
+        if wait == 0 {
+            // It held the cached cost; it holds `cost` for sure only if its
+            // remaining tokens cover it.
+            return (s.remaining() >= cost).then_some(*s);
+        }
+        let units = u128::from(extra) * u128::from(q.den());
+        let longer = units.div_ceil(u128::from(q.num()));
+        let wait = u64::try_from(u128::from(wait) + longer).unwrap_or(u64::MAX);
+        Some(QuotaState::new(
+            q,
+            s.remaining(),
+            wait,
+            micros(s.reset_after()),
+        ))
+    };
+    match decision.states() {
+        [one] => Some(Decision::new(false, States::One(more(one)?))),
+        many => {
+            let states = many.iter().map(more).collect::<Option<Vec<_>>>()?;
+            Some(Decision::new(false, states))
+        }
     }
 }
 
@@ -269,15 +371,169 @@ mod tests {
         cache.insert(keys.clone(), 1, &denied(&policy), Instant::now());
         let d = cache.lookup(&keys, 1).unwrap();
         assert_eq!(d.retry_after(), Duration::from_secs(1));
-        assert!(cache.lookup(&keys, 2).is_some(), "a larger cost waits too");
+        // A larger cost is denied too, and told the wait for its tokens.
+        let d = cache.lookup(&keys, 2).unwrap();
+        assert_eq!(d.retry_after(), Duration::from_secs(2));
         assert!(cache.lookup(&keys, 0).is_none(), "a peek asks the store");
         assert!(cache.lookup(&["b".to_owned()], 1).is_none());
         tokio::time::advance(Duration::from_millis(600)).await;
         let d = cache.lookup(&keys, 1).unwrap();
         assert_eq!(d.retry_after(), Duration::from_millis(400));
         assert_eq!(d.reset_after(), Duration::from_millis(1_400));
+        assert_eq!(
+            cache.lookup(&keys, 2).unwrap().retry_after(),
+            Duration::from_millis(1_400)
+        );
         tokio::time::advance(Duration::from_millis(400)).await;
         assert!(cache.lookup(&keys, 1).is_none(), "due: ask the store");
+        assert!(cache.lookup(&keys, 2).is_none(), "ask the store");
+    }
+
+    /// The store's wait, less the drift allowed for: when the cache stops
+    /// denying after a check sent at 0 that was told `wait`.
+    fn deadline(wait: Duration) -> Duration {
+        wait - wait / DRIFT_DIVISOR
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn waits_told_count_from_the_answer_and_the_denial_from_the_check() {
+        // The check was sent 100 ms before its answer (1 s to wait) arrived:
+        // the store decided somewhere in between. Told 1 s then (never less
+        // than the store would say), denied until 999 ms after the check was
+        // sent (never after the store would admit).
+        let policy = Policy::from(Quota::per_second(1).unwrap().burst(2).unwrap());
+        let cache = DenyCache::new(100);
+        let keys = vec!["a".to_owned()];
+        let sent = Instant::now();
+        tokio::time::advance(Duration::from_millis(100)).await;
+        cache.insert(keys.clone(), 1, &denied(&policy), sent);
+        assert_eq!(
+            cache.lookup(&keys, 1).unwrap().retry_after(),
+            Duration::from_secs(1)
+        );
+        assert_eq!(
+            cache.lookup(&keys, 2).unwrap().retry_after(),
+            Duration::from_secs(2)
+        );
+        let d = cache.lookup(&keys, 1).unwrap();
+        assert_eq!(d.reset_after(), Duration::from_secs(2));
+        tokio::time::advance(deadline(Duration::from_secs(1)) - Duration::from_millis(101)).await;
+        // 998 ms after the check, 898 ms after the answer.
+        let d = cache.lookup(&keys, 1).unwrap();
+        assert_eq!(d.retry_after(), Duration::from_millis(102));
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert!(cache.lookup(&keys, 1).is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_denial_ends_before_a_store_clock_running_fast_would_admit() {
+        // The store's clock may run 0.1 % faster than this one: its 1 s wait
+        // may be over after 999 ms here.
+        let policy = Policy::from(Quota::per_second(1).unwrap().burst(2).unwrap());
+        let cache = DenyCache::new(100);
+        let keys = vec!["a".to_owned()];
+        cache.insert(keys.clone(), 1, &denied(&policy), Instant::now());
+        assert_eq!(deadline(Duration::from_secs(1)), Duration::from_millis(999));
+        tokio::time::advance(Duration::from_micros(998_999)).await;
+        assert!(cache.lookup(&keys, 1).is_some());
+        assert!(cache.lookup(&keys, 2).is_some());
+        tokio::time::advance(Duration::from_micros(1)).await;
+        assert!(
+            cache.lookup(&keys, 1).is_none(),
+            "a fast store clock admits now"
+        );
+        assert!(cache.lookup(&keys, 2).is_none());
+    }
+
+    /// `policy`'s buckets after `spent`, then the denial of `cost`, and the
+    /// memory store's answer to each of `larger` at that instant (peeks of
+    /// nothing: every answer is a denial, which spends nothing).
+    fn denial_and_truths(
+        policy: &Policy,
+        spent: u64,
+        cost: u64,
+        larger: &[u64],
+    ) -> (Decision, Vec<Decision>) {
+        let store = MemoryStore::new();
+        assert!(store.decide_at("k", policy, spent, 0).unwrap().allowed());
+        let d = store.decide_at("k", policy, cost, 0).unwrap();
+        assert!(!d.allowed(), "{d:?}");
+        let truths = larger
+            .iter()
+            .map(|&c| store.decide_at("k", policy, c, 0).unwrap())
+            .collect();
+        (d, truths)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_larger_cost_is_told_at_least_its_own_wait() {
+        // Refills of a whole number of microseconds per token (1 s, 7 ms)
+        // and not (7 tokens every 3 µs, 3 every 1 001 µs).
+        let quotas = [
+            Quota::per_second(1).unwrap().burst(5).unwrap(),
+            Quota::new(7_000, Duration::from_millis(3))
+                .unwrap()
+                .burst(40)
+                .unwrap(),
+            Quota::new(3, Duration::from_micros(1_001))
+                .unwrap()
+                .burst(9)
+                .unwrap(),
+            Quota::new(1_000, Duration::from_secs(7))
+                .unwrap()
+                .burst(12)
+                .unwrap(),
+        ];
+        for quota in quotas {
+            let policy = Policy::from(quota);
+            let max = policy.max_cost();
+            for spent in [max, max - 1] {
+                for cost in (max - spent + 1)..max {
+                    let larger: Vec<u64> = (cost + 1..=max).collect();
+                    let (denial, truths) = denial_and_truths(&policy, spent, cost, &larger);
+                    let cache = DenyCache::new(100);
+                    let keys = vec![format!("{quota:?}")];
+                    cache.insert(keys.clone(), cost, &denial, Instant::now());
+                    for (c, truth) in larger.iter().zip(&truths) {
+                        let told = cache.lookup(&keys, *c).unwrap().retry_after();
+                        let exact = truth.retry_after();
+                        assert!(
+                            exact <= told && told <= exact + Duration::from_micros(1),
+                            "{quota:?}, {spent} spent, {cost} cached, {c} asked: \
+                             told {told:?}, the store says {exact:?}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_larger_cost_asks_the_store_when_a_bucket_that_held_the_cost_may_lack_it() {
+        // A: 1 a second, burst 3; B: 4 an hour. After 3 spent, A is empty and
+        // B holds 1: a check of 1 is denied by A (1 s), B holding it.
+        let a = Quota::per_second(1).unwrap().burst(3).unwrap();
+        let b = Quota::per_hour(4).unwrap();
+        let policy = Policy::new("ab", [a, b]).unwrap();
+        let (denial, truths) = denial_and_truths(&policy, 3, 1, &[2]);
+        let cache = DenyCache::new(100);
+        let keys = vec!["a".to_owned(), "b".to_owned()];
+        cache.insert(keys.clone(), 1, &denial, Instant::now());
+        assert_eq!(
+            cache.lookup(&keys, 1).unwrap().retry_after(),
+            Duration::from_secs(1)
+        );
+        // B lacks 2 for 15 minutes, which nothing cached tells: the store
+        // answers, not A's 2 s.
+        assert_eq!(truths[0].retry_after(), Duration::from_secs(900));
+        assert!(cache.lookup(&keys, 2).is_none());
+        // With B holding 3, a check of 2 waits for A alone, 2 s.
+        let policy = Policy::new("ab", [a, Quota::per_hour(6).unwrap()]).unwrap();
+        let (denial, truths) = denial_and_truths(&policy, 3, 1, &[2]);
+        cache.insert(keys.clone(), 1, &denial, Instant::now());
+        let told = cache.lookup(&keys, 2).unwrap().retry_after();
+        assert_eq!(told, truths[0].retry_after());
+        assert_eq!(told, Duration::from_secs(2));
     }
 
     #[tokio::test(start_paused = true)]
@@ -296,14 +552,32 @@ mod tests {
         assert!(cache.lookup(&a, 1).is_none());
         assert_eq!(cache.len(), 1);
         assert!(cache.lookup(&b, 1).is_some());
-        // One microsecond short of b's deadline b still holds; at it, every
-        // denial has expired and lookups no longer read the shards (b's
-        // entry stays until an insert needs the room).
-        tokio::time::advance(Duration::from_micros(499_999)).await;
+        // One microsecond short of b's deadline (its 1 s wait less the drift
+        // allowed for) b still holds; at it, every denial has expired and
+        // lookups no longer read the shards (b's entry stays until an insert
+        // needs the room).
+        let left = deadline(Duration::from_secs(1)) - Duration::from_millis(500);
+        tokio::time::advance(left - Duration::from_micros(1)).await;
         assert!(cache.lookup(&b, 1).is_some());
         tokio::time::advance(Duration::from_micros(1)).await;
         assert!(cache.lookup(&b, 1).is_none());
         assert_eq!(cache.len(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn spending_on_this_instance_forgets_the_denial() {
+        // The cached wait would not count the tokens this instance just
+        // spent (a smaller cost admitted, or a reservation): the next check
+        // asks the store.
+        let policy = Policy::from(Quota::per_second(1).unwrap().burst(2).unwrap());
+        let cache = DenyCache::new(100);
+        let (a, b) = (vec!["a".to_owned()], vec!["b".to_owned()]);
+        cache.spent(&a);
+        cache.insert(a.clone(), 2, &denied(&policy), Instant::now());
+        cache.insert(b.clone(), 2, &denied(&policy), Instant::now());
+        cache.spent(&a);
+        assert!(cache.lookup(&a, 2).is_none());
+        assert!(cache.lookup(&b, 2).is_some());
     }
 
     #[tokio::test(start_paused = true)]

@@ -170,7 +170,8 @@ pub(crate) fn batch_of(checks: &mut [Pending], spread: bool) -> Batch {
 }
 
 /// Hands every check its answer: `outcomes` in order, or a copy of `error`;
-/// denials of plain checks go into `denials` first.
+/// denials of plain checks go into `denials` first, and a check that spent
+/// forgets the denial cached for its buckets.
 pub(crate) fn answer(
     checks: Vec<Pending>,
     outcomes: Result<Vec<(Decision, u64)>, Error>,
@@ -179,11 +180,15 @@ pub(crate) fn answer(
     match outcomes {
         Ok(outcomes) => {
             for (check, outcome) in checks.into_iter().zip(outcomes) {
-                if let Some(cache) = denials
-                    && !outcome.0.allowed()
-                    && check.max_wait_us == 0
-                {
-                    cache.insert(check.keys, check.cost, &outcome.0, check.sent);
+                if let Some(cache) = denials {
+                    remember(
+                        cache,
+                        check.keys,
+                        check.cost,
+                        check.max_wait_us,
+                        &outcome.0,
+                        check.sent,
+                    );
                 }
                 // A caller that gave up (timed out) no longer listens.
                 let _ = check.reply.send(Ok(outcome));
@@ -194,6 +199,26 @@ pub(crate) fn answer(
                 let _ = check.reply.send(Err(copy(&error)));
             }
         }
+    }
+}
+
+/// What the deny cache learns from `decision`, the answer to a check or
+/// reservation (`max_wait_us` above 0) of `cost` on `keys` sent at `sent`: a
+/// denied check is remembered, and spending forgets what was.
+pub(crate) fn remember(
+    cache: &DenyCache,
+    keys: Vec<String>,
+    cost: u64,
+    max_wait_us: u64,
+    decision: &Decision,
+    sent: Instant,
+) {
+    if decision.allowed() {
+        if cost > 0 {
+            cache.spent(&keys);
+        }
+    } else if max_wait_us == 0 {
+        cache.insert(keys, cost, decision, sent);
     }
 }
 

@@ -314,10 +314,16 @@ impl RedisStoreBuilder {
     /// checks of the same cost or more on the same buckets are denied here,
     /// without a Redis call, until the wait Redis gave has passed: a flooded
     /// key costs Redis about one call per refill instead of one per request.
-    /// This never denies what Redis would admit (other instances only spend
-    /// tokens), except after a `reset` made on another instance or Redis
-    /// losing the key, which are not seen until the wait has passed. Peeks and
-    /// reservations always ask Redis.
+    /// A larger cost is told the wait for its own tokens (or asks Redis when
+    /// the cached answer cannot bound it); a smaller cost, a peek and a
+    /// reservation always ask Redis. A client that waits the `Retry-After`
+    /// it was told is never denied by the cache. It denies only what Redis
+    /// would deny (other instances only spend tokens) while Redis's clock
+    /// runs at most 0.1 % faster than this host's monotonic clock (a cached
+    /// wait is cut by that much); a Redis clock stepped forward by `s` can
+    /// make it deny up to `s` after Redis would admit. A `reset` made on
+    /// another instance or Redis losing the key is not seen until the wait
+    /// has passed.
     pub fn deny_cache(mut self, denials: usize) -> Self {
         self.deny_cache = denials;
         self

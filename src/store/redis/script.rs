@@ -17,8 +17,9 @@ pub(crate) const SOURCE: &str = include_str!("../../../lua/token_bucket.lua");
 #[cfg(feature = "cluster")]
 const SPREAD_PROLOGUE: &str = include_str!("../../../lua/cluster_batch.lua");
 
-/// The line of [`SOURCE`] that reads the clock.
-#[cfg(feature = "test-util")]
+/// The line of [`SOURCE`] that reads the clock (and of the batch prologue,
+/// which reads it before any key and takes the body's line out).
+#[cfg(any(feature = "test-util", feature = "cluster"))]
 const CLOCK_LINE: &str = "local now = redis.call(\"TIME\") -- tollgate:clock";
 
 /// The line of [`SOURCE`] that sets how long a key outlives its bucket's
@@ -45,7 +46,7 @@ impl Script {
     /// run it.
     #[cfg(feature = "test-util")]
     pub(crate) fn with_test_clock() -> Self {
-        Self::new(test_clock_source())
+        Self::new(with_test_clock(SOURCE))
     }
 
     /// The script for a batch spread over several slots of one cluster node
@@ -61,7 +62,7 @@ impl Script {
     /// [`Script::spread`] over the test clock of [`Script::with_test_clock`].
     #[cfg(all(feature = "cluster", feature = "test-util"))]
     pub(crate) fn spread_with_test_clock() -> Self {
-        Self::new(spread_source(&test_clock_source()))
+        Self::new(with_test_clock(&spread_source(SOURCE)))
     }
 
     fn new(source: String) -> Self {
@@ -70,17 +71,19 @@ impl Script {
     }
 }
 
-/// The test variant's source: the clock from `ARGV[1]` when it is not empty,
-/// and keys that outlive their bucket's refill by 1 s. Redis still expires
-/// them by its own clock, which a test clock does not follow: the margin
-/// gives a test a second of real time between steps before a key it still
-/// needs can expire (the model tests reject the rare case that takes longer).
+/// The test variant of `source` ([`SOURCE`], or the spread script, whose
+/// one clock line is the prologue's): the clock from `ARGV[1]` when it is not
+/// empty, and keys that outlive their bucket's refill by 1 s. Redis still
+/// expires them by its own clock, which a test clock does not follow: the
+/// margin gives a test a second of real time between steps before a key it
+/// still needs can expire (the model tests reject the rare case that takes
+/// longer).
 #[cfg(feature = "test-util")]
-fn test_clock_source() -> String {
+fn with_test_clock(source: &str) -> String {
     let clock = "local now = ARGV[1] ~= \"\" and \
                  {math.floor(tonumber(ARGV[1]) / 1000000), tonumber(ARGV[1]) % 1000000} \
                  or redis.call(\"TIME\")";
-    SOURCE
+    source
         .replacen(CLOCK_LINE, clock, 1)
         .replacen(MARGIN_LINE, "local MARGIN_MS = 1000", 1)
 }
@@ -102,10 +105,16 @@ const COMPACT_SET_LINE: &str = "call(\"SET\", key, value, \"PX\", px)";
 /// through the values the prologue read (`held`, see
 /// `lua/cluster_batch.lua`): a read comes from there, a write goes there too.
 /// Every read and write line is rewritten: the general path's, and the
-/// compact form's.
+/// compact form's. The body's clock line is taken out: the prologue reads
+/// the clock into the same `now`, before it reads any key.
 #[cfg(feature = "cluster")]
 fn spread_source(body: &str) -> String {
     let body = body
+        .replacen(
+            CLOCK_LINE,
+            "-- now: Redis TIME, read by the prologue before any key",
+            1,
+        )
         .replace(
             GET_LINE,
             "local stored = held[key]\n  if stored == nil then\n    stored = call(\"GET\", key)\n  end",
@@ -754,10 +763,46 @@ mod tests {
         assert!(spread.source.contains("local stored = held[key]"));
         assert!(spread.source.contains("held[key] = value"));
         assert!(!spread.source.contains("setmetatable"));
+        // The clock is read once, by the prologue, before any key.
+        assert_eq!(spread.source.matches(CLOCK_LINE).count(), 1);
+        assert_clock_before_keys(&spread.source, CLOCK_LINE);
         // A shebang would change how Redis 7 runs the script (and Redis 6.2
         // refuses it); none is needed for undeclared local keys.
         assert!(!spread.source.starts_with("#!"));
         assert!(!production.source.starts_with("#!"));
+    }
+
+    /// `clock` (the line that reads the clock) comes before the first read
+    /// of a key in `source` (`lua/cluster_batch.lua`: stamps counted from
+    /// before the reads).
+    #[cfg(feature = "cluster")]
+    fn assert_clock_before_keys(source: &str, clock: &str) {
+        let clock = source.find(clock).expect("the clock line");
+        let first_read = source.find("redis.pcall(\"GET\"").expect("a key read");
+        assert!(clock < first_read, "the clock is read after the keys");
+        // Code after the prologue never reads the clock again.
+        let code_after = source[clock..]
+            .lines()
+            .skip(1)
+            .filter(|l| !l.trim_start().starts_with("--"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        assert!(!code_after.contains("\"TIME\""), "TIME read twice");
+    }
+
+    #[cfg(all(feature = "cluster", feature = "test-util"))]
+    #[test]
+    fn the_spread_test_variant_reads_its_clock_before_the_keys_too() {
+        let test = Script::spread_with_test_clock();
+        assert!(!test.source.contains(CLOCK_LINE));
+        assert!(!test.source.contains(MARGIN_LINE));
+        assert_eq!(
+            test.source.matches("local now = ARGV[1] ~= \"\"").count(),
+            1
+        );
+        assert_clock_before_keys(&test.source, "local now = ARGV[1] ~= \"\"");
+        assert_ne!(test.sha, Script::spread().sha);
+        assert_ne!(test.sha, Script::with_test_clock().sha);
     }
 
     #[cfg(feature = "test-util")]

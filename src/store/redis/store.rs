@@ -8,7 +8,7 @@ use std::time::Duration;
 use redis::{RedisError, Value};
 use tokio::time::Instant;
 
-use super::batch::{Batcher, Pending, Slot, answer, batch_of};
+use super::batch::{Batcher, Pending, Slot, answer, batch_of, remember};
 use super::connection::{Conn, Link};
 use super::failure::{classify, is_connection_error};
 #[cfg(feature = "cluster")]
@@ -373,8 +373,10 @@ impl RedisStore {
         max_wait_us: u64,
         clock: Option<u64>,
     ) -> Result<(Decision, u64), Error> {
-        let cacheable = clock.is_none() && max_wait_us == 0 && cost > 0;
-        let remembered = (cacheable && self.inner.denials.is_some()).then(|| keys.clone());
+        // The deny cache learns from checks and reservations that may spend
+        // or be denied; a test clock's decisions never touch it.
+        let learns = clock.is_none() && cost > 0 && self.inner.denials.is_some();
+        let remembered = learns.then(|| keys.clone());
         let sent = Instant::now();
         let mut batch = Batch::new(clock);
         batch.push(keys, policy, cost, max_wait_us);
@@ -387,10 +389,8 @@ impl RedisStore {
             .read(batch, &reply)?
             .pop()
             .ok_or_else(|| Error::store(crate::ErrorKind::Server, "empty reply from the script"))?;
-        if let (Some(cache), Some(keys)) = (&self.inner.denials, remembered)
-            && !outcome.0.allowed()
-        {
-            cache.insert(keys, cost, &outcome.0, sent);
+        if let (Some(cache), Some(keys)) = (&self.inner.denials, remembered) {
+            remember(cache, keys, cost, max_wait_us, &outcome.0, sent);
         }
         Ok(outcome)
     }
