@@ -37,7 +37,7 @@ const STORE: &str = "redis";
 /// - **Keys:** `{prefix}{{client}}:{quota}`, e.g. `tollgate:{user:42}:10/1s:10`;
 ///   the client part is made safe by [`safe_key`] and is the cluster hash tag,
 ///   so all quotas of one client share a slot. Each key expires when its bucket
-///   would be full again (plus one second).
+///   would be full again (plus 1 ms).
 /// - **Bounded waits:** each call is bounded by the store timeout (default
 ///   100 ms); connecting happens outside the calls, with its own timeout and
 ///   backoff. A connection error is retried once on a fresh connection within
