@@ -49,6 +49,7 @@
 //! new methods, which would break every outside implementation. Sealing it now
 //! keeps those additions compatible; it can be opened later without breaking
 //! anyone.
+#![doc = include_str!("../docs/redis.md")]
 
 mod any;
 #[cfg(feature = "redis")]
