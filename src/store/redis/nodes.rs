@@ -9,7 +9,8 @@
 //!   with one primary, one each with several. Two calls keep a lone node busy
 //!   while a reply travels; with several primaries the others work meanwhile,
 //!   and one call at a time makes each node's batches about twice as deep,
-//!   which costs Redis less per decision (see BENCHMARKS.md, cluster run G).
+//!   which costs Redis less per decision (`cargo bench --bench cluster
+//!   --features cluster` prints each primary's batch depth).
 //! - **One call, one node, several slots.** A batch goes out as one call of
 //!   `Script::spread`, routed by its first check's slot; the script checks that
 //!   the node serves every other key before it writes anything.
