@@ -21,7 +21,12 @@
 //! # }
 //! ```
 
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
+
+use pin_project_lite::pin_project;
 
 use crate::decision::Reservation;
 use crate::fallback::Fallback;
@@ -167,21 +172,36 @@ impl RateLimiter {
         policy: &Policy,
         cost: u64,
     ) -> Decided {
-        let result = self.store.send_unsent(unsent, policy, cost).await;
-        self.settle(
-            result.map(|(decision, _)| decision),
-            true,
+        self.send(unsent, key, key_kind, policy, cost).await
+    }
+
+    /// What [`decide_now`](Self::decide_now) left, as one named future that
+    /// owns the rest of the check: the store's own future (nothing sent
+    /// until it is polled), then the fallback and the reports. The layer
+    /// boxes this for a request it could not decide in `call`; a named
+    /// future keeps no copy of the arguments beside the store's.
+    pub(crate) fn send<'a>(
+        &'a self,
+        unsent: Unsent,
+        key: &'a str,
+        key_kind: &'a str,
+        policy: &'a Policy,
+        cost: u64,
+    ) -> Pending<'a, impl Future<Output = Result<(Decision, u64), Error>> + Send + 'a> {
+        Pending {
+            sent: self.store.send_unsent(unsent, policy, cost),
+            limiter: self,
             key,
             key_kind,
             policy,
             cost,
-        )
+        }
     }
 
     /// The store's answer, with the fallback deciding when the store failed,
     /// reported to tracing and metrics. `fresh`: the store itself answered
     /// (not a denial it remembered), so a fallback that was deciding stops.
-    pub(crate) fn settle(
+    fn settle(
         &self,
         result: Result<Decision, Error>,
         fresh: bool,
@@ -348,6 +368,40 @@ impl RateLimiter {
         named.push(':');
         named.push_str(key);
         named
+    }
+}
+
+pin_project! {
+    /// A check on its way to the store, and then settled by its limiter
+    /// (see [`RateLimiter::send`]).
+    pub(crate) struct Pending<'a, F> {
+        #[pin]
+        sent: F,
+        limiter: &'a RateLimiter,
+        key: &'a str,
+        key_kind: &'a str,
+        policy: &'a Policy,
+        cost: u64,
+    }
+}
+
+impl<F> Future for Pending<'_, F>
+where
+    F: Future<Output = Result<(Decision, u64), Error>>,
+{
+    type Output = Decided;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Decided> {
+        let this = self.project();
+        let result = std::task::ready!(this.sent.poll(cx));
+        Poll::Ready(this.limiter.settle(
+            result.map(|(decision, _)| decision),
+            true,
+            this.key,
+            this.key_kind,
+            this.policy,
+            *this.cost,
+        ))
     }
 }
 

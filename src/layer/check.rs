@@ -105,15 +105,12 @@ pub(crate) async fn check_unsent(
     ask: Ask,
     unsent: Unsent,
 ) -> Checked {
-    // The store's own future, awaited here: an `async fn` in between would
-    // keep a copy of its arguments in this boxed future while it waits.
-    let limiter = &config.limiter;
-    let result = limiter
-        .store()
-        .send_unsent(unsent, &ask.policy, ask.cost)
-        .await
-        .map(|(decision, _)| decision);
-    let decided = limiter.settle(result, true, &ask.key, &ask.kind, &ask.policy, ask.cost);
+    // The limiter's named future, awaited here: an `async fn` in between
+    // would keep a copy of its arguments in this boxed future while it waits.
+    let decided = config
+        .limiter
+        .send(unsent, &ask.key, &ask.kind, &ask.policy, ask.cost)
+        .await;
     let result = outcome(&config, ask, decided, None);
     let verdict = verdict(&config, &mut parts, result);
     Checked { parts, verdict }
