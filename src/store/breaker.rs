@@ -228,6 +228,17 @@ impl Breaker {
         }
     }
 
+    /// Whether a call that must not be the probe may go to the store: a
+    /// batch, whose checks would all wait for the probe's answer. Closed (or
+    /// disabled): go ahead; otherwise refused, also when a probe is due,
+    /// which is left to a check sent on its own.
+    pub(crate) fn admit_without_probe(&self) -> Admit {
+        if !self.config.enabled || self.is_closed() {
+            return Admit::Go;
+        }
+        Admit::Reject(self.refusing().unwrap_or(Duration::ZERO))
+    }
+
     /// A call (not a probe) succeeded.
     pub(crate) fn success(&self) {
         if self.failures.load(Ordering::Relaxed) != 0 {
@@ -411,6 +422,26 @@ mod tests {
                 "{wait:?} vs {expected:?}"
             );
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_batch_never_takes_the_probe() {
+        let b = breaker();
+        assert!(matches!(b.admit_without_probe(), Admit::Go));
+        for _ in 0..3 {
+            b.failure();
+        }
+        assert!(matches!(b.admit_without_probe(), Admit::Reject(_)));
+        // A probe is due: a batch is still refused, and leaves the probe to
+        // the next call that may take it.
+        tokio::time::advance(DEFAULT_FIRST_PROBE).await;
+        assert!(matches!(b.admit_without_probe(), Admit::Reject(_)));
+        let Admit::Probe(probe) = b.admit() else {
+            panic!("a batch took the probe")
+        };
+        assert!(matches!(b.admit_without_probe(), Admit::Reject(_)));
+        probe.done(true);
+        assert!(matches!(b.admit_without_probe(), Admit::Go));
     }
 
     #[tokio::test(start_paused = true)]

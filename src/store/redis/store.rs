@@ -532,8 +532,11 @@ impl RedisStore {
             let mut batch = batch_of(&mut checks, spread);
             let script = self.batch_script(spread);
             let call = &batch;
+            // A batch never takes the breaker's probe: its checks would all
+            // wait for it.
             let reply = self
-                .guarded_checks(
+                .admitted(
+                    self.inner.breaker.admit_without_probe(),
                     0,
                     |mut conn| async move { call.run(&mut conn, script).await },
                 )
@@ -577,8 +580,10 @@ impl RedisStore {
         let mut batch = batch_of(&mut checks, false);
         let script = &self.inner.script;
         let call = &batch;
+        // Sent on its own, but for the checks of a batch: never the probe.
         let outcomes = self
-            .guarded_checks(
+            .admitted(
+                self.inner.breaker.admit_without_probe(),
                 0,
                 |mut conn| async move { call.run(&mut conn, script).await },
             )
@@ -756,18 +761,18 @@ impl RedisStore {
         F: Fn(Conn) -> Fut,
         Fut: Future<Output = Result<T, RedisError>>,
     {
-        self.guarded_checks(1, op).await
+        self.admitted(self.inner.breaker.admit(), 1, op).await
     }
 
-    /// [`guarded`](Self::guarded) for a call that carries `checks` checks: a
-    /// failure counts once per check towards opening the breaker. With 0 the
-    /// callers count their own outcomes (a batch's checks, see `batched`).
-    async fn guarded_checks<T, F, Fut>(&self, checks: usize, op: F) -> Result<T, Error>
+    /// Runs `op` as the breaker's `admit` says, and reports how it went. A
+    /// failure counts once per check of the call (`checks`) towards opening
+    /// the breaker; with 0 the callers count their own outcomes (a batch's
+    /// checks, see `batched`).
+    async fn admitted<T, F, Fut>(&self, admit: Admit, checks: usize, op: F) -> Result<T, Error>
     where
         F: Fn(Conn) -> Fut,
         Fut: Future<Output = Result<T, RedisError>>,
     {
-        let admit = self.inner.breaker.admit();
         if let Admit::Reject(retry_in) = admit {
             let err = Error::CircuitOpen { retry_in };
             observe::store_error(STORE, &err, &self.inner.errors);
