@@ -13,13 +13,14 @@ use super::connection::{Conn, Link};
 use super::failure::{classify, is_connection_error};
 #[cfg(feature = "cluster")]
 use super::nodes::Nodes;
+use super::probe::{self, PROBE_WAIT};
 use super::script::{Batch, Script, others_in_first_slot};
 use super::sending::Sending;
 use crate::decision::Reservation;
 use crate::error::Error;
 use crate::observe::{self, LogThrottle};
 use crate::quota::micros;
-use crate::store::breaker::{Admit, Breaker};
+use crate::store::breaker::{Admit, Breaker, ProbeGuard};
 use crate::store::contract::{Store, validate};
 use crate::store::deny_cache::DenyCache;
 use crate::store::key::safe_key;
@@ -46,8 +47,10 @@ const STORE: &str = "redis";
 ///   restart, failover or `SCRIPT FLUSH`) is answered with `EVAL`.
 /// - **Circuit breaker:** after repeated failures checks fail at once with
 ///   [`Error::CircuitOpen`] until a probe succeeds (see
-///   [`CircuitBreaker`](crate::store::CircuitBreaker)), so a hung Redis costs
-///   one timeout per probe, not one per request.
+///   [`CircuitBreaker`](crate::store::CircuitBreaker)). The probe's call runs
+///   in the background, and the check that took it waits for it at most
+///   10 ms, so a hung Redis holds no request for the timeout once the breaker
+///   is open.
 /// - **Visible:** with the `tracing` and `metrics` features, every failure,
 ///   breaker transition and call latency is reported (see the
 ///   [observability docs](crate#observability)).
@@ -378,13 +381,24 @@ impl RedisStore {
         let sent = Instant::now();
         let mut batch = Batch::new(clock);
         batch.push(keys, policy, cost, max_wait_us);
-        let script = self.script_for(clock);
-        let batch = &batch;
-        let reply = self
-            .guarded(|mut conn| async move { batch.run(&mut conn, script).await })
-            .await?;
-        let outcome = batch
-            .outcomes(&reply)?
+        let mut outcomes = match self.inner.breaker.admit() {
+            Admit::Probe(probe) => {
+                let batch = Arc::new(batch);
+                let reply = self.send_probe(probe, Arc::clone(&batch), clock).await?;
+                batch.outcomes(&reply)?
+            }
+            admit => {
+                let script = self.script_for(clock);
+                let call = &batch;
+                let reply = self
+                    .admitted(admit, 1, |mut conn| async move {
+                        call.run(&mut conn, script).await
+                    })
+                    .await?;
+                batch.outcomes(&reply)?
+            }
+        };
+        let outcome = outcomes
             .pop()
             .ok_or_else(|| Error::store(crate::ErrorKind::Server, "empty reply from the script"))?;
         if let (Some(cache), Some(keys)) = (&self.inner.denials, remembered)
@@ -755,6 +769,40 @@ impl RedisStore {
         &self.inner.script
     }
 
+    /// The breaker's probe: `batch`'s script call in a task of its own,
+    /// bounded by the store timeout, which this check waits for at most
+    /// [`PROBE_WAIT`] (see `probe.rs`).
+    async fn send_probe(
+        &self,
+        probe: ProbeGuard,
+        batch: Arc<Batch>,
+        clock: Option<u64>,
+    ) -> Result<Vec<i64>, Error> {
+        let store = self.clone();
+        let call = async move {
+            let script = store.script_for(clock);
+            let batch = &batch;
+            let started = Instant::now();
+            let result = store
+                .bounded(
+                    |mut conn| async move { batch.run(&mut conn, script).await },
+                    true,
+                )
+                .await;
+            store.report(started, result.as_ref().err());
+            result
+        };
+        probe::detached(probe, call, PROBE_WAIT.min(self.inner.timeout)).await
+    }
+
+    /// Reports a call that started at `started` and ended with `failure`.
+    fn report(&self, started: Instant, failure: Option<&Error>) {
+        observe::store_call(STORE, started.elapsed(), failure.map(Error::kind));
+        if let Some(err) = failure {
+            observe::store_error(STORE, err, &self.inner.errors);
+        }
+    }
+
     /// Runs `op` behind the circuit breaker, and reports how it went.
     async fn guarded<T, F, Fut>(&self, op: F) -> Result<T, Error>
     where
@@ -781,7 +829,6 @@ impl RedisStore {
         let started = Instant::now();
         let result = self.bounded(op, matches!(admit, Admit::Probe(_))).await;
         let failure = result.as_ref().err();
-        observe::store_call(STORE, started.elapsed(), failure.map(Error::kind));
         match (admit, failure) {
             (Admit::Probe(probe), failure) => probe.done(failure.is_none()),
             _ if checks == 0 => {}
@@ -791,9 +838,7 @@ impl RedisStore {
                 .breaker
                 .failures_of(u32::try_from(checks).unwrap_or(u32::MAX)),
         }
-        if let Some(err) = failure {
-            observe::store_error(STORE, err, &self.inner.errors);
-        }
+        self.report(started, failure);
         result
     }
 
