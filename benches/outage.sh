@@ -4,9 +4,10 @@
 # and kills its own redis-server. Issue 8, item 8; the targets it checks are the
 # issue's.
 #
-#   bash benches/outage.sh                                   # about 4 minutes
+#   bash benches/outage.sh                                   # about 5 minutes
 #   POLICIES="allow fallback" HOT_POLICIES=fallback bash benches/outage.sh
-#   FAULTS=kill POLICIES=fallback HOT_POLICIES= bash benches/outage.sh   # one scenario
+#   FAULTS=kill POLICIES=fallback HOT_POLICIES= DEFAULT_CONNS= bash benches/outage.sh   # one scenario
+#   CONTROL=0 FAULTS= HOT_POLICIES= bash benches/outage.sh   # the default configuration only
 #
 # Environment (defaults in brackets):
 #   CONTROL [1]                   1: first a control scenario without a fault
@@ -18,6 +19,8 @@
 #                                 ::Fallback(Fallback::memory()), ::Deny), open case
 #   HOT_FAULTS [kill]             faults injected in the hot case
 #   HOT_POLICIES [fallback allow deny]  policies in the hot case ("" skips it)
+#   DEFAULT_CONNS [32 64]         the default configuration frozen, once per
+#                                 wrk connection count ("" skips it): see below
 #   BEFORE [4]  seconds measured before the fault
 #   OUTAGE [6]  seconds the fault lasts (wrk runs SKIP + (OUTAGE - SKIP) of them)
 #   SKIP [1]    seconds after the fault starts that "during" leaves out
@@ -43,6 +46,16 @@
 #               logs under OUT, for diagnosis; figures then include that cost
 #   CARGO_TARGET_DIR  respected by the build
 #
+# The default configuration (policy "default" in the tables): the store is
+# built with the URL and the 300 ms timeout only (default circuit breaker,
+# default connect timeout; BREAKER_* and CONNECT_TIMEOUT_MS are ignored) and
+# the layer gets no store-error policy (the default, OnStoreError::Allow); the
+# open case with KEYS client keys, Redis frozen, wrk with each of
+# DEFAULT_CONNS connections (CONNS is ignored). "During" then runs as 1-s wrk
+# runs, so the report shows the p99 of each 1-s window from SKIP s into the
+# freeze, and with it the answers the server took 250 ms or more for in that
+# window (from its timeline: requests that waited on the store).
+#
 # Cases (benches/http_peers/src/main.rs, variant `tollgate-redis-outage`):
 #   open: quota 1 000 000/s per key, so every request is admitted while Redis
 #         decides: any non-2xx is the store-error policy's doing (Deny's 503s).
@@ -64,7 +77,12 @@
 #
 # Measured per window: req/s (all answers, 429 and 503 included), p99 latency,
 # socket errors (connect, read, write, timeout; wrk --timeout 2s) and non-2xx
-# answers (wrk counts statuses above 399).
+# answers (wrk counts statuses above 399). wrk's latencies are corrected for
+# coordinated omission (its stats_correct: an answer that took L adds samples
+# L - k * interval, interval = run time / (requests / connections)), so one
+# answer that waited the 300 ms store timeout weighs about 0.3 s x req/s /
+# connections samples: at 32 connections and 50 000 req/s, about 1% of a
+# second's, enough to set that second's p99 on its own.
 #
 # Resume time, two ways:
 #   server: peer-server counts every answer per 10 ms slot by who decided it
@@ -124,6 +142,7 @@ faults=${FAULTS-freeze kill}
 policies=${POLICIES-allow fallback deny}
 hot_faults=${HOT_FAULTS-kill}
 hot_policies=${HOT_POLICIES-fallback allow deny}
+default_conns=${DEFAULT_CONNS-32 64}
 before=${BEFORE:-4}
 outage=${OUTAGE:-6}
 skip=${SKIP:-1}
@@ -138,8 +157,8 @@ die() { echo "outage.sh: $*" >&2; exit 1; }
 for tool in cargo wrk curl redis-server redis-cli ss timeout; do
   command -v "$tool" >/dev/null || die "$tool not found (redis: apt-get install -y redis-server; wrk: apt-get install -y wrk)"
 done
-for n in "$before" "$outage" "$skip" "$after" "$warmup" "$conns" "$threads" "$nkeys"; do
-  [[ $n =~ ^[0-9]+$ && $n -gt 0 ]] || die "BEFORE, OUTAGE, SKIP, AFTER, WARMUP, CONNS, THREADS and KEYS must be positive integers"
+for n in "$before" "$outage" "$skip" "$after" "$warmup" "$conns" "$threads" "$nkeys" $default_conns; do
+  [[ $n =~ ^[0-9]+$ && $n -gt 0 ]] || die "BEFORE, OUTAGE, SKIP, AFTER, WARMUP, CONNS, THREADS, KEYS and DEFAULT_CONNS must be positive integers"
 done
 [ "$outage" -gt "$skip" ] || die "OUTAGE ($outage) must be longer than SKIP ($skip)"
 for f in $faults $hot_faults; do
@@ -483,9 +502,71 @@ wrk_figures() {
   }' <<<"$line"
 }
 
-run_one() { # index case fault policy
-  local case=$2 fault=$3 policy=$4 tag="$1-$2-$3-$4" keys=$nkeys
+# "During" as 1-s wrk runs, for the default configuration (uses run_one's
+# locals): OUT/TAG.during.N.wrk.txt for the window from N to N+1 s into the
+# fault, each run's start and end (ms) in OUT/TAG.windows.raw, and
+# OUT/TAG.during.wrk.txt(.time) as one run over them all would have written
+# them (counts and times summed; percentiles: the worst window's).
+during_windows() {
+  local i files=() times=()
+  : >"$out/$tag.windows.raw"
+  for ((i = skip; i < outage; i++)); do
+    now_ms
+    local start=$REPLY
+    wrk_for 1 "$out/$tag.during.$i.wrk.txt" || return 1
+    now_ms
+    echo "$i $start $REPLY" >>"$out/$tag.windows.raw"
+    files+=("$out/$tag.during.$i.wrk.txt")
+    times+=("$out/$tag.during.$i.wrk.txt.time")
+  done
+  grep -h '^RESULT ' "${files[@]}" | awk '
+    {
+      for (i = 2; i <= NF; i++) {
+        split($i, kv, "=")
+        if (kv[1] ~ /_us$/ && kv[1] != "duration_us") { if (kv[2] + 0 > r[kv[1]]) r[kv[1]] = kv[2] + 0 }
+        else r[kv[1]] += kv[2]
+      }
+    }
+    END {
+      printf "RESULT requests=%d duration_us=%d non2xx=%d connect=%d read=%d write=%d timeout=%d" \
+        " p50_us=%d p90_us=%d p99_us=%d max_us=%d\n", r["requests"], r["duration_us"], r["non2xx"],
+        r["connect"], r["read"], r["write"], r["timeout"], r["p50_us"], r["p90_us"], r["p99_us"], r["max_us"]
+    }' >"$out/$tag.during.wrk.txt" || return 1
+  awk '{ w += $1; u += $2; s += $3 } END { printf "%.3f %.3f %.3f\n", w, u, s }' "${times[@]}" \
+    >"$out/$tag.during.wrk.txt.time"
+}
+
+# One line for the default configuration's table (uses run_one's locals):
+# "connections server_resume_ms redis_resume_ms during_sock after_sock
+# during_non2xx after_non2xx", then per 1-s window "second:p99_us:sock:non2xx:
+# answers:slow", slow being the answers the server took 250 ms or more for
+# (its timeline's last bucket), counted by slot start within the run.
+window_figures() { # connections server_resume redis_resume "during figures" "after figures"
+  local d a
+  read -r -a d <<<"$4"
+  read -r -a a <<<"$5"
+  printf '%s %s %s %s %s %s %s' "$1" "$2" "$3" "${d[2]}" "${a[2]}" "${d[3]}" "${a[3]}"
+  local i start end fig
+  while read -r i start end; do
+    fig=$(wrk_figures "$out/$tag.during.$i.wrk.txt")
+    read -r -a fig <<<"$fig"
+    awk -v from="$start" -v to="$end" -v head="$i:${fig[1]}:${fig[2]}:${fig[3]}" '
+      /^#/ { next }
+      $1 >= from && $1 < to { for (j = 11; j <= 19; j++) n += $j; slow += $19 }
+      END { printf " %s:%d:%d", head, n, slow }' "$out/$tag.timeline.txt"
+  done <"$out/$tag.windows.raw"
+  printf '\n'
+}
+
+run_one() { # index case fault policy [connections]
+  local case=$2 fault=$3 policy=$4 tag="$1-$2-$3-$4" keys=$nkeys c=${5:-$conns} windows="" server_env=()
   [ "$case" = hot ] && keys=1
+  # The default configuration: no overrides reach the server, "during" in 1-s runs.
+  if [ "$policy" = default ]; then
+    windows=1
+    tag+="-c$c"
+    server_env=(env -u BREAKER_FIRST_PROBE_MS -u BREAKER_MAX_COOLDOWN_MS -u CONNECT_TIMEOUT_MS)
+  fi
   for _ in $(seq 50); do port_busy "$port" || break; sleep 0.1; done
   if port_busy "$port"; then
     [ -z "${PORT:-}" ] || die "PORT $port is busy (another process took it?)"
@@ -494,7 +575,7 @@ run_one() { # index case fault policy
   cli flushall >/dev/null
   cli config resetstat >/dev/null
 
-  PORT=$port REDIS_URL=$redis_url ON_STORE_ERROR=$policy "${pin_server[@]}" "$bin" tollgate-redis-outage "$case" \
+  PORT=$port REDIS_URL=$redis_url ON_STORE_ERROR=$policy "${server_env[@]}" "${pin_server[@]}" "$bin" tollgate-redis-outage "$case" \
     >"$out/$tag.server.log" 2>&1 &
   server_pid=$!
   local up=""
@@ -514,7 +595,7 @@ run_one() { # index case fault policy
   local url="http://127.0.0.1:$port/"
   wrk_for() { # seconds output: wrk's output in OUTPUT, its "wall user sys" seconds in OUTPUT.time
     local TIMEFORMAT='%R %U %S'
-    { time WRK_KEYS=$keys timeout $(($1 + 30)) wrk -t"$threads" -c"$conns" --timeout 2s -s "$crate/wrk.lua" \
+    { time WRK_KEYS=$keys timeout $(($1 + 30)) wrk -t"$threads" -c"$c" --timeout 2s -s "$crate/wrk.lua" \
       -d"$1s" "$url" >"$2" 2>&1; } 2>"$2.time"
   }
   wrk_for "$warmup" "$out/$tag.warmup.wrk.txt" || die "wrk warm-up failed ($tag)"
@@ -529,7 +610,11 @@ run_one() { # index case fault policy
   local t0=$REPLY
   wrk_for "$skip" "$out/$tag.onset.wrk.txt" || die "wrk failed ($tag, onset)"
   sample d0 >>"$samples"
-  wrk_for $((outage - skip)) "$out/$tag.during.wrk.txt" || die "wrk failed ($tag, during)"
+  if [ -n "$windows" ]; then
+    during_windows || die "wrk failed ($tag, during)"
+  else
+    wrk_for $((outage - skip)) "$out/$tag.during.wrk.txt" || die "wrk failed ($tag, during)"
+  fi
   sample d1 >>"$samples"
 
   # "after" starts now, while the fault ends.
@@ -638,7 +723,8 @@ run_one() { # index case fault policy
       }
       printf "\n"
     }' "$samples" "$out/stall.txt" "$out/$tag.timeline.txt")
-  local line="$case $fault $policy $b $o $d $a $((t_back - t0)) $srv $redis_resume $cond"
+  [ -z "$windows" ] || window_figures "$c" "${srv%% *}" "$redis_resume" "$d" "$a" >>"$out/windows.txt"
+  local line="$case $fault $policy $b $o $d $a $((t_back - t0)) $srv $redis_resume $cond $c"
   echo "$line" >>"$results"
   local r
   read -r -a r <<<"$line"
@@ -654,35 +740,38 @@ scenarios=()
 [ "$control" = 1 ] && scenarios+=("open none allow")
 for f in $faults; do for p in $policies; do scenarios+=("open $f $p"); done; done
 for f in $hot_faults; do for p in $hot_policies; do scenarios+=("hot $f $p"); done; done
+for n in $default_conns; do scenarios+=("open freeze default $n"); done
 [ ${#scenarios[@]} -gt 0 ] || die "nothing to run"
 per_run=$((warmup + before + outage + after + 3))
 echo "outage: ${#scenarios[@]} scenarios, about $((${#scenarios[@]} * per_run / 60 + 1)) min;" \
-  "wrk -t$threads -c$conns, $placement; raw data in $out" >&2
+  "wrk -t$threads -c$conns${default_conns:+ (default configuration: -c ${default_conns// //})}, $placement; raw data in $out" >&2
 load_start=$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo '?')
 started_at=$(date -u '+%Y-%m-%d %H:%M UTC')
 index=0
+: >"$out/windows.txt"
 for s in "${scenarios[@]}"; do
-  read -r c f p <<<"$s"
+  read -r c f p n <<<"$s"
   index=$((index + 1))
-  run_one "$(printf %02d "$index")" "$c" "$f" "$p"
+  run_one "$(printf %02d "$index")" "$c" "$f" "$p" "$n"
 done
 load_end=$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo '?')
 
 # --- report --------------------------------------------------------------------
 echo
 echo "tollgate outage benchmark, $started_at: peer-server tollgate-redis-outage (RedisStore, store timeout 300 ms," \
-  "default circuit breaker), wrk -t$threads -c$conns, $nkeys keys (open) / 1 key (hot), $cores cores, $placement"
+  "default circuit breaker), wrk -t$threads -c$conns${default_conns:+ (dflt-cN: the default configuration, -cN)}," \
+  "$nkeys keys (open) / 1 key (hot), $cores cores, $placement"
 overrides=""
 for v in BREAKER_FIRST_PROBE_MS BREAKER_MAX_COOLDOWN_MS CONNECT_TIMEOUT_MS; do
   if [ -n "${!v:-}" ]; then overrides+=" $v=${!v}"; fi
 done
-[ -z "$overrides" ] || echo "NOT the defaults:$overrides"
+[ -z "$overrides" ] || echo "NOT the defaults:$overrides (except in the dflt-cN rows)"
 echo "windows: before ${before}s | fault ${outage}s, during = its last $((outage - skip))s | after ${after}s;" \
   "nice $nice_value; load average (1/5/15 min) $load_start at the start, $load_end at the end (this benchmark alone: about 2)"
 awk -v conns="$conns" '
   function ms(us) { return us / 1000 }
   {
-    k = NR; C[k] = $1; F[k] = $2; P[k] = $3
+    k = NR; C[k] = $1; F[k] = $2; P[k] = ($3 == "default") ? "dflt-c" $58 : $3
     brps[k] = $4; bp99[k] = $5; bsock[k] = $6; bnon[k] = $7
     osock[k] = $10; onon[k] = $11
     drps[k] = $12; dp99[k] = $13; dsock[k] = $14; dnon[k] = $15
@@ -738,6 +827,7 @@ awk -v conns="$conns" '
         continue
       }
       note = (P[k] == "deny") ? "   (Deny: the answers are 503s by design)" : ""
+      if (P[k] ~ /^dflt/) note = "   (p99: its worst 1-s window, below)"
       printf "  %-6s %-8s  %5.2f %s | %6.1f ms %s | %5d %s | %5d ms %s  (fault lasted %d ms; first answer without Redis %d ms after it began)%s\n",
         F[k], P[k], x, verdict(x >= 0.8), ms(dp99[k]), verdict(dp99[k] <= 20000),
         dsock[k] + asock[k], verdict(dsock[k] + asock[k] == 0), res[k], verdict(res[k] >= 0 && res[k] <= 1000),
@@ -761,12 +851,41 @@ awk -v conns="$conns" '
       }
     }
   }' "$results"
+if [ -s "$out/windows.txt" ]; then
+  echo
+  echo "the default configuration (RedisStore with a 300 ms timeout and nothing else set: default circuit breaker;" \
+    "no OnStoreError set: Allow), $nkeys keys, Redis frozen ${outage}s: wrk's p99 in each 1-s run from ${skip}s into the freeze"
+  awk -v skip="$skip" -v outage="$outage" '
+    BEGIN {
+      printf "%-5s |", "conns"
+      for (i = skip; i < outage; i++) printf " %-14s |", i "-" i + 1 " s"
+      printf " %-8s | %-8s | %-13s | %s\n", "sock d/a", "non2xx", "resume ms", "p99 <= 20 ms in every window | sock 0 | resume <= 1000 ms"
+      printf "%-5s |", ""
+      for (i = skip; i < outage; i++) printf " %-14s |", "p99 ms (slow)"
+      printf " %-8s | %-8s | %-13s |\n", "", "d/a", "server/redis"
+    }
+    {
+      printf "%5d |", $1
+      worst = 0; sock = $4 + $5
+      for (j = 8; j <= NF; j++) {
+        split($j, w, ":")
+        if (w[2] > worst) worst = w[2]
+        printf " %6.1f (%3d)   |", w[2] / 1000, w[6]
+      }
+      ok = (worst <= 20000) && (sock == 0) && ($2 >= 0) && ($2 <= 1000)
+      printf " %-8s | %-8s | %-13s | worst %.1f ms, %d socket errors, resume %d ms: %s\n", $4 "/" $5, $6 "/" $7,
+        $2 "/" $3, worst / 1000, sock, $2, ok ? "PASS" : "FAIL"
+    }' "$out/windows.txt"
+  echo "(p99: wrk's, corrected for coordinated omission; slow: answers the server took 250 ms or more for in that run," \
+    "from its timeline; sock: socket errors during the freeze/after it; resume: as above)"
+fi
 reproduce="${overrides# }${overrides:+ }FAULTS=\"$faults\" POLICIES=\"$policies\" HOT_FAULTS=\"$hot_faults\" HOT_POLICIES=\"$hot_policies\""
-reproduce+=" BEFORE=$before OUTAGE=$outage SKIP=$skip AFTER=$after CONNS=$conns THREADS=$threads KEYS=$nkeys PIN=$pin NICE=$nice_value"
+reproduce+=" DEFAULT_CONNS=\"$default_conns\" BEFORE=$before OUTAGE=$outage SKIP=$skip AFTER=$after CONNS=$conns THREADS=$threads KEYS=$nkeys PIN=$pin NICE=$nice_value"
 echo
 echo "reproduce: $reproduce bash benches/outage.sh"
 echo "raw: $results (case fault policy, then per window before/onset/during/after: req/s p99_us socket_errors non2xx;" \
   "fault_ms resume_ms onset_ms non_redis_after fallback_2xx fallback_429 failed_2xx failed_other fallback_span_ms bound redis_resume_ms," \
   "then per window before/during/after: core0_ours_% steal0_ms silence_ms stall0_ms server_p99_bucket_ms server_ge250ms" \
-  "core1_wrk_% core0_other_% core1_other_%);" \
+  "core1_wrk_% core0_other_% core1_other_%, then wrk connections);" \
+  "${default_conns:+$out/windows.txt (the 1-s runs of the default configuration, see window_figures);}" \
   "wrk outputs, /timeline dumps and Redis polls beside it"

@@ -225,6 +225,94 @@ async fn a_frozen_redis_costs_one_timeout_per_probe_not_per_check() {
     );
 }
 
+/// The probes of a frozen Redis hold no check for the store timeout: the
+/// check that takes a probe waits for it only briefly, and the probe's call
+/// goes on in the background. So once the breaker is open, no check waits
+/// anywhere near the timeout (here 1 s), across several probes, while the
+/// probes still find Redis back once it thaws. A probe that made its check
+/// wait would cost that client the whole timeout once per cool-down, which
+/// under load is a fixed share of every second's requests.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_probes_of_a_frozen_redis_keep_no_check_waiting() {
+    const LONG: Duration = Duration::from_secs(1);
+    let server = RedisServer::start();
+    let store = RedisStore::builder()
+        .url(server.url())
+        .timeout(LONG)
+        // Short cool-downs: a probe about every second (its call's timeout
+        // and a cool-down), so several during the freeze.
+        .circuit_breaker(
+            CircuitBreaker::new()
+                .first_probe(Duration::from_millis(20))
+                .max_cooldown(Duration::from_millis(50)),
+        )
+        .build()
+        .expect("store");
+    let _ = answered(&store, "warm").await;
+    server.freeze();
+    let t0 = Instant::now();
+    let calls = hammer(&store, 16, Duration::from_millis(4_000), t0).await;
+
+    let opened = calls
+        .iter()
+        .filter(|c| c.failure == Some(ErrorKind::CircuitOpen))
+        .map(|c| c.end)
+        .min()
+        .expect("the breaker never opened");
+    let after: Vec<&Call> = calls.iter().filter(|c| c.start >= opened).collect();
+    // The checks that took a probe: a frozen Redis never answers them.
+    let probes: Vec<&&Call> = after
+        .iter()
+        .filter(|c| c.failure == Some(ErrorKind::Timeout))
+        .collect();
+    // Waited at least half the timeout: a probe's check kept waiting for
+    // Redis. Answered at once, a check takes microseconds to milliseconds,
+    // a hundred times less: no busy machine turns one into the other.
+    let waited: Vec<&&Call> = after
+        .iter()
+        .filter(|c| c.end - c.start >= LONG / 2)
+        .collect();
+    let longest = after.iter().map(|c| c.end - c.start).max();
+    println!(
+        "{} checks; breaker open after {opened:?}; {} checks after that, {} of them probes, \
+         the longest {longest:?}; {} waited half the timeout or more: {waited:?}",
+        calls.len(),
+        after.len(),
+        probes.len(),
+        waited.len()
+    );
+    assert!(
+        calls.iter().all(|c| c.failure.is_some()),
+        "a frozen Redis answered"
+    );
+    assert!(probes.len() >= 2, "{} probes: {probes:?}", probes.len());
+    assert!(
+        waited.is_empty(),
+        "{} checks waited for a probe: {waited:?}",
+        waited.len()
+    );
+
+    server.thaw();
+    let thawed = Instant::now();
+    let resumed = loop {
+        if store.check("after", &policy(), 1).await.is_ok() {
+            break thawed.elapsed();
+        }
+        assert!(
+            thawed.elapsed() < Duration::from_secs(10),
+            "no answer after thawing"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    println!("decisions resumed {resumed:?} after the thaw");
+    // A probe in flight is answered at the thaw; the next one is due within
+    // 50 ms. Generous for a busy machine.
+    assert!(
+        resumed < Duration::from_secs(3),
+        "resumed after {resumed:?}"
+    );
+}
+
 /// With a fallback, a killed Redis changes who decides, not whether the limit
 /// holds: the in-process store enforces the same quota, and Redis decides again
 /// once it is back.

@@ -3,7 +3,7 @@
 //!
 //! A store that hangs (a frozen primary, a blackholed route) would otherwise
 //! make every request wait the store timeout; behind the breaker it costs one
-//! timeout per probe instead.
+//! call per probe instead, which a Redis store sends in the background.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
@@ -30,11 +30,18 @@ pub const DEFAULT_MAX_COOLDOWN: Duration = Duration::from_millis(500);
 /// Each cool-down is shortened by a random jitter of up to half, so instances
 /// do not probe in step.
 ///
+/// A [`RedisStore`](crate::RedisStore) sends the probe's call in a task of its
+/// own, bounded by the store timeout, and the check that took the probe waits
+/// for it at most 10 ms: a store that answers by then gives it its decision,
+/// otherwise it fails with [`Error::Timeout`](crate::Error::Timeout) of 10 ms
+/// and the probe goes on without it. So a store that hangs holds no request
+/// for the store timeout once the breaker is open.
+///
 /// Defaults: open after 3 consecutive failures, first probe after 250 ms,
 /// cool-downs of at most 500 ms. The cap is short on purpose: once the store is
 /// back, decisions resume within a cool-down (the probe connects at once, even
 /// while reconnects back off), so within about half a second, while probing
-/// costs one request at most one store timeout per cool-down.
+/// costs one call to the store per cool-down.
 ///
 /// ```
 /// use std::time::Duration;
@@ -228,6 +235,17 @@ impl Breaker {
         }
     }
 
+    /// Whether a call that must not be the probe may go to the store: a
+    /// batch, whose checks would all wait for the probe's answer. Closed (or
+    /// disabled): go ahead; otherwise refused, also when a probe is due,
+    /// which is left to a check sent on its own.
+    pub(crate) fn admit_without_probe(&self) -> Admit {
+        if !self.config.enabled || self.is_closed() {
+            return Admit::Go;
+        }
+        Admit::Reject(self.refusing().unwrap_or(Duration::ZERO))
+    }
+
     /// A call (not a probe) succeeded.
     pub(crate) fn success(&self) {
         if self.failures.load(Ordering::Relaxed) != 0 {
@@ -321,9 +339,10 @@ impl Breaker {
     }
 }
 
-/// The right to probe. Dropped without a result (the caller gave up, the
-/// request was cancelled), it counts as a failed probe, so the breaker never
-/// stays half-open waiting for an answer that will not come.
+/// The right to probe. Dropped without a result (the call was cancelled: its
+/// task dropped with its runtime, or the caller of a probe sent inline gave
+/// up), it counts as a failed probe, so the breaker never stays half-open
+/// waiting for an answer that will not come.
 #[derive(Debug)]
 pub(crate) struct ProbeGuard {
     breaker: Option<std::sync::Arc<Breaker>>,
@@ -411,6 +430,26 @@ mod tests {
                 "{wait:?} vs {expected:?}"
             );
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_batch_never_takes_the_probe() {
+        let b = breaker();
+        assert!(matches!(b.admit_without_probe(), Admit::Go));
+        for _ in 0..3 {
+            b.failure();
+        }
+        assert!(matches!(b.admit_without_probe(), Admit::Reject(_)));
+        // A probe is due: a batch is still refused, and leaves the probe to
+        // the next call that may take it.
+        tokio::time::advance(DEFAULT_FIRST_PROBE).await;
+        assert!(matches!(b.admit_without_probe(), Admit::Reject(_)));
+        let Admit::Probe(probe) = b.admit() else {
+            panic!("a batch took the probe")
+        };
+        assert!(matches!(b.admit_without_probe(), Admit::Reject(_)));
+        probe.done(true);
+        assert!(matches!(b.admit_without_probe(), Admit::Go));
     }
 
     #[tokio::test(start_paused = true)]

@@ -10,7 +10,8 @@
 //!   `tollgate-redis-outage` for `benches/outage.sh`: tollgate with a
 //!   RedisStore (300 ms store timeout, default circuit breaker, checked with
 //!   `ping` at start-up) and the store-error policy named by `ON_STORE_ERROR`
-//!   (`allow`, the default, `deny` or `fallback`: `Fallback::memory()`). It also
+//!   (`allow`, the default, `deny`, `fallback`: `Fallback::memory()`, or
+//!   `default`: the layer's own default, `on_store_error` not called). It also
 //!   records who decided each response and how long the server took, per
 //!   10 ms (see `mod timeline`), served unlimited at `GET /timeline`.
 //! - CASE: `open` (default; every request is admitted) or `hot` (burst 10,
@@ -111,10 +112,12 @@ mod tollgate_limiter {
 
     /// For `benches/outage.sh`: tollgate over a RedisStore with a 300 ms store
     /// timeout and the default circuit breaker, checked with `ping` first, and
-    /// the store-error policy `on_error` (`allow`, `deny`, `fallback`).
+    /// the store-error policy `on_error` (`allow`, `deny`, `fallback`, or
+    /// `default`: `on_store_error` is not called).
     ///
     /// For experiments, these environment variables change the defaults:
     /// `BREAKER_FIRST_PROBE_MS`, `BREAKER_MAX_COOLDOWN_MS`, `CONNECT_TIMEOUT_MS`.
+    /// Without them the builder is given the URL and the timeout only.
     pub(crate) async fn outage_layer(
         router: Router,
         case: Case,
@@ -122,11 +125,14 @@ mod tollgate_limiter {
         on_error: &str,
     ) -> Result<Router, BoxError> {
         let on_error = match on_error {
-            "allow" => OnStoreError::Allow,
-            "deny" => OnStoreError::Deny,
-            "fallback" => OnStoreError::Fallback(Fallback::memory()),
+            "allow" => Some(OnStoreError::Allow),
+            "deny" => Some(OnStoreError::Deny),
+            "fallback" => Some(OnStoreError::Fallback(Fallback::memory())),
+            "default" => None,
             other => {
-                return Err(format!("ON_STORE_ERROR={other:?}: allow, deny or fallback").into());
+                return Err(
+                    format!("ON_STORE_ERROR={other:?}: allow, deny, fallback or default").into(),
+                );
             }
         };
         let ms = |name: &str| -> Result<Option<Duration>, BoxError> {
@@ -138,16 +144,18 @@ mod tollgate_limiter {
             }
         };
         let mut breaker = CircuitBreaker::new();
-        if let Some(d) = ms("BREAKER_FIRST_PROBE_MS")? {
+        let first_probe = ms("BREAKER_FIRST_PROBE_MS")?;
+        let max_cooldown = ms("BREAKER_MAX_COOLDOWN_MS")?;
+        if let Some(d) = first_probe {
             breaker = breaker.first_probe(d);
         }
-        if let Some(d) = ms("BREAKER_MAX_COOLDOWN_MS")? {
+        if let Some(d) = max_cooldown {
             breaker = breaker.max_cooldown(d);
         }
-        let mut builder = RedisStore::builder()
-            .url(redis_url)
-            .timeout(OUTAGE_TIMEOUT)
-            .circuit_breaker(breaker);
+        let mut builder = RedisStore::builder().url(redis_url).timeout(OUTAGE_TIMEOUT);
+        if first_probe.is_some() || max_cooldown.is_some() {
+            builder = builder.circuit_breaker(breaker);
+        }
         if let Some(d) = ms("CONNECT_TIMEOUT_MS")? {
             builder = builder.connect_timeout(d);
         }
@@ -159,11 +167,11 @@ mod tollgate_limiter {
             store.host()
         );
         let key = Header::new(KEY_HEADER).verbatim();
-        Ok(router.layer(
-            RateLimitLayer::new(store, quota(case)?)
-                .key(key)
-                .on_store_error(on_error),
-        ))
+        let layer = RateLimitLayer::new(store, quota(case)?).key(key);
+        Ok(router.layer(match on_error {
+            Some(policy) => layer.on_store_error(policy),
+            None => layer,
+        }))
     }
 
     /// Who decided the request `res` answers: Redis, the fallback, or nobody
@@ -406,7 +414,7 @@ fn status(code: StatusCode) -> Response<Body> {
 
 fn usage() -> BoxError {
     "usage: peer-server none|governor|trlr|tollgate-memory[-bare]|tollgate-redis[-bare]|tollgate-redis-outage \
-     [open|hot] (env PORT, REDIS_URL, ON_STORE_ERROR=allow|deny|fallback for the outage variant)"
+     [open|hot] (env PORT, REDIS_URL, ON_STORE_ERROR=allow|deny|fallback|default for the outage variant)"
         .into()
 }
 

@@ -6,7 +6,8 @@
 //! connection and its lifecycle, for one server, a cluster or the primary that
 //! sentinels name), `batch.rs` (checks queued for one script call),
 //! `nodes.rs` (on a cluster: the slot map and a queue per primary),
-//! `sending.rs` (the future of a check on its way),
+//! `sending.rs` (the future of a check on its way), `probe.rs` (the circuit
+//! breaker's probe, in a task of its own),
 //! `store.rs` (the store: breaker, timeouts, retries, batching), `target.rs`
 //! (where connections come from, TLS, checked at build time), `builder.rs`
 //! (configuration).
@@ -17,6 +18,7 @@ mod connection;
 mod failure;
 #[cfg(feature = "cluster")]
 mod nodes;
+mod probe;
 mod script;
 mod sending;
 mod store;

@@ -13,13 +13,14 @@ use super::connection::{Conn, Link};
 use super::failure::{classify, is_connection_error};
 #[cfg(feature = "cluster")]
 use super::nodes::Nodes;
+use super::probe::{self, PROBE_WAIT};
 use super::script::{Batch, Script, others_in_first_slot};
 use super::sending::Sending;
 use crate::decision::Reservation;
 use crate::error::Error;
 use crate::observe::{self, LogThrottle};
 use crate::quota::micros;
-use crate::store::breaker::{Admit, Breaker};
+use crate::store::breaker::{Admit, Breaker, ProbeGuard};
 use crate::store::contract::{Store, validate};
 use crate::store::deny_cache::DenyCache;
 use crate::store::key::safe_key;
@@ -46,8 +47,10 @@ const STORE: &str = "redis";
 ///   restart, failover or `SCRIPT FLUSH`) is answered with `EVAL`.
 /// - **Circuit breaker:** after repeated failures checks fail at once with
 ///   [`Error::CircuitOpen`] until a probe succeeds (see
-///   [`CircuitBreaker`](crate::store::CircuitBreaker)), so a hung Redis costs
-///   one timeout per probe, not one per request.
+///   [`CircuitBreaker`](crate::store::CircuitBreaker)). The probe's call runs
+///   in the background, and the check that took it waits for it at most
+///   10 ms, so a hung Redis holds no request for the timeout once the breaker
+///   is open.
 /// - **Visible:** with the `tracing` and `metrics` features, every failure,
 ///   breaker transition and call latency is reported (see the
 ///   [observability docs](crate#observability)).
@@ -380,13 +383,24 @@ impl RedisStore {
         let sent = Instant::now();
         let mut batch = Batch::new(clock);
         batch.push(keys, policy, cost, max_wait_us);
-        let script = self.script_for(clock);
-        let batch = &batch;
-        let reply = self
-            .guarded(|mut conn| async move { batch.run(&mut conn, script).await })
-            .await?;
-        let outcome = self
-            .read(batch, &reply)?
+        let mut outcomes = match self.inner.breaker.admit() {
+            Admit::Probe(probe) => {
+                let batch = Arc::new(batch);
+                let reply = self.send_probe(probe, Arc::clone(&batch), clock).await?;
+                self.read(&batch, &reply)?
+            }
+            admit => {
+                let script = self.script_for(clock);
+                let call = &batch;
+                let reply = self
+                    .admitted(admit, 1, |mut conn| async move {
+                        call.run(&mut conn, script).await
+                    })
+                    .await?;
+                self.read(&batch, &reply)?
+            }
+        };
+        let outcome = outcomes
             .pop()
             .ok_or_else(|| Error::store(crate::ErrorKind::Server, "empty reply from the script"))?;
         if let (Some(cache), Some(keys)) = (&self.inner.denials, remembered) {
@@ -539,8 +553,11 @@ impl RedisStore {
             let mut batch = batch_of(&mut checks, spread);
             let script = self.batch_script(spread);
             let call = &batch;
+            // A batch never takes the breaker's probe: its checks would all
+            // wait for it.
             let reply = self
-                .guarded_checks(
+                .admitted(
+                    self.inner.breaker.admit_without_probe(),
                     0,
                     |mut conn| async move { call.run(&mut conn, script).await },
                 )
@@ -588,8 +605,10 @@ impl RedisStore {
         let mut batch = batch_of(&mut checks, false);
         let script = &self.inner.script;
         let call = &batch;
+        // Sent on its own, but for the checks of a batch: never the probe.
         let outcomes = self
-            .guarded_checks(
+            .admitted(
+                self.inner.breaker.admit_without_probe(),
                 0,
                 |mut conn| async move { call.run(&mut conn, script).await },
             )
@@ -771,24 +790,58 @@ impl RedisStore {
         &self.inner.script
     }
 
+    /// The breaker's probe: `batch`'s script call in a task of its own,
+    /// bounded by the store timeout, which this check waits for at most
+    /// [`PROBE_WAIT`] (see `probe.rs`).
+    async fn send_probe(
+        &self,
+        probe: ProbeGuard,
+        batch: Arc<Batch>,
+        clock: Option<u64>,
+    ) -> Result<Vec<i64>, Error> {
+        let store = self.clone();
+        let call = async move {
+            let script = store.script_for(clock);
+            let batch = &batch;
+            let started = Instant::now();
+            let result = store
+                .bounded(
+                    |mut conn| async move { batch.run(&mut conn, script).await },
+                    true,
+                )
+                .await;
+            store.report(started, result.as_ref().err());
+            result
+        };
+        probe::detached(probe, call, PROBE_WAIT.min(self.inner.timeout)).await
+    }
+
+    /// Reports a call that started at `started` and ended with `failure`.
+    fn report(&self, started: Instant, failure: Option<&Error>) {
+        observe::store_call(STORE, started.elapsed(), failure.map(Error::kind));
+        if let Some(err) = failure {
+            observe::store_error(STORE, err, &self.inner.errors);
+        }
+    }
+
     /// Runs `op` behind the circuit breaker, and reports how it went.
     async fn guarded<T, F, Fut>(&self, op: F) -> Result<T, Error>
     where
         F: Fn(Conn) -> Fut,
         Fut: Future<Output = Result<T, RedisError>>,
     {
-        self.guarded_checks(1, op).await
+        self.admitted(self.inner.breaker.admit(), 1, op).await
     }
 
-    /// [`guarded`](Self::guarded) for a call that carries `checks` checks: a
-    /// failure counts once per check towards opening the breaker. With 0 the
-    /// callers count their own outcomes (a batch's checks, see `batched`).
-    async fn guarded_checks<T, F, Fut>(&self, checks: usize, op: F) -> Result<T, Error>
+    /// Runs `op` as the breaker's `admit` says, and reports how it went. A
+    /// failure counts once per check of the call (`checks`) towards opening
+    /// the breaker; with 0 the callers count their own outcomes (a batch's
+    /// checks, see `batched`).
+    async fn admitted<T, F, Fut>(&self, admit: Admit, checks: usize, op: F) -> Result<T, Error>
     where
         F: Fn(Conn) -> Fut,
         Fut: Future<Output = Result<T, RedisError>>,
     {
-        let admit = self.inner.breaker.admit();
         if let Admit::Reject(retry_in) = admit {
             let err = Error::CircuitOpen { retry_in };
             observe::store_error(STORE, &err, &self.inner.errors);
@@ -797,7 +850,6 @@ impl RedisStore {
         let started = Instant::now();
         let result = self.bounded(op, matches!(admit, Admit::Probe(_))).await;
         let failure = result.as_ref().err();
-        observe::store_call(STORE, started.elapsed(), failure.map(Error::kind));
         match (admit, failure) {
             (Admit::Probe(probe), failure) => probe.done(failure.is_none()),
             _ if checks == 0 => {}
@@ -807,9 +859,7 @@ impl RedisStore {
                 .breaker
                 .failures_of(u32::try_from(checks).unwrap_or(u32::MAX)),
         }
-        if let Some(err) = failure {
-            observe::store_error(STORE, err, &self.inner.errors);
-        }
+        self.report(started, failure);
         result
     }
 
