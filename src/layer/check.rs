@@ -19,9 +19,11 @@ use http::Response;
 use http::request::Parts;
 use tokio::sync::OwnedSemaphorePermit;
 
-use super::config::{Config, Cost, Extractor, Missing, OnStoreError, Selected};
+use super::config::{Config, Cost};
+use super::dyn_key::Extractor;
 use super::grpc;
 use super::http_answer;
+use super::options::{Missing, OnStoreError, Selected};
 use super::outcome::{After, Answer, Deferred, Delayed, StoreFailure};
 use super::report::shadow_report;
 use crate::key::present;

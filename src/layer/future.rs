@@ -11,7 +11,7 @@ use tower_service::Service;
 
 use super::body::ResponseBody;
 use super::check::{Checked, Verdict};
-use super::config::BoxFuture;
+use super::dyn_key::BoxFuture;
 use super::outcome::After;
 use super::report::add_report;
 

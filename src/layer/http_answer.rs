@@ -5,8 +5,8 @@ use bytes::Bytes;
 use http::header::{CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderValue, Response, StatusCode};
 
-use super::config::{HeaderStyle, Reject};
 use super::headers::{STORE_RETRY_AFTER, ceil_secs};
+use super::options::{HeaderStyle, Reject};
 use super::outcome::Answer;
 use super::report::{add_report, items, retry_after_secs};
 use crate::{Decision, Policy};

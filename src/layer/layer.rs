@@ -6,10 +6,9 @@ use std::sync::Arc;
 use http::request::Parts;
 use tower_layer::Layer;
 
-use super::config::{
-    Choice, Config, Cost, Delay, Extractor, HeaderStyle, Holding, MissingKey, OnStoreError,
-    Rejection,
-};
+use super::config::{Config, Cost, Holding};
+use super::dyn_key::Extractor;
+use super::options::{Choice, Delay, HeaderStyle, MissingKey, OnStoreError, Rejection};
 use super::service::RateLimit;
 use super::table::PolicyTable;
 use crate::key::{KeyExtractor, PeerIp};

@@ -8,20 +8,23 @@
 #![doc = include_str!("../docs/stacking.md")]
 
 // A one-way stack; each file imports only from files to its left:
-// headers -> config -> outcome -> report -> (http_answer | grpc) -> check,
-// then body -> future -> service -> layer; and the policy tables,
-// config -> rule_key -> (grpc) -> rule -> table -> (table_file) -> layer.
+// headers -> dyn_key -> options -> config -> outcome -> report ->
+// (http_answer | grpc) -> check, then body -> future -> service -> layer; and
+// the policy tables, options -> rule_key -> (grpc) -> rule -> table ->
+// (table_file) -> layer.
 // tests/layout.rs checks that no file of src/ imports, directly or not, a
 // file that imports it.
 mod body;
 mod check;
 mod config;
+mod dyn_key;
 mod future;
 mod grpc;
 mod headers;
 mod http_answer;
 #[allow(clippy::module_inception)]
 mod layer;
+mod options;
 mod outcome;
 mod report;
 mod rule;
@@ -32,9 +35,6 @@ mod table;
 mod table_file;
 
 pub use body::ResponseBody;
-pub use config::{
-    Choice, DEFAULT_MAX_WAITING, Delay, HeaderStyle, MissingKey, OnStoreError, Rejection,
-};
 pub use future::ResponseFuture;
 pub use grpc::{GRPC_RETRY_PUSHBACK_MS, grpc_method, is_grpc};
 pub use headers::{
@@ -42,6 +42,9 @@ pub use headers::{
     X_RATELIMIT_RESET,
 };
 pub use layer::RateLimitLayer;
+pub use options::{
+    Choice, DEFAULT_MAX_WAITING, Delay, HeaderStyle, MissingKey, OnStoreError, Rejection,
+};
 pub use outcome::{Delayed, ShadowRejection, StoreFailure};
 pub use rule::PolicyRule;
 pub use rule_key::RuleKey;

@@ -7,7 +7,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::config::HeaderStyle;
+use super::options::HeaderStyle;
 use crate::{Decision, Error, Policy};
 
 /// In [shadow mode](super::RateLimitLayer::shadow), what the layer would have

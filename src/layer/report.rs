@@ -5,11 +5,11 @@ use std::time::Duration;
 
 use http::{HeaderMap, HeaderValue};
 
-use super::config::HeaderStyle;
 use super::headers::{
     RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
     ceil_secs, sf_integer,
 };
+use super::options::HeaderStyle;
 use super::outcome::{After, Answer, Deferred, ShadowRejection};
 use crate::{Decision, Policy, Quota, QuotaState};
 

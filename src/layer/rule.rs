@@ -7,8 +7,8 @@ use std::fmt;
 use http::Method;
 use http::request::Parts;
 
-use super::config::Selected;
 use super::grpc::grpc_method;
+use super::options::Selected;
 use super::rule_key::RuleKey;
 use crate::policy::check_name;
 use crate::{ConfigError, Policy};

@@ -5,7 +5,7 @@
 
 use std::fmt;
 
-use super::config::Extractor;
+use super::dyn_key::Extractor;
 use crate::ConfigError;
 use crate::key::{ClientIp, Global, Header, KeyExtractor, PeerIp};
 

@@ -9,8 +9,8 @@ use tower_service::Service;
 
 use super::body::ResponseBody;
 use super::check::{Checked, Now, Verdict, check, check_now, check_unsent};
-use super::config::BoxFuture;
 use super::config::Config;
+use super::dyn_key::BoxFuture;
 use super::future::ResponseFuture;
 
 /// Rate limits requests to the inner service `S`.

@@ -6,7 +6,7 @@ use std::sync::{Arc, PoisonError, RwLock};
 
 use http::request::Parts;
 
-use super::config::Selected;
+use super::options::Selected;
 use super::rule::{PolicyRule, called_method, matched_route};
 use crate::ConfigError;
 

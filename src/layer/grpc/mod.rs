@@ -13,8 +13,8 @@ use bytes::Bytes;
 use http::Response;
 use http::request::Parts;
 
-use super::config::HeaderStyle;
 use super::headers::{STORE_RETRY_AFTER, ceil_millis};
+use super::options::HeaderStyle;
 use super::outcome::{Answer, StoreFailure};
 use super::report::add_report;
 use crate::{Decision, Policy};
