@@ -290,8 +290,8 @@ fn outcome(
             return Err(too_costly(cost, policy, &kind));
         }
         // Every other error means no decision could be made; the layer never
-        // turns it into a service error. (A full MemoryStore no longer refuses
-        // new keys, it evicts: no error needs to be answered differently.)
+        // turns it into a service error. (A full MemoryStore evicts rather
+        // than refuse a new key: no error needs to be answered differently.)
         Decided::Failed(err) => {
             let failure = StoreFailure::new(err);
             match config.on_store_error {

@@ -160,9 +160,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_full_store_keeps_serving_new_clients() {
-        // One key fits. A second key used to find the store full and get 503
-        // even when failing open; the store now makes room, so new clients are
-        // served and limited under either store-error policy.
+        // One key fits. The store makes room for a second key, so new
+        // clients are served and limited under either store-error policy.
         let store = MemoryStore::with_max_keys(1).unwrap();
         let key = crate::key::from_fn("n", |p| {
             p.headers
@@ -271,8 +270,7 @@ mod tests {
     /// A request decided at once (memory store, deny cache) boxes no future;
     /// the others move their check future into a box, which must not carry
     /// the kilobytes of a Redis call's, a fallback's or a reservation's
-    /// futures more than once. (The one check future was 2 424 bytes before
-    /// those were boxed where they are awaited.)
+    /// futures more than once: those are boxed where they are awaited.
     #[test]
     fn the_check_futures_stay_small() {
         let inner = tower::service_fn(|_: Request<()>| async { text("ok") });
@@ -302,11 +300,8 @@ mod tests {
         };
         let future = check_unsent(Arc::clone(&svc.config), parts, ask, unsent);
         let size = std::mem::size_of_val(&future);
-        // 2 224 bytes when written; 1 168 before the route to Redis was
-        // chosen outside the future (832 then). Glibc's allocator serves
-        // blocks of up to 1 032 bytes from a per-thread cache; larger ones
-        // take its slower shared path, which callgrind and perf showed on
-        // every request.
+        // Glibc's allocator serves blocks of up to 1 032 bytes from a
+        // per-thread cache; larger ones take its slower shared path.
         assert!(size <= 1_024, "the Redis check future is {size} bytes");
     }
 

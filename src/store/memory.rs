@@ -24,12 +24,11 @@ pub const DEFAULT_MAX_KEYS: usize = 100_000;
 
 const MAX_SHARDS: usize = 64;
 
-/// The fewest keys a shard is built for. With one key per shard (the old
-/// `max_keys.clamp(1, 64)` shards) two keys hashing to the same shard made a
-/// store for 100 keys evict at its second key; with at least this many per
-/// shard, stores of fewer than `2 * MIN_PER_SHARD` keys have one shard and an
-/// exact bound, and large stores fill evenly (the fullest of 64 shards of 1024
-/// or more fills when the store is about 95% full).
+/// The fewest keys a shard is built for: stores of fewer than
+/// `2 * MIN_PER_SHARD` keys have one shard and an exact bound (with few keys
+/// per shard, two keys hashing to one shard would make a small store evict
+/// early), and large stores fill evenly (the fullest of 64 shards of 1024 or
+/// more fills when the store is about 95% full).
 const MIN_PER_SHARD: usize = 1024;
 
 /// Token buckets in memory, with the same semantics as
@@ -52,10 +51,10 @@ const MIN_PER_SHARD: usize = 1024;
 ///   costs a logarithmic step per admission, amortised, however hard a flood of
 ///   new keys pushes. The order is brought up to date when a key must be
 ///   forgotten, so one check can pay for many admissions before it: at worst
-///   every key of its shard (about `max_keys / 64` for large stores), once.
-///   In a review measurement one eviction after 200 000 admissions to a
-///   single shard took 88 ms (the next one 3.3 µs); at the default 100 000
-///   keys a shard holds about 1 600 keys, and the worst case shrinks with it.
+///   every key of its shard (about `max_keys / 64` for large stores), once:
+///   after 200 000 admissions to a single shard, one eviction takes tens of
+///   milliseconds (the next a few microseconds); at the default 100 000 keys
+///   a shard holds about 1 600 keys, and the worst case shrinks with it.
 /// - **What eviction can cost, exactly.** A forgotten client starts over with
 ///   full buckets when it comes back, so it may be admitted what it would
 ///   otherwise still have waited for: per quota, the tokens its bucket was

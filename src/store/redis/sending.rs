@@ -5,8 +5,8 @@
 //! decide in `call` is boxed with everything it awaits, and every `async fn`
 //! between the layer and the batch keeps its own copy of its arguments for as
 //! long as the check waits. With the route chosen before the future is made,
-//! the box holds the batched wait itself and nothing around it (1 168 bytes
-//! before, with three such layers; see the size test in `layer/service.rs`).
+//! the box holds the batched wait itself and nothing around it (see the size
+//! test in `layer/service.rs`).
 
 use std::future::Future;
 use std::pin::Pin;
