@@ -86,7 +86,7 @@ end
 -- The bucket stored at key, refilled up to now: level and stamp (a missing or
 -- unreadable value is a full bucket).
 local function stored_bucket(key, full, num)
-  local stored = call("GET", key)
+  local stored = call("GET", key) -- tollgate:get
   if stored then
     local sep = find(stored, ":", 1, true)
     local level = sep and tonumber(sub(stored, 1, sep - 1))
@@ -175,7 +175,7 @@ local function finish(key, q, level, stamp, need, allowed, cost)
     if ttl * 1000 < ms then
       ttl = ttl + 1
     end
-    call("SET", key, format(VALUE, level, stamp), "PX", format(INT, ttl + MARGIN_MS))
+    call("SET", key, format(VALUE, level, stamp), "PX", format(INT, ttl + MARGIN_MS)) -- tollgate:set
   end
   if reset > 0 then
     reset = reset + ahead
@@ -213,7 +213,7 @@ if nd < 0 then
     local key = KEYS[i]
     -- stored_bucket
     local level, stamp = full, now
-    local stored = call("GET", key)
+    local stored = call("GET", key) -- tollgate:compact-get
     if stored then
       local sep = find(stored, ":", 1, true)
       local l = sep and tonumber(sub(stored, 1, sep - 1))
@@ -277,7 +277,7 @@ if nd < 0 then
         px = format(INT, ttl + MARGIN_MS)
         ttls[ttl] = px
       end
-      call("SET", key, value, "PX", px)
+      call("SET", key, value, "PX", px) -- tollgate:compact-set
     end
     if reset > 0 then
       reset = reset + ahead

@@ -17,15 +17,40 @@ pub(crate) const SOURCE: &str = include_str!("../../../lua/token_bucket.lua");
 #[cfg(feature = "cluster")]
 const SPREAD_PROLOGUE: &str = include_str!("../../../lua/cluster_batch.lua");
 
-/// The line of [`SOURCE`] that reads the clock (and of the batch prologue,
-/// which reads it before any key and takes the body's line out).
+/// A line of `lua/token_bucket.lua` (or of the batch prologue) that ends
+/// with `-- tollgate:NAME` is one the script's variants replace whole, with
+/// [`marked`]; each marker ends exactly one line of its file (a test checks
+/// it).
+/// `source` with the line marked `-- tollgate:{name}` replaced by
+/// `replacement` (each of its lines indented as the marked line was). A
+/// marker that does not occur leaves `source` as it is; the marker test
+/// keeps that from shipping.
 #[cfg(any(feature = "test-util", feature = "cluster"))]
-const CLOCK_LINE: &str = "local now = redis.call(\"TIME\") -- tollgate:clock";
-
-/// The line of [`SOURCE`] that sets how long a key outlives its bucket's
-/// refill: 1 ms, exact when the clock is Redis `TIME` (see the script).
-#[cfg(feature = "test-util")]
-const MARGIN_LINE: &str = "local MARGIN_MS = 1 -- tollgate:margin";
+fn marked(source: &str, name: &str, replacement: &str) -> String {
+    let marker = format!(" -- tollgate:{name}");
+    let mut out = String::with_capacity(source.len() + replacement.len());
+    let mut done = false;
+    for line in source.split_inclusive('\n') {
+        let text = line.trim_end_matches('\n');
+        if !done && text.ends_with(&marker) {
+            done = true;
+            let indent = &text[..text.len() - text.trim_start().len()];
+            for (i, new) in replacement.lines().enumerate() {
+                if i > 0 {
+                    out.push('\n');
+                }
+                out.push_str(indent);
+                out.push_str(new);
+            }
+            if line.ends_with('\n') {
+                out.push('\n');
+            }
+        } else {
+            out.push_str(line);
+        }
+    }
+    out
+}
 
 /// A script and its SHA-1, as `EVALSHA` needs it.
 #[derive(Debug)]
@@ -83,23 +108,9 @@ fn with_test_clock(source: &str) -> String {
     let clock = "local now = ARGV[1] ~= \"\" and \
                  {math.floor(tonumber(ARGV[1]) / 1000000), tonumber(ARGV[1]) % 1000000} \
                  or redis.call(\"TIME\")";
-    source
-        .replacen(CLOCK_LINE, clock, 1)
-        .replacen(MARGIN_LINE, "local MARGIN_MS = 1000", 1)
+    let source = marked(source, "clock", clock);
+    marked(&source, "margin", "local MARGIN_MS = 1000")
 }
-
-/// The line of [`SOURCE`] that reads a bucket.
-#[cfg(feature = "cluster")]
-const GET_LINE: &str = "local stored = call(\"GET\", key)";
-
-/// The line of [`SOURCE`] that writes a bucket.
-#[cfg(feature = "cluster")]
-const SET_LINE: &str =
-    "call(\"SET\", key, format(VALUE, level, stamp), \"PX\", format(INT, ttl + MARGIN_MS))";
-
-/// The line of [`SOURCE`]'s compact form that writes a bucket.
-#[cfg(feature = "cluster")]
-const COMPACT_SET_LINE: &str = "call(\"SET\", key, value, \"PX\", px)";
 
 /// `body` behind the batch prologue, its bucket reads and writes going
 /// through the values the prologue read (`held`, see
@@ -109,25 +120,26 @@ const COMPACT_SET_LINE: &str = "call(\"SET\", key, value, \"PX\", px)";
 /// the clock into the same `now`, before it reads any key.
 #[cfg(feature = "cluster")]
 fn spread_source(body: &str) -> String {
-    let body = body
-        .replacen(
-            CLOCK_LINE,
-            "-- now: Redis TIME, read by the prologue before any key",
-            1,
-        )
-        .replace(
-            GET_LINE,
-            "local stored = held[key]\n  if stored == nil then\n    stored = call(\"GET\", key)\n  end",
-        )
-        .replace(
-            SET_LINE,
-            "local value = format(VALUE, level, stamp)\n    held[key] = value\n    \
-             call(\"SET\", key, value, \"PX\", format(INT, ttl + MARGIN_MS))",
-        )
-        .replace(
-            COMPACT_SET_LINE,
-            "held[key] = value\n      call(\"SET\", key, value, \"PX\", px)",
-        );
+    let body = marked(
+        body,
+        "clock",
+        "-- now: Redis TIME, read by the prologue before any key",
+    );
+    let read =
+        "local stored = held[key]\nif stored == nil then\n  stored = call(\"GET\", key)\nend";
+    let body = marked(&body, "get", read);
+    let body = marked(&body, "compact-get", read);
+    let body = marked(
+        &body,
+        "set",
+        "local value = format(VALUE, level, stamp)\nheld[key] = value\n\
+         call(\"SET\", key, value, \"PX\", format(INT, ttl + MARGIN_MS))",
+    );
+    let body = marked(
+        &body,
+        "compact-set",
+        "held[key] = value\ncall(\"SET\", key, value, \"PX\", px)",
+    );
     format!("{SPREAD_PROLOGUE}{body}")
 }
 
@@ -729,6 +741,64 @@ mod tests {
         assert!(spread.not_local(&[-1]));
         assert!(!plain.not_local(&[-1]), "only a spread call can be refused");
         assert!(!spread.not_local(&[1, 0, 0, 0]));
+    }
+
+    /// The markers the variants replace lines by.
+    #[cfg(any(feature = "test-util", feature = "cluster"))]
+    const MARKERS: [&str; 6] = [
+        "clock",
+        "margin",
+        "get",
+        "set",
+        "compact-get",
+        "compact-set",
+    ];
+
+    /// The lines the variants replace, as the Lua files write them.
+    #[cfg(any(feature = "test-util", feature = "cluster"))]
+    const CLOCK_LINE: &str = "local now = redis.call(\"TIME\") -- tollgate:clock";
+    #[cfg(feature = "test-util")]
+    const MARGIN_LINE: &str = "local MARGIN_MS = 1 -- tollgate:margin";
+    #[cfg(feature = "cluster")]
+    const GET_LINE: &str = "local stored = call(\"GET\", key)";
+    #[cfg(feature = "cluster")]
+    const SET_LINE: &str =
+        "call(\"SET\", key, format(VALUE, level, stamp), \"PX\", format(INT, ttl + MARGIN_MS))";
+    #[cfg(feature = "cluster")]
+    const COMPACT_SET_LINE: &str = "call(\"SET\", key, value, \"PX\", px)";
+
+    /// Every marker the variants use ends exactly one line of the script
+    /// (and the clock's one line of the batch prologue too), so no variant
+    /// silently keeps a line it means to replace.
+    #[cfg(any(feature = "test-util", feature = "cluster"))]
+    #[test]
+    fn each_marker_ends_exactly_one_line() {
+        let ending = |source: &str, name: &str| {
+            source
+                .lines()
+                .filter(|l| l.ends_with(&format!(" -- tollgate:{name}")))
+                .count()
+        };
+        for name in MARKERS {
+            assert_eq!(ending(SOURCE, name), 1, "token_bucket.lua, marker {name}");
+            assert_eq!(
+                SOURCE.matches(&format!("tollgate:{name}")).count(),
+                1,
+                "{name}"
+            );
+        }
+        #[cfg(feature = "cluster")]
+        assert_eq!(ending(SPREAD_PROLOGUE, "clock"), 1, "cluster_batch.lua");
+        // A marker that does not occur changes nothing; one that does is
+        // replaced whole, indented as it was.
+        assert_eq!(
+            marked("a\n  b -- tollgate:x\nc", "y", "z"),
+            "a\n  b -- tollgate:x\nc"
+        );
+        assert_eq!(
+            marked("a\n  b -- tollgate:x\nc", "x", "d\ne"),
+            "a\n  d\n  e\nc"
+        );
     }
 
     #[cfg(feature = "cluster")]
