@@ -102,13 +102,16 @@ impl Fallback {
     ///
     /// A request may cost more than that burst (a `per_second(10)` quota
     /// shared by 4 has a burst of 3; a request of cost 5 would never fit).
-    /// The share's burst is then raised to the largest cost its policy has
-    /// been asked for (never above the quota's own capacity), so every
-    /// request the store could admit is admitted at the share's rate, never
-    /// unlimited. Raising it starts the policy's buckets anew once, so a
-    /// client may be admitted one burst more when a larger cost first comes.
-    /// Quotas whose shares coincide (`10/s burst 7` and `10/s burst 8` shared
-    /// by 2 are both `5/s burst 4`) are one quota of the share.
+    /// When one does, the share's bursts are raised, once, to the largest
+    /// cost the policy admits (its smallest capacity), so every request the
+    /// store could admit is admitted at the share's rate, never unlimited.
+    /// The raise starts the policy's buckets anew once: a client may be
+    /// admitted one raised burst more then. (A fallback keeps the shares of
+    /// up to 64 policies; past that, requests above the share's burst use
+    /// the raised buckets and the others the plain ones, so a client mixing
+    /// both is admitted at most twice its share.) Quotas whose shares
+    /// coincide (`10/s burst 7` and `10/s burst 8` shared by 2 are both
+    /// `5/s burst 4`) are one quota of the share.
     ///
     /// # Errors
     ///
@@ -200,8 +203,9 @@ impl Fallback {
         }
     }
 
-    /// `policy` at this instance's share, with a burst of at least `cost`
-    /// (up to the policy's own largest cost; see [`share`](Self::share)).
+    /// `policy` at this instance's share, raised (once) to bursts of the
+    /// policy's largest cost when `cost` exceeds the share's burst (see
+    /// [`share`](Self::share)).
     fn scaled(&self, policy: &Policy, cost: u64) -> Policy {
         if self.inner.share == 1 {
             return policy.clone();
@@ -212,13 +216,20 @@ impl Fallback {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         let cached = cache.iter().position(|(p, _)| p == policy);
-        let floor = match cached.and_then(|i| cache.get(i)) {
-            Some((_, scaled)) if cost <= scaled.max_cost() => return scaled.clone(),
-            // Never lower the burst a larger cost raised.
-            Some((_, scaled)) => cost.max(scaled.max_cost()),
-            None => cost,
+        if let Some((_, scaled)) = cached.and_then(|i| cache.get(i))
+            && cost <= scaled.max_cost()
+        {
+            return scaled.clone();
+        }
+        let plain = scale_policy(policy, self.inner.share, 1);
+        // One raise, to the largest cost the policy admits, whatever the
+        // cost that asks: a client choosing its costs finds no fresh bucket
+        // per cost, only the raised one.
+        let scaled = if cost <= plain.max_cost() {
+            plain
+        } else {
+            scale_policy(policy, self.inner.share, policy.max_cost())
         };
-        let scaled = scale_policy(policy, self.inner.share, floor);
         if let Some((_, old)) = cached.and_then(|i| cache.get_mut(i)) {
             *old = scaled.clone();
         } else if cache.len() < MAX_SCALED {
@@ -290,21 +301,26 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_cost_above_the_shares_burst_is_admitted_at_the_shares_rate() {
         // 10 a second shared by 4: 2.5 a second, burst 3. A request of cost 5
-        // raises the burst to 5: one now, the next one 2 s later.
+        // raises the burst, once, to the policy's largest cost, 10: two now,
+        // the next one 2 s later.
         let fallback = Fallback::memory().share(4).unwrap();
         let policy = Policy::from(Quota::per_second(10).unwrap());
         let error = Error::Timeout(Duration::from_millis(1));
-        let (d, scaled) = fallback.check("k", &policy, 5, &error).unwrap();
-        assert!(d.allowed() && d.is_fallback());
-        assert_eq!(scaled.quotas()[0].capacity(), 5);
-        assert_eq!(scaled.quotas()[0].refill_time(), Duration::from_secs(2));
+        for _ in 0..2 {
+            let (d, scaled) = fallback.check("k", &policy, 5, &error).unwrap();
+            assert!(d.allowed() && d.is_fallback());
+            assert_eq!(scaled.quotas()[0].capacity(), 10);
+            assert_eq!(scaled.quotas()[0].refill_time(), Duration::from_secs(4));
+        }
         let (d, _) = fallback.check("k", &policy, 5, &error).unwrap();
         assert!(!d.allowed());
         assert_eq!(d.retry_after(), Duration::from_secs(2));
-        // Cheaper requests share the raised bucket: nothing left for them.
-        let (d, scaled) = fallback.check("k", &policy, 1, &error).unwrap();
-        assert!(!d.allowed());
-        assert_eq!(scaled.quotas()[0].capacity(), 5);
+        // Other costs share the raised bucket: no fresh bucket per cost.
+        for cost in [1, 4, 6, 9] {
+            let (d, scaled) = fallback.check("k", &policy, cost, &error).unwrap();
+            assert!(!d.allowed(), "cost {cost}");
+            assert_eq!(scaled.quotas()[0].capacity(), 10);
+        }
         // Never above the quota's own capacity.
         assert_eq!(scale(Quota::per_second(10).unwrap(), 4, 50).capacity(), 10);
     }

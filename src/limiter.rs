@@ -44,7 +44,10 @@ use crate::{Decision, Error, Policy, Quota};
 /// policies have different names never share a bucket, even with the same
 /// quotas and keys (`login` and `signup` for `user:42`), while limiters of
 /// one policy name on one store do. A policy built from a bare [`Quota`] is
-/// named [`DEFAULT_POLICY_NAME`](crate::policy::DEFAULT_POLICY_NAME).
+/// named [`DEFAULT_POLICY_NAME`](crate::policy::DEFAULT_POLICY_NAME). The
+/// layer's keys are `name:kind:value`, so a limiter's key `ip:10.0.0.1`
+/// under a policy of the layer's name is the layer's bucket of that client:
+/// choose keys accordingly (to share a bucket with the layer, or not).
 ///
 /// Cheap to clone: clones share the store and the policy.
 #[derive(Clone, Debug)]
@@ -258,9 +261,10 @@ impl RateLimiter {
         };
         let (decided, wait) = match self.store.reserve(key, policy, cost, max_wait).await {
             Ok(reservation) => {
-                // A reservation that may wait is never answered from the deny
-                // cache: the store answered.
-                if !max_wait.is_zero()
+                // A reservation that may wait (a microsecond or more, as the
+                // store counts) is never answered from the deny cache: the
+                // store answered.
+                if crate::quota::micros(max_wait) != 0
                     && let Some(fallback) = &self.fallback
                 {
                     fallback.store_answered();

@@ -39,7 +39,11 @@
 //!
 //! Spending on this instance (an admitted check or reservation with the same
 //! keys) forgets the cached denial of those buckets: its wait would no longer
-//! count the tokens spent. Spends on other instances are not seen, and
+//! count the tokens spent. (With two calls in flight, an admission the store
+//! decided after a denial can be seen here before that denial is cached;
+//! the cached wait then misses that admission's tokens until the next answer
+//! from the store, as it misses spends on other instances. It never admits
+//! because of it.) Spends on other instances are not seen, and
 //! lengthen the true wait beyond any told, Redis's own answers included. Two
 //! events add tokens and the cache does not see them on other instances: a
 //! `reset` (seen at once on the instance that made it), and the store losing

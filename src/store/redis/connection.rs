@@ -282,7 +282,7 @@ impl Link {
             let notified = self.inner.changed.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            {
+            let start = {
                 let mut state = self.inner.lock();
                 if let Some(held) = &state.held {
                     return Ok(held.clone());
@@ -294,14 +294,21 @@ impl Link {
                     // The connect this call waited for failed.
                     return Err(self.last_error(&state));
                 }
-                if !state.connecting {
+                seen = Some(state.attempts);
+                if state.connecting {
+                    None
+                } else {
                     if !probe && state.retry_at.is_some_and(|at| Instant::now() < at) {
                         return Err(self.last_error(&state));
                     }
                     state.connecting = true;
-                    tokio::spawn(connect(Connecting::new(&self.inner)));
+                    Some(Connecting::new(&self.inner))
                 }
-                seen = Some(state.attempts);
+            };
+            // Spawned with the state unlocked: a runtime shutting down drops
+            // the task at once, and its guard locks the state.
+            if let Some(connecting) = start {
+                tokio::spawn(connect(connecting));
             }
             notified.await;
         }
@@ -327,12 +334,18 @@ impl Link {
     /// A call on connection `id` broke it: drop it if it is still the one
     /// held (a cluster connection: replace it in the background).
     pub(crate) fn forget(&self, id: u64) {
-        let mut state = self.inner.lock();
-        match &state.held {
-            Some(h) if h.id == id && h.conn.is_composite() => self.renew(&mut state),
-            Some(h) if h.id == id => state.held = None,
-            _ => {}
-        }
+        let renewing = {
+            let mut state = self.inner.lock();
+            match &state.held {
+                Some(h) if h.id == id && h.conn.is_composite() => self.renew(&mut state),
+                Some(h) if h.id == id => {
+                    state.held = None;
+                    None
+                }
+                _ => None,
+            }
+        };
+        spawn_connect(renewing);
     }
 
     /// A call on `held` ran out of time. Maybe the call was just slow, maybe
@@ -342,10 +355,15 @@ impl Link {
     /// primary, and fail while any one of them fails over).
     pub(crate) fn timed_out(&self, held: &Held) {
         if held.conn.is_composite() {
-            let mut state = self.inner.lock();
-            if state.held.as_ref().is_some_and(|h| h.id == held.id) {
-                self.renew(&mut state);
-            }
+            let renewing = {
+                let mut state = self.inner.lock();
+                if state.held.as_ref().is_some_and(|h| h.id == held.id) {
+                    self.renew(&mut state)
+                } else {
+                    None
+                }
+            };
+            spawn_connect(renewing);
             return;
         }
         let timeouts = held.timeouts.fetch_add(1, Ordering::AcqRel) + 1;
@@ -380,21 +398,31 @@ impl Link {
         });
     }
 
-    /// Starts a connect that replaces the held connection when it succeeds,
+    /// Begins a connect that replaces the held connection when it succeeds,
     /// unless one runs, one ran within [`RENEW_INTERVAL`] or connects are
-    /// backing off. Calls keep the held connection meanwhile.
-    fn renew(&self, state: &mut State) {
+    /// backing off; the caller spawns it with [`spawn_connect`] once the
+    /// state is unlocked. Calls keep the held connection meanwhile.
+    fn renew(&self, state: &mut State) -> Option<Connecting> {
         let now = Instant::now();
         let due = state
             .renewed_at
             .is_none_or(|at| now.duration_since(at) >= RENEW_INTERVAL);
         let backing_off = state.retry_at.is_some_and(|at| now < at);
         if state.connecting || !due || backing_off {
-            return;
+            return None;
         }
         state.connecting = true;
         state.renewed_at = Some(now);
-        tokio::spawn(connect(Connecting::new(&self.inner)));
+        Some(Connecting::new(&self.inner))
+    }
+}
+
+/// Spawns the connect `renew` began, if it did. Never with the state locked:
+/// a runtime shutting down drops the task at once, and its guard locks the
+/// state.
+fn spawn_connect(connecting: Option<Connecting>) {
+    if let Some(connecting) = connecting {
+        tokio::spawn(connect(connecting));
     }
 }
 
@@ -433,6 +461,8 @@ impl Drop for Connecting {
             )
             .into(),
         ));
+        // A connect that keeps failing this way backs off as any other.
+        backoff(&mut state);
         drop(state);
         inner.changed.notify_waiters();
     }

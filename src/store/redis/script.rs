@@ -31,20 +31,21 @@ fn marked(source: &str, name: &str, replacement: &str) -> String {
     let mut out = String::with_capacity(source.len() + replacement.len());
     let mut done = false;
     for line in source.split_inclusive('\n') {
-        let text = line.trim_end_matches('\n');
+        let text = line.trim_end_matches(['\r', '\n']);
         if !done && text.ends_with(&marker) {
             done = true;
+            // The line's own ending (none, LF or CRLF) after every new line.
+            let ending = &line[text.len()..];
+            let eol = if ending.is_empty() { "\n" } else { ending };
             let indent = &text[..text.len() - text.trim_start().len()];
             for (i, new) in replacement.lines().enumerate() {
                 if i > 0 {
-                    out.push('\n');
+                    out.push_str(eol);
                 }
                 out.push_str(indent);
                 out.push_str(new);
             }
-            if line.ends_with('\n') {
-                out.push('\n');
-            }
+            out.push_str(ending);
         } else {
             out.push_str(line);
         }
@@ -775,7 +776,7 @@ mod tests {
     fn each_marker_ends_exactly_one_line() {
         let ending = |source: &str, name: &str| {
             source
-                .lines()
+                .split('\n')
                 .filter(|l| l.ends_with(&format!(" -- tollgate:{name}")))
                 .count()
         };
@@ -799,6 +800,11 @@ mod tests {
             marked("a\n  b -- tollgate:x\nc", "x", "d\ne"),
             "a\n  d\n  e\nc"
         );
+        assert_eq!(
+            marked("a\r\n b -- tollgate:x\r\nc", "x", "d\ne"),
+            "a\r\n d\r\n e\r\nc"
+        );
+        assert_eq!(marked("a\n b -- tollgate:x", "x", "d"), "a\n d");
     }
 
     #[cfg(feature = "cluster")]

@@ -965,9 +965,14 @@ impl Store for RedisStore {
         let mut del = redis::cmd("DEL");
         del.arg(&keys);
         let del = &del;
-        self.guarded(|mut conn| async move { del.query_async::<Value>(&mut conn).await })
-            .await
-            .map(drop)
+        // Never the breaker's probe: while the breaker is open a reset fails
+        // at once instead of waiting for a hung Redis.
+        let admit = self.inner.breaker.admit_without_probe();
+        self.admitted(admit, 1, |mut conn| async move {
+            del.query_async::<Value>(&mut conn).await
+        })
+        .await
+        .map(drop)
     }
 }
 
