@@ -7,28 +7,31 @@
 //!   queued.
 //! - **Under load**, checks queue while the limit's calls are in flight; when
 //!   a call ends, the queue (up to the batch size) goes out as the next call.
-//! - **The limit follows the round trip** (`window.rs`), as a delay-based
-//!   congestion window does (TCP Vegas). Every call's round trip is measured,
-//!   from sending to its reply read back in this process. The *base* is the
-//!   least round trip of the last 5 to 10 s (the least of this epoch and the
-//!   one before, epochs of 5 s): the network's share, with nothing queued. When
-//!   a call ends:
-//!   - round trip above **2 x base**: calls queue, in Redis or in this
-//!     process (Redis near, and busy): the limit falls by one, down to its
-//!     floor (2 on one node), so checks batch and Redis runs fewer calls;
-//!   - round trip at most **1.5 x base** while checks wait for a call: the time
-//!     is the network's, and one more call would not wait behind the others:
-//!     the limit rises by one, up to 64;
-//!   - otherwise it holds.
+//! - **The limit follows the round trip** (`window.rs`), as a congestion
+//!   window follows the bandwidth-delay product. Every call's round trip is
+//!   measured, from sending to its reply read back in this process. The
+//!   *base* is the least round trip of the last 5 to 10 s (the least of this
+//!   epoch and the one before, epochs of 5 s): the network's share, with
+//!   nothing queued. The base holds `base / 50 µs` calls at what a call
+//!   costs (`CALL_COST`: a few µs of Redis, some tens in this process), the
+//!   *fit*, between the floor (2 on one node) and 64. When a call ends:
+//!   - round trip above **4 x base** (calls queue: Redis or this process is
+//!     saturated, however far Redis is), or the limit above the fit: the
+//!     limit falls by one, down to the floor, so checks batch;
+//!   - else it rises by the checks that waited for a call meanwhile, up to
+//!     the fit (checks that arrive together wait together, and need not
+//!     take a round trip each to spread out); with none waiting it holds.
 //!
-//!   One step per call makes it double at most once per round trip, as slow
-//!   start does, and halve about as fast. So with Redis a few milliseconds
-//!   away, a check under moderate concurrency finds a free call and is sent
-//!   at once (no wait for a call and then for its own); on loopback under
-//!   load, round trips are mostly Redis's and this process's own work, the
-//!   limit stays near its floor and checks go several to a call. A sample
-//!   costs a few comparisons under the queue's lock, which the call's end
-//!   takes anyway; a failed call teaches nothing.
+//!   On loopback (round trips of tens of µs, mostly calls' own
+//!   work) the fit is the floor: under load checks go several to a call and
+//!   Redis runs fewer calls, as before. With Redis 0.2 ms away the fit is
+//!   4, at 2.5 ms 50: a check under moderate concurrency finds a free call
+//!   and is sent at once, rather than wait for a call and then for its own.
+//!   A ratio to the base alone (TCP Vegas) cannot tell these apart: on a
+//!   busy machine a far round trip swings to 2 or 3 times its least, as a
+//!   loopback one does under load; what differs is how many calls' work the
+//!   round trip is worth. A sample costs a few comparisons under the queue's
+//!   lock, which the call's end takes anyway; a failed call teaches nothing.
 //! - Calls are sent from a task of their own, so a caller that gives up (a
 //!   client that went away) never strands the checks batched with its own.
 //! - **Same answers.** The script decides the batch's checks in order, each
@@ -119,7 +122,7 @@ impl Batcher {
     pub(crate) fn next(&self, round_trip: Option<Duration>) -> Option<Vec<Pending>> {
         let mut queue = self.lock();
         if let Some(round_trip) = round_trip {
-            let waiting = !queue.pending.is_empty();
+            let waiting = queue.pending.len();
             queue.window.sample(round_trip, Instant::now(), waiting);
         }
         if queue.in_flight > queue.window.limit() {

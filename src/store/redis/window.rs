@@ -1,6 +1,7 @@
 //! [`Window`]: how many script calls of one queue may be in flight at once,
-//! following the calls' round trips as a delay-based congestion window does
-//! (TCP Vegas): the rule is in `batch.rs`'s module docs.
+//! following the calls' round trips against what a call costs, as a
+//! congestion window follows the bandwidth-delay product: the rule is in
+//! `batch.rs`'s module docs.
 
 use std::time::Duration;
 
@@ -12,6 +13,15 @@ pub(crate) const MIN_IN_FLIGHT: usize = 2;
 /// The most calls in flight on one queue: enough for a node a few
 /// milliseconds away under a few dozen concurrent checks.
 pub(crate) const MAX_IN_FLIGHT: usize = 64;
+/// What one script call costs, Redis's work and this process's (a task, the
+/// command written, the reply read, two system calls): a few microseconds in
+/// Redis, some tens here. A round trip worth fewer than two of these is
+/// mostly calls' own work, and checks batch; one worth many is mostly the
+/// network's, and that many calls can fly without waiting for each other.
+pub(crate) const CALL_COST: Duration = Duration::from_micros(50);
+/// A round trip this many times the base says calls queue (Redis or this
+/// process is saturated, wherever Redis is): batch harder.
+const QUEUED: u32 = 4;
 /// The base round trip is the least of the last one or two epochs.
 const EPOCH: Duration = Duration::from_secs(5);
 
@@ -55,8 +65,8 @@ impl Window {
     }
 
     /// Learns from a call that took `round_trip` and ended at `now`;
-    /// `waiting`: checks queued behind the limit meanwhile.
-    pub(crate) fn sample(&mut self, round_trip: Duration, now: Instant, waiting: bool) {
+    /// `waiting`: the checks queued behind the limit meanwhile.
+    pub(crate) fn sample(&mut self, round_trip: Duration, now: Instant, waiting: usize) {
         match self.epoch {
             Some(start) if now.saturating_duration_since(start) < EPOCH => {}
             _ => {
@@ -67,12 +77,18 @@ impl Window {
         let current = self.current.map_or(round_trip, |m| m.min(round_trip));
         self.current = Some(current);
         let base = self.previous.map_or(current, |p| p.min(current));
-        if round_trip > base * 2 {
-            // Calls queue (in Redis or in this process): batch harder.
+        // The calls the base round trip holds at a call's cost: the most
+        // that fly without waiting for each other's work.
+        let fit = usize::try_from(base.as_nanos() / CALL_COST.as_nanos())
+            .unwrap_or(usize::MAX)
+            .clamp(self.floor, MAX_IN_FLIGHT);
+        if round_trip > base * QUEUED || self.limit > fit {
             self.limit = self.limit.saturating_sub(1).max(self.floor);
-        } else if waiting && round_trip <= base + base / 2 {
-            // The time is the network's: one more call would not wait.
-            self.limit = (self.limit + 1).min(MAX_IN_FLIGHT);
+        } else {
+            // Room for every check that waited, each in a call of its own
+            // next time: checks that came together (and so wait together)
+            // do not need a round trip each to spread out.
+            self.limit = self.limit.saturating_add(waiting).min(fit).max(self.limit);
         }
     }
 }
@@ -81,40 +97,64 @@ impl Window {
 mod tests {
     use super::*;
 
-    const FAR: Duration = Duration::from_millis(2);
-    const NEAR: Duration = Duration::from_micros(50);
+    /// A node 4 ms away: room for every call.
+    const FAR: Duration = Duration::from_millis(4);
+    /// On loopback: round trips of a few calls' cost.
+    const NEAR: Duration = Duration::from_micros(60);
 
     #[test]
-    fn round_trips_near_the_base_open_the_window_while_checks_wait() {
+    fn a_far_node_opens_the_window_while_checks_wait() {
         let mut w = Window::new();
         let now = Instant::now();
         for _ in 0..10 {
-            w.sample(FAR, now, true);
+            w.sample(FAR, now, 1);
         }
         assert_eq!(w.limit(), MIN_IN_FLIGHT + 10);
         // Without checks waiting it stays: demand, not the network, caps it.
-        w.sample(FAR + FAR / 4, now, false);
+        w.sample(FAR * 2, now, 0);
         assert_eq!(w.limit(), MIN_IN_FLIGHT + 10);
         for _ in 0..200 {
-            w.sample(FAR, now, true);
+            w.sample(FAR * 3, now, 1);
         }
+        assert_eq!(
+            w.limit(),
+            MAX_IN_FLIGHT,
+            "3 x the base is noise, not a queue"
+        );
+    }
+
+    #[test]
+    fn checks_that_waited_together_get_a_call_each_at_once() {
+        let mut w = Window::new();
+        w.sample(FAR, Instant::now(), 14);
+        assert_eq!(w.limit(), 16);
+        w.sample(FAR, Instant::now(), 1000);
         assert_eq!(w.limit(), MAX_IN_FLIGHT);
     }
 
     #[test]
-    fn round_trips_well_above_the_base_close_it_to_the_floor() {
+    fn a_near_node_keeps_the_floor_so_checks_batch() {
+        let mut w = Window::new();
+        let now = Instant::now();
+        for rtt in [NEAR, NEAR * 2, NEAR, NEAR * 5, NEAR] {
+            for _ in 0..50 {
+                w.sample(rtt, now, 1);
+            }
+        }
+        assert_eq!(w.limit(), MIN_IN_FLIGHT);
+    }
+
+    #[test]
+    fn round_trips_far_above_the_base_close_the_window() {
         let mut w = Window::new();
         let now = Instant::now();
         for _ in 0..20 {
-            w.sample(NEAR, now, true);
+            w.sample(FAR, now, 1);
         }
         assert_eq!(w.limit(), MIN_IN_FLIGHT + 20);
         for _ in 0..100 {
-            w.sample(NEAR * 3, now, true);
+            w.sample(FAR * 5, now, 1);
         }
-        assert_eq!(w.limit(), MIN_IN_FLIGHT);
-        // Between 1.5 and 2 times the base: it holds.
-        w.sample(NEAR * 7 / 4, now, true);
         assert_eq!(w.limit(), MIN_IN_FLIGHT);
     }
 
@@ -122,13 +162,18 @@ mod tests {
     fn the_base_forgets_a_round_trip_after_two_epochs() {
         let mut w = Window::new();
         let t0 = Instant::now();
-        w.sample(NEAR, t0, true);
+        w.sample(NEAR, t0, 1);
         // The path got slower: until the old base ages out, calls look queued.
-        w.sample(FAR, t0 + EPOCH, true);
+        w.sample(FAR, t0 + EPOCH, 1);
         assert_eq!(w.limit(), MIN_IN_FLIGHT);
-        w.sample(FAR, t0 + EPOCH * 2, true);
-        w.sample(FAR, t0 + EPOCH * 2, true);
+        w.sample(FAR, t0 + EPOCH * 2, 1);
+        w.sample(FAR, t0 + EPOCH * 2, 1);
         assert_eq!(w.limit(), MIN_IN_FLIGHT + 2);
+        // And faster again: the window closes to what the new base holds.
+        for _ in 0..100 {
+            w.sample(NEAR, t0 + EPOCH * 2, 1);
+        }
+        assert_eq!(w.limit(), MIN_IN_FLIGHT);
     }
 
     #[cfg(feature = "cluster")]
@@ -137,15 +182,15 @@ mod tests {
         let mut w = Window::new();
         let now = Instant::now();
         for _ in 0..5 {
-            w.sample(FAR, now, true);
+            w.sample(FAR, now, 1);
         }
         w.set_floor(1);
         assert_eq!(w.limit(), 1);
         w.set_floor(1);
-        w.sample(FAR, now, true);
+        w.sample(FAR, now, 1);
         assert_eq!(w.limit(), 2);
         for _ in 0..5 {
-            w.sample(FAR * 3, now, true);
+            w.sample(FAR * 5, now, 1);
         }
         assert_eq!(w.limit(), 1);
     }
