@@ -297,10 +297,12 @@ impl RedisStoreBuilder {
     /// batched only while as many calls are in flight as the store allows,
     /// so this adds no latency at low load; under load it cuts Redis's cost
     /// per decision (one call, one `TIME`, one reply for the batch). The calls
-    /// allowed in flight follow their round trips: from 2 (Redis busy, as on
-    /// loopback under load: checks batch) up to 64 (round trips near their
-    /// least: the time is the network's, and a check goes out at once rather
-    /// than wait for a call). The answers are the same as unbatched:
+    /// allowed in flight follow their round trips: as many as the least
+    /// recent round trip holds at about 50 µs a call, from 2 (Redis on
+    /// loopback: checks batch) up to 64 (Redis milliseconds away: a check
+    /// goes out at once rather than wait for a call), and back towards 2
+    /// while calls take over 4 times that least (Redis or this process
+    /// saturated). The answers are the same as unbatched:
     /// the script decides a batch's checks in order. On a Redis Cluster a
     /// batch holds the checks of one primary (by the slot map the store reads
     /// with `CLUSTER SLOTS`), each primary with its own queue and its own
