@@ -82,13 +82,19 @@ impl Window {
         let fit = usize::try_from(base.as_nanos() / CALL_COST.as_nanos())
             .unwrap_or(usize::MAX)
             .clamp(self.floor, MAX_IN_FLIGHT);
-        if round_trip > base * QUEUED || self.limit > fit {
-            self.limit = self.limit.saturating_sub(1).max(self.floor);
+        if round_trip > base * QUEUED {
+            // Calls queue: halve, as a congestion window does on congestion.
+            self.limit = (self.limit / 2).max(self.floor);
+        } else if self.limit > fit {
+            self.limit = fit;
         } else {
-            // Room for every check that waited, each in a call of its own
-            // next time: checks that came together (and so wait together)
-            // do not need a round trip each to spread out.
-            self.limit = self.limit.saturating_add(waiting).min(fit).max(self.limit);
+            // Room for the checks that waited, each in a call of its own
+            // next time, at most doubling per call (slow start): checks that
+            // came together (and so wait together) need not take a round
+            // trip each to spread out, and a burst on a near node does not
+            // open the window at once.
+            let more = waiting.min(self.limit);
+            self.limit = self.limit.saturating_add(more).min(fit).max(self.limit);
         }
     }
 }
@@ -124,11 +130,15 @@ mod tests {
     }
 
     #[test]
-    fn checks_that_waited_together_get_a_call_each_at_once() {
+    fn checks_that_waited_together_double_the_window_per_call() {
         let mut w = Window::new();
         w.sample(FAR, Instant::now(), 14);
-        assert_eq!(w.limit(), 16);
-        w.sample(FAR, Instant::now(), 1000);
+        assert_eq!(w.limit(), 4);
+        w.sample(FAR, Instant::now(), 1);
+        assert_eq!(w.limit(), 5);
+        for _ in 0..4 {
+            w.sample(FAR, Instant::now(), 1000);
+        }
         assert_eq!(w.limit(), MAX_IN_FLIGHT);
     }
 
