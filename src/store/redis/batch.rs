@@ -16,11 +16,13 @@
 //!   costs (`CALL_COST`: a few µs of Redis, some tens in this process), the
 //!   *fit*, between the floor (2 on one node) and 64. When a call ends:
 //!   - round trip above **4 x base** (calls queue: Redis or this process is
-//!     saturated, however far Redis is), or the limit above the fit: the
-//!     limit falls by one, down to the floor, so checks batch;
-//!   - else it rises by the checks that waited for a call meanwhile, up to
-//!     the fit (checks that arrive together wait together, and need not
-//!     take a round trip each to spread out); with none waiting it holds.
+//!     saturated, however far Redis is): the limit halves, down to the
+//!     floor, so checks batch;
+//!   - else a limit above the fit (the base fell) falls to it;
+//!   - else it rises by the checks that waited for a call meanwhile, at most
+//!     doubling (slow start), up to the fit: checks that arrive together
+//!     wait together, and need not take a round trip each to spread out;
+//!     with none waiting it holds.
 //!
 //!   On loopback (round trips of tens of µs, mostly calls' own
 //!   work) the fit is the floor: under load checks go several to a call and
