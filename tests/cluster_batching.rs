@@ -659,3 +659,110 @@ async fn cluster_batches_of_1024_keep_every_key_until_its_bucket_is_full(cluster
     }
     assert_eq!(checked, 3 * CLIENTS, "keys checked");
 }
+
+/// With the cluster far away (a proxy holding every chunk 25 ms each way in
+/// front of each of 3 primaries, announced in their place), a check under
+/// moderate concurrency waits about one round trip, not one for its node's
+/// call to end and then its own: 2 and then 6 callers per primary each check
+/// in a loop, and after a warm-up the median check takes less than 1.5 times
+/// a plain `PING` through a proxy. With one call at a time per primary, the
+/// median is about two round trips.
+#[test]
+fn cluster_far_away_a_check_waits_one_round_trip_not_two() {
+    const WARM_UP: usize = 10;
+    const MEASURED: usize = 12;
+    let cluster = RedisCluster::start_without_replicas();
+    let quota = Quota::per_second(1_000_000).unwrap();
+    let policy = Policy::from(quota);
+    // Clients on every primary, found while the map still names the nodes.
+    let seed = store(&cluster, "far:");
+    let clients: Vec<String> = cluster
+        .clients_on_every_primary(&seed, &quota, "far", 6)
+        .into_iter()
+        .map(|(client, _)| client)
+        .collect();
+    let primaries = cluster.primaries();
+    let proxies: Vec<support::Proxy> = primaries
+        .iter()
+        .map(|p| support::Proxy::start_delayed(p.port(), Duration::from_millis(25)))
+        .collect();
+    for (p, proxy) in primaries.iter().zip(&proxies) {
+        let port = proxy.port().to_string();
+        let _: () = p.cmd(&["CONFIG", "SET", "cluster-announce-port", &port]);
+    }
+    let proxied: Vec<u16> = proxies.iter().map(support::Proxy::port).collect();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !primaries.iter().all(|p| {
+        let slots = support::cluster::parse_cluster_slots(p.cmd(&["CLUSTER", "SLOTS"]));
+        slots.is_ok_and(|s| s.iter().all(|r| proxied.contains(&r.primary)))
+    }) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the nodes never announced the proxies"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let ping = {
+        let client = redis::Client::open(proxies[0].url()).unwrap();
+        let mut conn = client.get_connection().unwrap();
+        let mut times: Vec<Duration> = (0..5)
+            .map(|_| {
+                let start = std::time::Instant::now();
+                let _: String = redis::cmd("PING").query(&mut conn).unwrap();
+                start.elapsed()
+            })
+            .collect();
+        times.sort();
+        times[times.len() / 2]
+    };
+    let store = RedisStore::builder()
+        .cluster(proxies.iter().map(support::Proxy::url))
+        .prefix("far:")
+        .timeout(Duration::from_secs(10))
+        .connect_timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    for callers in [6, 18] {
+        let took = runtime.block_on(async {
+            let tasks: Vec<_> = clients[..callers]
+                .iter()
+                .map(|client| {
+                    let (store, policy, client) = (store.clone(), policy.clone(), client.clone());
+                    tokio::spawn(async move {
+                        let mut took = Vec::with_capacity(MEASURED);
+                        for n in 0..WARM_UP + MEASURED {
+                            let start = std::time::Instant::now();
+                            let d = store.check(&client, &policy, 1).await.unwrap();
+                            assert!(d.allowed(), "{d:?}");
+                            if n >= WARM_UP {
+                                took.push(start.elapsed());
+                            }
+                        }
+                        took
+                    })
+                })
+                .collect();
+            let mut took = Vec::new();
+            for task in tasks {
+                took.extend(task.await.unwrap());
+            }
+            took
+        });
+        let mut took = took;
+        took.sort();
+        let median = took[took.len() / 2];
+        println!(
+            "{callers} callers on 3 primaries: PING {ping:?}, check median {median:?}, p90 {:?}",
+            took[took.len() * 9 / 10]
+        );
+        assert!(
+            median < ping * 3 / 2,
+            "{callers} callers: a check's median {median:?} against a round trip of {ping:?}"
+        );
+    }
+}

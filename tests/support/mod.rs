@@ -259,6 +259,10 @@ pub fn free_port() -> u16 {
 /// made afterwards work normally. `delay_new_connections(d)` makes every new
 /// connection wait `d` before anything goes through (a slow TLS handshake, a
 /// loaded server), and `accepted()` counts the connections clients opened.
+/// `start_delayed(upstream, d)` (or `set_delay(d)`) holds every chunk `d` in
+/// each direction before passing it on, as a network that far would: a delay
+/// line, so chunks keep their order and one chunk's wait does not add to the
+/// next one's.
 pub struct Proxy {
     port: u16,
     upstream: std::sync::Arc<std::sync::atomic::AtomicU16>,
@@ -267,9 +271,26 @@ pub struct Proxy {
     delay_ms: std::sync::Arc<std::sync::atomic::AtomicU64>,
     accepted: std::sync::Arc<std::sync::atomic::AtomicU64>,
     corrupt: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    chunk_delay_us: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Proxy {
+    /// Starts forwarding a free loopback port to `127.0.0.1:upstream`, every
+    /// chunk held `delay` in each direction (a round trip `2 * delay` longer).
+    pub fn start_delayed(upstream: u16, delay: Duration) -> Self {
+        let proxy = Proxy::start(upstream);
+        proxy.set_delay(delay);
+        proxy
+    }
+
+    /// Holds every chunk read from now on `delay` in each direction.
+    pub fn set_delay(&self, delay: Duration) {
+        self.chunk_delay_us.store(
+            u64::try_from(delay.as_micros()).unwrap_or(u64::MAX),
+            std::sync::atomic::Ordering::SeqCst,
+        );
+    }
+
     /// Starts forwarding a free loopback port to `127.0.0.1:upstream`.
     pub fn start(upstream: u16) -> Self {
         use std::sync::Arc;
@@ -283,6 +304,8 @@ impl Proxy {
         let accepted = Arc::new(AtomicU64::new(0));
         let corrupt = Arc::new(AtomicBool::new(false));
         let corrupt_accept = Arc::clone(&corrupt);
+        let chunk_delay_us = Arc::new(AtomicU64::new(0));
+        let chunk_delay_accept = Arc::clone(&chunk_delay_us);
         let (upstream_accept, gen_accept, stop_accept) = (
             Arc::clone(&upstream),
             Arc::clone(&generation),
@@ -300,11 +323,17 @@ impl Proxy {
                 let delay = Duration::from_millis(delay_accept.load(Ordering::SeqCst));
                 let generation = Arc::clone(&gen_accept);
                 let corrupt = Arc::clone(&corrupt_accept);
+                let chunk_delay = Arc::clone(&chunk_delay_accept);
                 std::thread::spawn(move || {
                     std::thread::sleep(delay);
                     let Ok(server) = TcpStream::connect(("127.0.0.1", target)) else {
                         return;
                     };
+                    // As Redis and its clients do: a chunk written while an
+                    // earlier one is unacknowledged must not wait for its
+                    // ACK (Nagle), which a delayed ACK holds 40 ms.
+                    let _ = client.set_nodelay(true);
+                    let _ = server.set_nodelay(true);
                     let born = generation.load(Ordering::SeqCst);
                     for (replies, from, to) in [
                         (false, client.try_clone(), server.try_clone()),
@@ -315,8 +344,14 @@ impl Proxy {
                         };
                         let generation = Arc::clone(&generation);
                         let corrupt = Arc::clone(&corrupt);
+                        let chunk_delay = Arc::clone(&chunk_delay);
+                        // The delay line: the reader stamps each chunk with
+                        // when it may go on; the writer, alone on `to`,
+                        // passes them on in order, each at its time.
+                        let (line, out) =
+                            std::sync::mpsc::channel::<(std::time::Instant, Vec<u8>)>();
                         std::thread::spawn(move || {
-                            use std::io::{Read, Write};
+                            use std::io::Read;
                             let mut buf = [0u8; 16 * 1024];
                             loop {
                                 let n = match from.read(&mut buf) {
@@ -330,7 +365,22 @@ impl Proxy {
                                 if replies && corrupt.load(Ordering::SeqCst) {
                                     corrupt_script_reply(&mut buf[..n]);
                                 }
-                                if to.write_all(&buf[..n]).is_err() {
+                                let delay =
+                                    Duration::from_micros(chunk_delay.load(Ordering::SeqCst));
+                                let due = std::time::Instant::now() + delay;
+                                if line.send((due, buf[..n].to_vec())).is_err() {
+                                    break;
+                                }
+                            }
+                        });
+                        std::thread::spawn(move || {
+                            use std::io::Write;
+                            for (due, chunk) in out {
+                                let wait = due.saturating_duration_since(std::time::Instant::now());
+                                if !wait.is_zero() {
+                                    std::thread::sleep(wait);
+                                }
+                                if to.write_all(&chunk).is_err() {
                                     break;
                                 }
                             }
@@ -348,6 +398,7 @@ impl Proxy {
             delay_ms,
             accepted,
             corrupt,
+            chunk_delay_us,
         }
     }
 

@@ -2,11 +2,38 @@
 //! store's connection wait for the next call and go together, in one script
 //! call that decides them in order.
 //!
-//! - **No added latency at low load.** With fewer than [`MAX_IN_FLIGHT`] calls
-//!   under way (one per primary on a cluster of several), a check goes out at
-//!   once, with whatever is queued.
-//! - **Under load**, checks queue while calls are in flight; when a call ends,
-//!   the queue (up to the batch size) goes out as the next call.
+//! - **No added latency at low load.** With fewer calls under way than the
+//!   queue's in-flight limit, a check goes out at once, with whatever is
+//!   queued.
+//! - **Under load**, checks queue while the limit's calls are in flight; when
+//!   a call ends, the queue (up to the batch size) goes out as the next call.
+//! - **The limit follows the round trip** (`window.rs`), as a congestion
+//!   window follows the bandwidth-delay product. Every call's round trip is
+//!   measured, from sending to its reply read back in this process. The
+//!   *base* is the least round trip of the last 5 to 10 s (the least of this
+//!   epoch and the one before, epochs of 5 s): the network's share, with
+//!   nothing queued. The base holds `base / 50 µs` calls at what a call
+//!   costs (`CALL_COST`: a few µs of Redis, some tens in this process), the
+//!   *fit*, between the floor (2 on one node) and 64. When a call ends:
+//!   - round trip above **4 x base** (calls queue: Redis or this process is
+//!     saturated, however far Redis is): the limit halves, down to the
+//!     floor, so checks batch;
+//!   - else a limit above the fit (the base fell) falls to it;
+//!   - else it rises by the checks that waited for a call meanwhile, at most
+//!     doubling (slow start), up to the fit: checks that arrive together
+//!     wait together, and need not take a round trip each to spread out;
+//!     with none waiting it holds.
+//!
+//!   On loopback (round trips of tens of µs, mostly calls' own
+//!   work) the fit is the floor: under load checks go several to a call and
+//!   Redis runs fewer calls, as before. With Redis 0.2 ms away the fit is
+//!   4, at 2.5 ms 50: a check under moderate concurrency finds a free call
+//!   and is sent at once, rather than wait for a call and then for its own.
+//!   A ratio to the base alone (TCP Vegas) cannot tell these apart: on a
+//!   busy machine a far round trip swings to 2 or 3 times its least, as a
+//!   loopback one does under load; what differs is how many calls' work the
+//!   round trip is worth. A sample costs a few comparisons under the queue's
+//!   lock, which the call's end takes anyway; a failed call teaches nothing.
 //! - Calls are sent from a task of their own, so a caller that gives up (a
 //!   client that went away) never strands the checks batched with its own.
 //! - **Same answers.** The script decides the batch's checks in order, each
@@ -14,22 +41,20 @@
 //!   `TIME`: the same answers as the checks sent one by one at that instant.
 //! - **Redis Cluster** runs every key of one script call on one node, so a
 //!   store on a cluster keeps one queue like this per primary and batches the
-//!   checks of the slots that primary serves (see `nodes.rs`).
+//!   checks of the slots that primary serves (see `nodes.rs`); each queue has
+//!   its own window, whose floor is 1 with several primaries.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::script::Batch;
+use super::window::Window;
 use crate::error::Error;
 use crate::store::deny_cache::DenyCache;
 use crate::{Decision, Policy};
-
-/// Script calls of one store in flight at once before checks start to queue:
-/// two, so Redis never waits for the next batch while one's reply travels.
-pub(crate) const MAX_IN_FLIGHT: usize = 2;
 
 /// One check waiting for its call.
 pub(crate) struct Pending {
@@ -43,33 +68,35 @@ pub(crate) struct Pending {
 }
 
 /// The queue of one store.
-#[derive(Default)]
 pub(crate) struct Queue {
     pending: Vec<Pending>,
     in_flight: usize,
+    window: Window,
 }
 
 /// Queues and sends the checks of one store.
 pub(crate) struct Batcher {
     queue: Mutex<Queue>,
     max_batch: usize,
-    /// Calls at once: [`MAX_IN_FLIGHT`], or fewer (see `nodes.rs`).
-    max_in_flight: AtomicUsize,
 }
 
 impl Batcher {
     pub(crate) fn new(max_batch: usize) -> Self {
         Batcher {
-            queue: Mutex::new(Queue::default()),
+            queue: Mutex::new(Queue {
+                pending: Vec::new(),
+                in_flight: 0,
+                window: Window::new(),
+            }),
             max_batch: max_batch.max(1),
-            max_in_flight: AtomicUsize::new(MAX_IN_FLIGHT),
         }
     }
 
-    /// Sets the calls at once (at least one); calls already in flight go on.
+    /// Sets the fewest calls at once (at least one) and restarts the window
+    /// from there if that changed; calls already in flight go on.
     #[cfg(feature = "cluster")]
-    pub(crate) fn set_max_in_flight(&self, calls: usize) {
-        self.max_in_flight.store(calls.max(1), Ordering::Relaxed);
+    pub(crate) fn set_min_in_flight(&self, calls: usize) {
+        self.lock().window.set_floor(calls);
     }
 
     fn lock(&self) -> MutexGuard<'_, Queue> {
@@ -83,19 +110,24 @@ impl Batcher {
     pub(crate) fn enqueue(&self, check: Pending) -> Option<Vec<Pending>> {
         let mut queue = self.lock();
         queue.pending.push(check);
-        if queue.in_flight >= self.max_in_flight.load(Ordering::Relaxed) {
+        if queue.in_flight >= queue.window.limit() {
             return None;
         }
         queue.in_flight += 1;
         Some(self.take(&mut queue))
     }
 
-    /// After a call ends: the next batch, keeping the slot, or `None`, giving
-    /// it back (also when the limit fell below the calls in flight: another
-    /// call is under way and takes what queues).
-    pub(crate) fn next(&self) -> Option<Vec<Pending>> {
+    /// After a call ends, having taken `round_trip` if it succeeded: the next
+    /// batch, keeping the slot, or `None`, giving it back (also when the
+    /// limit fell below the calls in flight: another call is under way and
+    /// takes what queues).
+    pub(crate) fn next(&self, round_trip: Option<Duration>) -> Option<Vec<Pending>> {
         let mut queue = self.lock();
-        if queue.in_flight > self.max_in_flight.load(Ordering::Relaxed) {
+        if let Some(round_trip) = round_trip {
+            let waiting = queue.pending.len();
+            queue.window.sample(round_trip, Instant::now(), waiting);
+        }
+        if queue.in_flight > queue.window.limit() {
             queue.in_flight -= 1;
             return None;
         }
@@ -137,9 +169,10 @@ impl Slot {
         Slot { queue, held: true }
     }
 
-    /// The next batch for this slot, or `None` with the slot given back.
-    pub(crate) fn next(&mut self) -> Option<Vec<Pending>> {
-        let next = self.queue.next();
+    /// The next batch for this slot, or `None` with the slot given back;
+    /// `round_trip`: what the call that ended took, if it succeeded.
+    pub(crate) fn next(&mut self, round_trip: Option<Duration>) -> Option<Vec<Pending>> {
+        let next = self.queue.next(round_trip);
         self.held = next.is_some();
         next
     }

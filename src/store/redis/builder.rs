@@ -294,13 +294,20 @@ impl RedisStoreBuilder {
 
     /// The most checks sent in one script call ([`DEFAULT_MAX_BATCH`]
     /// otherwise, 1 to 1024; 1 sends every check on its own). Checks are
-    /// batched only while other calls are in flight, so this adds no latency at
-    /// low load; under load it cuts Redis's cost per decision (one call, one
-    /// `TIME`, one reply for the batch). The answers are the same as unbatched:
+    /// batched only while as many calls are in flight as the store allows,
+    /// so this adds no latency at low load; under load it cuts Redis's cost
+    /// per decision (one call, one `TIME`, one reply for the batch). The calls
+    /// allowed in flight follow their round trips: as many as the least
+    /// recent round trip holds at about 50 µs a call, from 2 (Redis on
+    /// loopback: checks batch) up to 64 (Redis milliseconds away: a check
+    /// goes out at once rather than wait for a call), and back towards 2
+    /// while calls take over 4 times that least (Redis or this process
+    /// saturated). The answers are the same as unbatched:
     /// the script decides a batch's checks in order. On a Redis Cluster a
     /// batch holds the checks of one primary (by the slot map the store reads
-    /// with `CLUSTER SLOTS`), each primary with its own queue and one call in
-    /// flight (two on a cluster of one primary, as on one server); a batch the
+    /// with `CLUSTER SLOTS`), each primary with its own queue and its own
+    /// calls in flight (from one when there are several primaries, two with
+    /// one primary, as on one server); a batch the
     /// primary turns out not to serve entirely (a slot moved) writes nothing
     /// and its checks go one by one. A Redis-compatible server that refuses
     /// keys a script did not declare cannot run such batches: use 1 there.

@@ -5,12 +5,15 @@
 //!   serves its client's slot (the CRC16 of the `{hash tag}`), by the last
 //!   slot map the store read (`CLUSTER SLOTS`, through the cluster
 //!   connection). Each queue has its own calls in flight, so a slow node does
-//!   not hold up the others: [`MAX_IN_FLIGHT`](super::batch::MAX_IN_FLIGHT)
-//!   with one primary, one each with several. Two calls keep a lone node busy
-//!   while a reply travels; with several primaries the others work meanwhile,
-//!   and one call at a time makes each node's batches about twice as deep,
-//!   which costs Redis less per decision (`cargo bench --bench cluster
-//!   --features cluster` prints each primary's batch depth).
+//!   not hold up the others, and its own in-flight window, which follows
+//!   that node's round trips (see `batch.rs`). The window's floor is
+//!   [`MIN_IN_FLIGHT`](super::window::MIN_IN_FLIGHT) with one primary, one
+//!   each with several. Two calls keep a lone node busy while a reply
+//!   travels; with several primaries the others work meanwhile, and one call
+//!   at a time makes each busy node's batches about twice as deep, which
+//!   costs Redis less per decision (`cargo bench --bench cluster --features
+//!   cluster` prints each primary's batch depth). A node far away opens its
+//!   window from there as a lone node's does.
 //! - **One call, one node, several slots.** A batch goes out as one call of
 //!   `Script::spread`, routed by its first check's slot; the script checks that
 //!   the node serves every other key before it writes anything.
@@ -159,10 +162,10 @@ impl Nodes {
         let in_flight = if queues.len() > 1 {
             1
         } else {
-            super::batch::MAX_IN_FLIGHT
+            super::window::MIN_IN_FLIGHT
         };
         for (_, queue) in &queues {
-            queue.set_max_in_flight(in_flight);
+            queue.set_min_in_flight(in_flight);
         }
         Ok(SlotMap { owners, queues })
     }
@@ -290,13 +293,13 @@ mod tests {
         assert!(Arc::ptr_eq(&nodes.queue_for("{a}").unwrap(), &queue));
         // The first call to end gives its slot back; the other takes the
         // queued checks, and new ones wait for it.
-        assert!(queue.next().is_none());
-        assert_eq!(queue.next().map(|b| b.len()), Some(2));
+        assert!(queue.next(None).is_none());
+        assert_eq!(queue.next(None).map(|b| b.len()), Some(2));
         let (check, answered) = pending();
         answers.push(answered);
         assert!(queue.enqueue(check).is_none());
-        assert_eq!(queue.next().map(|b| b.len()), Some(1));
-        assert!(queue.next().is_none());
+        assert_eq!(queue.next(None).map(|b| b.len()), Some(1));
+        assert!(queue.next(None).is_none());
         assert_eq!(sent_at_once(&queue), 1);
     }
 

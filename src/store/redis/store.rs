@@ -553,6 +553,7 @@ impl RedisStore {
             let mut batch = batch_of(&mut checks, spread);
             let script = self.batch_script(spread);
             let call = &batch;
+            let started = Instant::now();
             // A batch never takes the breaker's probe: its checks would all
             // wait for it.
             let reply = self
@@ -562,6 +563,9 @@ impl RedisStore {
                     |mut conn| async move { call.run(&mut conn, script).await },
                 )
                 .await;
+            // What the call took, for the queue's in-flight limit; a failed
+            // call teaches nothing about round trips.
+            let round_trip = reply.is_ok().then(|| started.elapsed());
             // The checks' keys back, for the deny cache and for checks sent
             // on their own.
             for (check, keys) in checks.iter_mut().zip(batch.take_keys()) {
@@ -589,7 +593,7 @@ impl RedisStore {
                     answer(checks, Err(err), self.inner.denials.as_ref());
                 }
             }
-            match slot.next() {
+            match slot.next(round_trip) {
                 Some(next) => checks = next,
                 None => return,
             }
@@ -1020,7 +1024,7 @@ mod tests {
         // Built without connecting: the drain never runs, nothing is sent.
         let store = RedisStore::from_url("redis://127.0.0.1:1").unwrap();
         let policy = Policy::from(Quota::per_second(10).unwrap());
-        for _ in 0..super::super::batch::MAX_IN_FLIGHT + 1 {
+        for _ in 0..super::super::window::MIN_IN_FLIGHT + 1 {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()

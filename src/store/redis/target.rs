@@ -158,7 +158,15 @@ fn parse(url: &str) -> Result<ConnectionInfo, ConfigError> {
              give the server's CA with tls_root_certificates instead",
         ));
     }
-    Ok(info)
+    Ok(info.set_tcp_settings(tcp_settings()))
+}
+
+/// `TCP_NODELAY`, as Redis sets on its side and most clients do: with
+/// several calls in flight on one connection, Nagle's algorithm would hold
+/// a call written while an earlier one is unacknowledged until that ACK,
+/// which the server may delay up to 40 ms.
+fn tcp_settings() -> redis::io::tcp::TcpSettings {
+    redis::io::tcp::TcpSettings::default().set_nodelay(true)
 }
 
 fn is_tls(info: &ConnectionInfo) -> bool {
@@ -230,7 +238,8 @@ fn cluster(
     // never answers (a frozen or partitioned node) may take half of it.
     let mut builder = redis::cluster::ClusterClientBuilder::new(infos)
         .connection_timeout(settings.connect_timeout / 2)
-        .response_timeout(super::connection::response_timeout(settings.call_timeout));
+        .response_timeout(super::connection::response_timeout(settings.call_timeout))
+        .tcp_settings(tcp_settings());
     if tls {
         tls_provider();
     }
