@@ -10,6 +10,7 @@ mod support;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use deadpool_redis::redis;
 use support::RedisServer;
 use tollgate::{Error, Policy, Quota, RateLimiter, RedisStore, Store};
 
@@ -346,6 +347,7 @@ async fn the_compact_form_decides_as_the_long_form() {
         )
         .replacen(MARGIN, "local MARGIN_MS = 1000000", 1);
     let server = RedisServer::start();
+    let mut conn = server.conn();
     // (full, num, den): 10 per second, and a burst of 3 refilled 3 per 2 s.
     let quotas = [["1000000", "1", "100000"], ["6000000", "3", "2000000"]];
     let mut rng: u64 = 0x9e37_79b9_7f4a_7c15;
@@ -368,16 +370,18 @@ async fn the_compact_form_decides_as_the_long_form() {
         let quota = quotas[(call / 50) % 2];
         let decisions = 1 + next(8) as usize;
         let picks: Vec<(u64, u64)> = (0..decisions).map(|_| (next(4), next(4))).collect();
-        let mut replies = Vec::new();
-        let mut ttls = Vec::new();
+        // Both forms' calls, then the reads of every TTL, in one
+        // transaction: TTLs run in Redis's own time, so calls and reads a
+        // busy machine spreads over many milliseconds would tell the forms
+        // apart by when they ran.
+        let mut pipe = redis::pipe();
+        pipe.atomic();
         for (form, prefix) in [("long", "l"), ("compact", "c")] {
             let keys: Vec<String> = picks
                 .iter()
                 .map(|(k, _)| format!("{prefix}:{{x}}:{k}"))
                 .collect();
-            let n = keys.len().to_string();
-            let clock = now.to_string();
-            let mut args: Vec<String> = vec![clock, "1".into()];
+            let mut args: Vec<String> = vec![now.to_string(), "1".into()];
             args.extend(quota.iter().map(|s| s.to_string()));
             if form == "long" {
                 args.push(decisions.to_string());
@@ -388,21 +392,37 @@ async fn the_compact_form_decides_as_the_long_form() {
                 args.push(format!("-{decisions}"));
                 args.extend(picks.iter().map(|(_, cost)| cost.to_string()));
             }
-            let mut cmd = vec!["EVAL", source.as_str(), n.as_str()];
-            cmd.extend(keys.iter().map(String::as_str));
-            cmd.extend(args.iter().map(String::as_str));
-            replies.push(numbers(server.cmd(&cmd)));
-            // Read at once: TTLs run in Redis's own time.
-            let form_ttls: Vec<i64> = (0..4)
-                .map(|k| server.cmd(&["PTTL", &format!("{prefix}:{{x}}:{k}")]))
-                .collect();
-            ttls.push(form_ttls);
+            pipe.cmd("EVAL")
+                .arg(source.as_str())
+                .arg(keys.len())
+                .arg(&keys)
+                .arg(&args);
         }
+        for prefix in ["l", "c"] {
+            for k in 0..4 {
+                pipe.cmd("PTTL").arg(format!("{prefix}:{{x}}:{k}"));
+            }
+        }
+        let (long, compact, ttls): (Vec<u8>, Vec<u8>, Vec<i64>) = {
+            let mut all: Vec<redis::Value> = pipe.query(&mut conn).expect("EVAL and PTTL");
+            let ttls = all.split_off(2);
+            let ttls = ttls
+                .into_iter()
+                .map(|v| redis::from_redis_value(v).unwrap());
+            let mut replies = all.into_iter().map(|v| redis::from_redis_value(v).unwrap());
+            (
+                replies.next().unwrap(),
+                replies.next().unwrap(),
+                ttls.collect(),
+            )
+        };
+        let replies = [numbers(long), numbers(compact)];
+        let ttls = [&ttls[..4], &ttls[4..]];
         assert_eq!(replies[0], replies[1], "call {call}: {picks:?} at {now}");
-        // The same TTLs, but for the real time between the two calls and
-        // reads (a wrong one is off by a token's refill, 100 or 667 ms here,
-        // or by a step of the clock).
-        for (long, compact) in ttls[0].iter().zip(&ttls[1]) {
+        // The same TTLs, but for the real time the transaction took, which
+        // a stall of Redis itself can stretch (a wrong one is off by a
+        // token's refill, 100 or 667 ms here, or by a step of the clock).
+        for (long, compact) in ttls[0].iter().zip(ttls[1]) {
             assert!(
                 (long - compact).abs() <= 50,
                 "call {call}: TTLs {:?} against {:?}",
