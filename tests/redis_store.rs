@@ -517,9 +517,11 @@ fn long_replies_are_packed_whole_and_in_order() {
 async fn unreadable_buckets_are_full() {
     let server = RedisServer::start();
     let store = server.store();
-    let ten = q(10, Duration::from_secs(1));
+    // 10 a minute: the bucket written anew lives 6 s, long enough to be read
+    // back on a busy machine (at 10 a second it would expire after 100 ms).
+    let ten = q(10, Duration::from_secs(60));
     let one = Policy::from(ten);
-    let two = Policy::new("two", [ten, q(100, Duration::from_secs(60))]).unwrap();
+    let two = Policy::new("two", [ten, q(100, Duration::from_secs(3600))]).unwrap();
     // The script is cached on the server after the first check.
     assert!(store.check("warm", &one, 1).await.unwrap().allowed());
     let values = [
