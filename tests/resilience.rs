@@ -404,9 +404,16 @@ async fn a_connect_slower_than_the_call_timeout_still_completes() {
     assert_eq!(proxy.accepted(), 1, "the slow connect was restarted");
 }
 
-/// One call that is merely slow (Redis busy for 300 ms with another client's
-/// script) times out, but the connection is healthy: the background PING keeps
-/// it, and no new connection is made.
+/// One call that is merely slow (Redis answers no one for 300 ms) times out,
+/// but the connection is healthy: the background PING keeps it, and no new
+/// connection is made.
+///
+/// Another client holds Redis with `CLIENT PAUSE 300 ALL`, whose end the
+/// server times by its own clock. A script that spins until `TIME` has moved
+/// 300 ms would spin for good on Redis 7.2+ and Valkey, where `TIME` stands
+/// still while a script runs: it ends only once the server, busy for 5 s
+/// (`busy-reply-threshold`), starts answering `BUSY`, and by then the PING
+/// has timed out and the connection is rightly dropped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_slow_call_does_not_drop_a_healthy_connection() {
     let server = RedisServer::start();
@@ -420,31 +427,30 @@ async fn one_slow_call_does_not_drop_a_healthy_connection() {
             .unwrap()
     };
     let before = connections();
-    // Another client keeps Redis busy for 300 ms.
+    // Another client makes Redis answer no one for 300 ms; the thread ends
+    // with the pause.
     let url = server.url();
     let busy = std::thread::spawn(move || {
         let mut conn = deadpool_redis::redis::Client::open(url)
             .unwrap()
             .get_connection()
             .unwrap();
-        let script = "local s = redis.call('TIME') \
-            while true do local n = redis.call('TIME') \
-            if (n[1] - s[1]) * 1000000 + (n[2] - s[2]) > 300000 then return 1 end end";
-        let _: i64 = deadpool_redis::redis::cmd("EVAL")
-            .arg(script)
-            .arg(0)
+        let paused_at = Instant::now();
+        let _: () = deadpool_redis::redis::cmd("CLIENT")
+            .arg(&["PAUSE", "300", "ALL"])
             .query(&mut conn)
             .unwrap();
+        std::thread::sleep(Duration::from_millis(300).saturating_sub(paused_at.elapsed()));
     });
-    // Checks answered before the script starts are fine; the first one sent
-    // while it runs times out.
+    // Checks answered before the pause starts are fine; the first one sent
+    // during it times out.
     let deadline = Instant::now() + Duration::from_secs(10);
     let slow = loop {
         match store.check("slow", &policy(), 1).await {
             Ok(_) if Instant::now() < deadline && !busy.is_finished() => {
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
-            Ok(d) => panic!("no check ever met the busy script: {d:?}"),
+            Ok(d) => panic!("no check ever met the pause: {d:?}"),
             Err(e) => break e,
         }
     };
@@ -455,7 +461,8 @@ async fn one_slow_call_does_not_drop_a_healthy_connection() {
     for _ in 0..5 {
         assert!(store.check("after", &policy(), 1).await.unwrap().allowed());
     }
-    // The busy client's connection and this INFO's own are the only new ones.
+    // The pausing client's connection and this INFO's own are the only new
+    // ones.
     assert_eq!(connections() - before, 2, "the store reconnected");
 }
 

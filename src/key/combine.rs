@@ -196,6 +196,20 @@ mod tests {
         assert_eq!(chain.extract(&b).await.as_deref(), Some("0:1:v"));
     }
 
+    /// A combined key holds only bytes a raw key may hold: its parts are safe,
+    /// and so are the separators and the length. Two parts together can pass
+    /// [`crate::store::MAX_RAW_KEY_LEN`], so the key may be hashed when the
+    /// layer makes it safe, but only for its length.
+    fn only_its_length_is_unsafe(key: &str) -> bool {
+        // Each piece short enough to be kept raw, behind a first byte that is.
+        let pieces = key.as_bytes().chunks(crate::store::MAX_RAW_KEY_LEN - 1);
+        !key.starts_with('#')
+            && pieces.into_iter().all(|piece| {
+                let probe = [b"0", piece].concat();
+                crate::store::safe_key_bytes(&probe).as_bytes() == probe.as_slice()
+            })
+    }
+
     proptest::proptest! {
         #![proptest_config(crate::fuzz::config())]
 
@@ -215,7 +229,7 @@ mod tests {
             let k = crate::fuzz::within_budget("and", || rt.block_on(and.extract(&p)));
             if let Some(k) = k {
                 proptest::prop_assert!(k.len() <= 2 * crate::store::MAX_RAW_KEY_LEN + 4, "{}", k);
-                proptest::prop_assert_eq!(safe_key(&k).len(), k.len());
+                proptest::prop_assert!(only_its_length_is_unsafe(&k), "{}", k);
             } else {
                 proptest::prop_assert!(a.is_empty() || b.is_empty());
             }
@@ -224,7 +238,7 @@ mod tests {
             let k = crate::fuzz::within_budget("or", || rt.block_on(or.extract(&p)));
             if let Some(k) = k {
                 proptest::prop_assert!(k.len() <= crate::store::MAX_RAW_KEY_LEN + 2, "{}", k);
-                proptest::prop_assert_eq!(safe_key(&k).len(), k.len());
+                proptest::prop_assert!(only_its_length_is_unsafe(&k), "{}", k);
             }
         }
     }

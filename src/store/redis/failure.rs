@@ -40,13 +40,37 @@ pub(crate) fn is_connection_error(e: &RedisError) -> bool {
             e.kind(),
             RedisKind::Server(ServerErrorKind::ReadOnly | ServerErrorKind::MasterDown)
         )
+        || matches!(
+            script_call_code(e).as_deref(),
+            Some("READONLY" | "MASTERDOWN")
+        )
+}
+
+/// The code of the error a script's `redis.call` met, when the server wraps
+/// it in a script error: Redis 6.2 answers `ERR Error running script (call to
+/// f_...): @user_script:266: @user_script: 266: -OOM command not allowed ...`
+/// where Redis 7 and Valkey answer the `OOM ...` error itself.
+fn script_call_code(e: &RedisError) -> Option<String> {
+    wrapped_code(&e.to_string()).map(str::to_owned)
+}
+
+/// The code after the last `: -` of a wrapped script error's message.
+fn wrapped_code(message: &str) -> Option<&str> {
+    let (_, inner) = message
+        .split_once("Error running script")?
+        .1
+        .rsplit_once(": -")?;
+    inner
+        .split_whitespace()
+        .next()
+        .filter(|code| code.bytes().all(|b| b.is_ascii_uppercase()))
 }
 
 /// What kind of failure a Redis error is. Sentinels that name no usable
 /// primary (during a failover) are a connection failure: there is nobody to
 /// connect to yet.
 pub(crate) fn kind_of(e: &RedisError) -> ErrorKind {
-    if e.code() == Some("OOM") {
+    if e.code() == Some("OOM") || script_call_code(e).as_deref() == Some("OOM") {
         ErrorKind::OutOfMemory
     } else if e.is_timeout() {
         ErrorKind::Timeout
@@ -71,4 +95,25 @@ pub(crate) fn classify(e: RedisError, host: &Arc<str>) -> Error {
             error: e,
         },
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::wrapped_code;
+
+    #[test]
+    fn redis_6_script_errors_give_the_code_of_the_call_they_wrap() {
+        let oom = "Error running script (call to f_adee3758): @user_script:266: \
+                   @user_script: 266: -OOM command not allowed when used memory > 'maxmemory'.";
+        assert_eq!(wrapped_code(oom), Some("OOM"));
+        let readonly = "ResponseError: Error running script (call to f_1): @user_script:2: \
+                        @user_script: 2: -READONLY You can't write against a read only replica.";
+        assert_eq!(wrapped_code(readonly), Some("READONLY"));
+        // A script's own error, or any other error, wraps no code.
+        assert_eq!(
+            wrapped_code("Error running script (call to f_1): @user_script:3: bad"),
+            None
+        );
+        assert_eq!(wrapped_code("OOM command not allowed: -READONLY"), None);
+    }
 }
