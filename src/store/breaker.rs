@@ -159,6 +159,13 @@ pub(crate) struct Breaker {
     failures: AtomicU32,
     open: Mutex<Cooldown>,
     rng: AtomicU64,
+    /// When the breaker was made: the origin of `answered`.
+    epoch: Instant,
+    /// Microseconds after `epoch` at which the latest call that succeeded
+    /// was sent: a call sent before it that fails later (a straggler held by
+    /// a dead node through a failover) says nothing of the store now, and
+    /// does not count.
+    answered: AtomicU64,
 }
 
 #[derive(Debug)]
@@ -183,6 +190,8 @@ impl Breaker {
                 length: config.first_probe,
             }),
             rng: AtomicU64::new(seed | 1),
+            epoch: Instant::now(),
+            answered: AtomicU64::new(0),
         }
     }
 
@@ -247,21 +256,24 @@ impl Breaker {
     }
 
     /// A call (not a probe) succeeded.
-    pub(crate) fn success(&self) {
+    pub(crate) fn success(&self, sent: Instant) {
+        self.answered
+            .fetch_max(self.since_epoch(sent), Ordering::AcqRel);
         if self.failures.load(Ordering::Relaxed) != 0 {
             self.failures.store(0, Ordering::Relaxed);
         }
     }
 
-    /// A call (not a probe) failed.
-    pub(crate) fn failure(&self) {
-        self.failures_of(1);
+    /// A call (not a probe) sent at `sent` failed.
+    pub(crate) fn failure(&self, sent: Instant) {
+        self.failures_of(1, sent);
     }
 
-    /// A call that carried `checks` checks (a batch) failed: each of them
-    /// counts, as if they had failed one by one.
-    pub(crate) fn failures_of(&self, checks: u32) {
-        if !self.config.enabled {
+    /// A call sent at `sent` that carried `checks` checks (a batch) failed:
+    /// each of them counts, as if they had failed one by one, unless a call
+    /// sent after it has succeeded since.
+    pub(crate) fn failures_of(&self, checks: u32, sent: Instant) {
+        if !self.config.enabled || self.since_epoch(sent) < self.answered.load(Ordering::Acquire) {
             return;
         }
         let failures = self.failures.fetch_add(checks.max(1), Ordering::AcqRel) + checks.max(1);
@@ -285,8 +297,17 @@ impl Breaker {
         self.state.load(Ordering::Acquire) == CLOSED
     }
 
+    /// Microseconds from the breaker's making to `at` (0 before it).
+    fn since_epoch(&self, at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(self.epoch).as_micros()).unwrap_or(u64::MAX)
+    }
+
     fn probe_done(&self, ok: bool) {
         if ok {
+            // Calls sent before the probe's answer and failing after it are
+            // stragglers of the outage.
+            self.answered
+                .fetch_max(self.since_epoch(Instant::now()), Ordering::AcqRel);
             self.failures.store(0, Ordering::Relaxed);
             self.cooldown().length = self.config.first_probe;
             self.state.store(CLOSED, Ordering::Release);
@@ -373,20 +394,39 @@ mod tests {
         Arc::new(Breaker::new(CircuitBreaker::new(), "test"))
     }
 
+    /// Through a failover, calls sent to the dead node before the new one
+    /// answered fail after it did: they are stragglers, not news, and must
+    /// not open the breaker again once the store answers.
+    #[tokio::test(start_paused = true)]
+    async fn failures_of_calls_sent_before_a_success_do_not_count() {
+        let b = breaker();
+        let early = Instant::now();
+        tokio::time::advance(Duration::from_millis(5)).await;
+        b.success(Instant::now());
+        for _ in 0..10 {
+            b.failure(early);
+        }
+        assert!(b.is_closed(), "stragglers opened the breaker");
+        for _ in 0..3 {
+            b.failure(Instant::now());
+        }
+        assert!(!b.is_closed(), "fresh failures must still open it");
+    }
+
     #[tokio::test(start_paused = true)]
     async fn opens_after_consecutive_failures_and_probes_once() {
         let b = breaker();
         for _ in 0..2 {
             assert!(matches!(b.admit(), Admit::Go));
-            b.failure();
+            b.failure(Instant::now());
         }
         // A success in between resets the count.
-        b.success();
+        b.success(Instant::now());
         for _ in 0..2 {
-            b.failure();
+            b.failure(Instant::now());
         }
         assert!(b.is_closed());
-        b.failure();
+        b.failure(Instant::now());
         assert!(!b.is_closed());
         let Admit::Reject(wait) = b.admit() else {
             panic!("open breaker let a call through")
@@ -412,7 +452,7 @@ mod tests {
     async fn failed_probes_double_the_cooldown_up_to_the_cap() {
         let b = breaker();
         for _ in 0..3 {
-            b.failure();
+            b.failure(Instant::now());
         }
         let mut expected = DEFAULT_FIRST_PROBE;
         for _ in 0..6 {
@@ -437,7 +477,7 @@ mod tests {
         let b = breaker();
         assert!(matches!(b.admit_without_probe(), Admit::Go));
         for _ in 0..3 {
-            b.failure();
+            b.failure(Instant::now());
         }
         assert!(matches!(b.admit_without_probe(), Admit::Reject(_)));
         // A probe is due: a batch is still refused, and leaves the probe to
@@ -456,7 +496,7 @@ mod tests {
     async fn a_dropped_probe_counts_as_failed() {
         let b = breaker();
         for _ in 0..3 {
-            b.failure();
+            b.failure(Instant::now());
         }
         tokio::time::advance(DEFAULT_FIRST_PROBE).await;
         let Admit::Probe(probe) = b.admit() else {
@@ -472,7 +512,7 @@ mod tests {
     fn a_disabled_breaker_never_opens_and_configs_are_checked() {
         let b = Arc::new(Breaker::new(CircuitBreaker::disabled(), "test"));
         for _ in 0..100 {
-            b.failure();
+            b.failure(Instant::now());
         }
         assert!(matches!(b.admit(), Admit::Go));
         assert!(CircuitBreaker::new().failures(0).validate().is_err());

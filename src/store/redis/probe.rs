@@ -71,7 +71,7 @@ mod tests {
     async fn probing() -> (Arc<Breaker>, ProbeGuard) {
         let breaker = Arc::new(Breaker::new(CircuitBreaker::new(), "test"));
         for _ in 0..3 {
-            breaker.failure();
+            breaker.failure(tokio::time::Instant::now());
         }
         tokio::time::advance(Duration::from_secs(1)).await;
         let Admit::Probe(probe) = breaker.admit() else {

@@ -503,12 +503,12 @@ impl RedisStore {
         let deadline = sent + self.inner.timeout;
         match tokio::time::timeout_at(deadline, answered).await {
             Ok(Ok(Ok(outcome))) => {
-                self.inner.breaker.success();
+                self.inner.breaker.success(sent);
                 Ok(outcome)
             }
             Ok(Ok(Err(err))) => {
                 if !matches!(err, Error::CircuitOpen { .. }) {
-                    self.inner.breaker.failure();
+                    self.inner.breaker.failure(sent);
                 }
                 Err(err)
             }
@@ -526,7 +526,7 @@ impl RedisStore {
             Err(_) => {
                 // The caller waited the whole timeout (in the queue or in the
                 // call): for the breaker, as for the caller, a timeout.
-                self.inner.breaker.failure();
+                self.inner.breaker.failure(sent);
                 let err = Error::Timeout(self.inner.timeout);
                 observe::store_error(STORE, &err, &self.inner.errors);
                 Err(err)
@@ -857,11 +857,11 @@ impl RedisStore {
         match (admit, failure) {
             (Admit::Probe(probe), failure) => probe.done(failure.is_none()),
             _ if checks == 0 => {}
-            (_, None) => self.inner.breaker.success(),
+            (_, None) => self.inner.breaker.success(started),
             (_, Some(_)) => self
                 .inner
                 .breaker
-                .failures_of(u32::try_from(checks).unwrap_or(u32::MAX)),
+                .failures_of(u32::try_from(checks).unwrap_or(u32::MAX), started),
         }
         self.report(started, failure);
         result
