@@ -828,7 +828,9 @@ impl RedisStore {
         }
     }
 
-    /// Runs `op` behind the circuit breaker, and reports how it went.
+    /// Runs `op` behind the circuit breaker, and reports how it went (the
+    /// test-clock calls; checks and resets never take the probe inline).
+    #[cfg(feature = "test-util")]
     async fn guarded<T, F, Fut>(&self, op: F) -> Result<T, Error>
     where
         F: Fn(Conn) -> Fut,
