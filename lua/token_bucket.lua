@@ -17,7 +17,8 @@
 --             (tokens to spend from every bucket; 0 = peek, writes nothing), then
 --             per quota: its index in the quota list, and the debt the bucket may
 --             take on (0 for a check; for a reservation, the level may go that
---             many units below zero: the reserved tokens are due later).
+--             many units below zero: the reserved tokens are due later; -1 on
+--             every quota for an adjustment after the fact, see `adjust`).
 --             Compact form, when every decision is a check (no debt) of the
 --             first quota alone: -D, then per decision only its cost. It
 --             decides exactly as the long form (n = 1, cost, 1, 0) would, with
@@ -188,6 +189,27 @@ local function finish(key, q, level, stamp, need, allowed, cost)
   r = r + 3
 end
 
+-- An adjustment after the fact (debt -1), decided by a response: cost
+-- tokens spent from the bucket (a charge) or, when cost is negative, given
+-- back to it (a refund), whatever its level. A refund fills the bucket up to
+-- full at most, so it never admits more than if the refunded request had
+-- never come; a charge takes it into debt down to -full at most (one
+-- bucket's worth, the most one request may cost), which the next admission
+-- waits to see refilled. Always applied; the reply is that of an admitted
+-- check of nothing.
+local function adjust(key, q, cost)
+  local full, num, den = fulls[q], nums[q], dens[q]
+  local level, stamp = stored_bucket(key, full, num)
+  -- Exact wherever the clamps do not apply: both operands are below 2^53.
+  level = level - cost * den
+  if level > full then
+    level = full
+  elseif level < -full then
+    level = -full
+  end
+  finish(key, q, level, stamp, 0, true, 1)
+end
+
 local nd = ARGV[a] + 0
 a = a + 1
 if nd < 0 then
@@ -301,16 +323,32 @@ else
       local q, debt = known[ARGV[a + 2]] or ARGV[a + 2] + 0, known[ARGV[a + 3]] or ARGV[a + 3] + 0
       a = a + 4
       local full, need = fulls[q], cost * dens[q]
-      if need > full then
-        return redis.error_reply("ERR tollgate: cost exceeds capacity")
+      if debt < 0 then
+        r = r + 1
+        reply[r] = 1
+        adjust(KEYS[k], q, cost)
+      else
+        if need > full then
+          return redis.error_reply("ERR tollgate: cost exceeds capacity")
+        end
+        local key = KEYS[k]
+        local level, stamp = stored_bucket(key, full, nums[q])
+        local allowed = level - need >= -debt_at(debt, stamp, nums[q])
+        r = r + 1
+        reply[r] = allowed and 1 or 0
+        finish(key, q, level, stamp, need, allowed, cost)
       end
-      local key = KEYS[k]
-      local level, stamp = stored_bucket(key, full, nums[q])
-      local allowed = level - need >= -debt_at(debt, stamp, nums[q])
-      r = r + 1
-      reply[r] = allowed and 1 or 0
-      finish(key, q, level, stamp, need, allowed, cost)
       k = k + 1
+    elseif (known[ARGV[a + 3]] or ARGV[a + 3] + 0) < 0 then
+      -- An adjustment of several quotas: each bucket on its own.
+      a = a + 2
+      r = r + 1
+      reply[r] = 1
+      for i = 1, n do
+        adjust(KEYS[k + i - 1], known[ARGV[a]] or ARGV[a] + 0, cost)
+        a = a + 2
+      end
+      k = k + n
     else
       a = a + 2
       local allowed = true

@@ -194,6 +194,20 @@ impl Fallback {
         Ok((Reservation::new(decision, wait_us), scaled))
     }
 
+    /// An adjustment after the fact (`delta` tokens spent, or given back when
+    /// negative) of `key`'s buckets under `policy` at this instance's share:
+    /// for a refund or charge of a request this fallback may have decided.
+    pub(crate) fn adjust(&self, key: &str, policy: &Policy, delta: i64) {
+        let scaled = self.scaled(policy, delta.unsigned_abs().min(policy.max_cost()));
+        self.adjust_scaled(key, &scaled, delta);
+    }
+
+    /// An adjustment under `scaled`, the policy a decision of this fallback
+    /// was made under.
+    pub(crate) fn adjust_scaled(&self, key: &str, scaled: &Policy, delta: i64) {
+        self.inner.store.adjust_now(key, scaled, delta);
+    }
+
     /// The store answered: if this fallback was deciding, it stops.
     pub(crate) fn store_answered(&self) {
         if self.inner.active.load(Ordering::Relaxed)

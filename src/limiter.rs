@@ -353,6 +353,57 @@ impl RateLimiter {
         Ok(reservation.into_decision())
     }
 
+    /// Gives `cost` tokens back to `key`'s buckets: a request admitted
+    /// earlier that should not count after all (a successful login under a
+    /// limit of failed ones). Each bucket is filled up to its capacity at
+    /// most, so the bucket admits no more than if that request had never
+    /// come. On a [`RedisStore`](crate::RedisStore) it is one script call,
+    /// batched with the checks in flight; a failed one leaves the tokens spent
+    /// (limiting more, never less). While the store fails, a
+    /// [`fallback`](Self::fallback) that is deciding takes the refund instead,
+    /// as it takes the checks.
+    pub async fn refund(&self, key: &str, cost: u64) -> Result<(), Error> {
+        if cost == 0 {
+            return Ok(());
+        }
+        // Never more than a request may cost: a larger refund is no more
+        // than that.
+        let cost = cost.min(self.policy.max_cost());
+        self.adjust(&self.named(key), &self.policy, -signed(cost))
+            .await
+    }
+
+    /// Spends `cost` more tokens from `key`'s buckets, whatever they hold: a
+    /// cost known only once the work is done (a query's real price). A
+    /// bucket may go into debt, down to minus its capacity at most (the most
+    /// one request may cost); later checks wait until the debt is refilled.
+    /// One store call, batched like [`refund`](Self::refund), and taken by a
+    /// deciding fallback the same way.
+    pub async fn charge(&self, key: &str, cost: u64) -> Result<(), Error> {
+        if cost == 0 {
+            return Ok(());
+        }
+        let cost = cost.min(crate::quota::MAX_EXACT);
+        self.adjust(&self.named(key), &self.policy, signed(cost))
+            .await
+    }
+
+    /// `delta` tokens spent from (or, negative, given back to) `key`'s
+    /// buckets under `policy`, in the store; while the store fails, in the
+    /// fallback if it is deciding.
+    pub(crate) async fn adjust(&self, key: &str, policy: &Policy, delta: i64) -> Result<(), Error> {
+        match self.store.adjust(key, policy, delta).await {
+            Ok(()) => Ok(()),
+            Err(error) => match &self.fallback {
+                Some(fallback) if error.is_store_error() && fallback.is_active() => {
+                    fallback.adjust(key, policy, delta);
+                    Ok(())
+                }
+                _ => Err(error),
+            },
+        }
+    }
+
     /// The state of `key`'s buckets, spending nothing.
     pub async fn peek(&self, key: &str) -> Result<Decision, Error> {
         self.check(key, 0).await
@@ -407,6 +458,11 @@ where
             *this.cost,
         ))
     }
+}
+
+/// A cost as a signed count of tokens (costs are below 2^53).
+pub(crate) fn signed(cost: u64) -> i64 {
+    i64::try_from(cost).unwrap_or(i64::MAX)
 }
 
 /// Reports a decision to tracing and metrics.

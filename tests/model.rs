@@ -43,11 +43,12 @@ struct ModelQuota {
 }
 
 /// One bucket: `scaled / period_us` tokens at the microsecond `stamp` (the last
-/// spend), exactly; a bucket never spent from is full.
+/// spend), exactly; a bucket never spent from is full. Negative after a
+/// charge into debt.
 #[derive(Clone, Copy, Debug)]
 struct ModelBucket {
     q: ModelQuota,
-    scaled: u128,
+    scaled: i128,
     stamp: Option<u128>,
 }
 
@@ -67,13 +68,13 @@ impl ModelBucket {
     fn full(q: ModelQuota) -> Self {
         ModelBucket {
             q,
-            scaled: q.capacity * q.period_us,
+            scaled: (q.capacity * q.period_us) as i128,
             stamp: None,
         }
     }
 
-    fn cap(&self) -> u128 {
-        self.q.capacity * self.q.period_us
+    fn cap(&self) -> i128 {
+        (self.q.capacity * self.q.period_us) as i128
     }
 
     /// The time a check at `now` counts from: `now`, or the last spend if the
@@ -84,17 +85,17 @@ impl ModelBucket {
 
     /// The level at `t` (not before the stamp): `+ (t - stamp) * tokens /
     /// period`, capped at the capacity.
-    fn level(&self, t: u128) -> u128 {
+    fn level(&self, t: u128) -> i128 {
         match self.stamp {
             None => self.cap(),
-            Some(s) => (self.scaled + (t - s) * self.q.tokens).min(self.cap()),
+            Some(s) => (self.scaled + ((t - s) * self.q.tokens) as i128).min(self.cap()),
         }
     }
 
     /// When the bucket is full again (`None`: it has never been spent from).
     fn full_at(&self) -> Option<u128> {
         self.stamp
-            .map(|s| s + u128::from(ceil(self.cap() - self.scaled, self.q.tokens)))
+            .map(|s| s + u128::from(ceil((self.cap() - self.scaled) as u128, self.q.tokens)))
     }
 
     /// remaining = floor(level); retry_after = ceil((cost - level) / rate) when the
@@ -102,18 +103,19 @@ impl ModelBucket {
     /// ceil((capacity - level) / rate); both plus `ahead`, the time from the
     /// check's clock to the time it counts from. The rate is tokens / period
     /// per µs, so `(x - level) / rate` is `(x * period - scaled) / tokens`.
-    fn state(&self, level: u128, allowed: bool, cost: u128, ahead: u128) -> Expected {
+    fn state(&self, level: i128, allowed: bool, cost: u128, ahead: u128) -> Expected {
         let q = self.q;
         let ahead = u64::try_from(ahead).expect("fits");
-        let retry_after_us = if allowed || level >= cost * q.period_us {
+        let need = (cost * q.period_us) as i128;
+        let retry_after_us = if allowed || level >= need {
             0
         } else {
-            ahead + ceil(cost * q.period_us - level, q.tokens)
+            ahead + ceil((need - level) as u128, q.tokens)
         };
-        let to_full = ceil(self.cap() - level, q.tokens);
+        let to_full = ceil((self.cap() - level) as u128, q.tokens);
         Expected {
             allowed,
-            remaining: u64::try_from(level / q.period_us).expect("fits"),
+            remaining: u64::try_from(level.max(0) as u128 / q.period_us).expect("fits"),
             retry_after_us,
             reset_after_us: if to_full == 0 { 0 } else { ahead + to_full },
         }
@@ -146,7 +148,7 @@ impl Model {
     fn check(&mut self, now: u64, cost: u64) -> Vec<Expected> {
         let (now, cost) = (u128::from(now), u128::from(cost));
         let times: Vec<u128> = self.buckets.iter().map(|b| b.time(now)).collect();
-        let mut levels: Vec<u128> = self
+        let mut levels: Vec<i128> = self
             .buckets
             .iter()
             .zip(&times)
@@ -156,10 +158,10 @@ impl Model {
             .buckets
             .iter()
             .zip(&levels)
-            .all(|(b, &l)| l >= cost * b.q.period_us);
+            .all(|(b, &l)| l >= (cost * b.q.period_us) as i128);
         if allowed {
             for (b, l) in self.buckets.iter().zip(levels.iter_mut()) {
-                *l -= cost * b.q.period_us;
+                *l -= (cost * b.q.period_us) as i128;
             }
             if cost > 0 {
                 for ((b, &l), &t) in self.buckets.iter_mut().zip(&levels).zip(&times) {
@@ -174,6 +176,20 @@ impl Model {
             .zip(times)
             .map(|((b, l), t)| b.state(l, allowed, cost, t - now))
             .collect()
+    }
+
+    /// An adjustment after the fact at `now`: `delta` tokens spent from
+    /// every bucket (a charge) or, negative, given back (a refund), whatever
+    /// they hold; each bucket stays between minus its capacity and its
+    /// capacity. The stamps move to the time it counts from.
+    fn adjust(&mut self, now: u64, delta: i64) {
+        let now = u128::from(now);
+        for b in &mut self.buckets {
+            let t = b.time(now);
+            let level = b.level(t) - i128::from(delta) * b.q.period_us as i128;
+            b.scaled = level.clamp(-b.cap(), b.cap());
+            b.stamp = Some(t);
+        }
     }
 
     /// What the check at `now` would answer, without changing the model.
@@ -342,6 +358,35 @@ fn case() -> impl Strategy<Value = (Vec<Quota>, Vec<(i64, u64)>)> {
     })
 }
 
+/// A step of a case with adjustments: a check of a cost, or an adjustment
+/// of `delta` tokens (negative: a refund), followed by a peek.
+#[derive(Clone, Copy, Debug)]
+#[cfg_attr(not(feature = "test-util"), allow(dead_code))]
+enum Step {
+    Check(u64),
+    Adjust(i64),
+}
+
+/// As [`case`], with refunds of up to the largest cost and charges of up to
+/// twice the largest capacity (so the clamp at minus the capacity is met).
+#[cfg_attr(not(feature = "test-util"), allow(dead_code))]
+fn adjusted_case() -> impl Strategy<Value = (Vec<Quota>, Vec<(i64, Step)>)> {
+    quotas().prop_flat_map(|qs| {
+        let cap = qs.iter().map(Quota::capacity).min().unwrap_or(1);
+        let most = qs.iter().map(Quota::capacity).max().unwrap_or(1);
+        let most = i64::try_from(most.min(1 << 40)).unwrap_or(1 << 40);
+        let small = i64::try_from(cap.min(3)).unwrap_or(3);
+        let step = prop_oneof![
+            3 => (0..=cap.min(3)).prop_map(Step::Check),
+            2 => (0..=cap).prop_map(Step::Check),
+            2 => (-small..=small).prop_map(Step::Adjust),
+            1 => (-most..=2 * most).prop_map(Step::Adjust),
+        ];
+        let steps = prop::collection::vec((elapsed(), step), 1..40);
+        (Just(qs), steps)
+    })
+}
+
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -451,6 +496,74 @@ mod explicit_clock {
         if let Err(e) = result {
             panic!("{e}");
         }
+    }
+
+    /// Checks interleaved with refunds and charges (the layer's `settle`,
+    /// `RateLimiter::refund` and `charge`): after every adjustment both
+    /// stores' buckets, peeked, are the model's, and every check after it is
+    /// decided as the model decides, debt included.
+    #[test]
+    fn both_stores_agree_with_the_model_through_refunds_and_charges() {
+        let server = RedisServer::start();
+        let stores = Stores {
+            redis: server.store(),
+            server,
+            runtime: runtime(),
+            next_key: AtomicU64::new(0),
+        };
+        let result = runner(200).run(&adjusted_case(), |(quotas, steps)| {
+            let expired = stores.server.expired_keys();
+            let outcome = compare_adjusted(&stores, &quotas, &steps);
+            let perturbed = stores.server.expired_keys() != expired;
+            let _: () = stores.server.cmd(&["FLUSHALL"]);
+            match outcome {
+                Err(_) if perturbed => Err(TestCaseError::reject("a key expired in real time")),
+                Err(why) => Err(TestCaseError::fail(why)),
+                Ok(()) => Ok(()),
+            }
+        });
+        if let Err(e) = result {
+            panic!("{e}");
+        }
+    }
+
+    fn compare_adjusted(
+        stores: &Stores,
+        quotas: &[Quota],
+        steps: &[(i64, Step)],
+    ) -> Result<(), String> {
+        let policy = Policy::new("model", quotas.iter().copied()).map_err(|e| e.to_string())?;
+        let id = stores.next_key.fetch_add(1, Ordering::Relaxed);
+        let key = format!("model:{id}");
+        let memory = MemoryStore::new();
+        let mut model = Model::new(quotas);
+        let mut now = EPOCH_US;
+        for (step, &(elapsed, op)) in steps.iter().enumerate() {
+            now = now.checked_add_signed(elapsed).expect("clock in range");
+            let cost = match op {
+                Step::Check(cost) => cost,
+                Step::Adjust(delta) => {
+                    model.adjust(now, delta);
+                    memory.adjust_at(&key, &policy, delta, now);
+                    stores
+                        .runtime
+                        .block_on(stores.redis.adjust_at(&key, &policy, delta, now))
+                        .map_err(|e| format!("redis adjust, step {step}: {e}"))?;
+                    0
+                }
+            };
+            let want = model.check(now, cost);
+            let mem = memory
+                .check_at(&key, &policy, cost, now)
+                .map_err(|e| format!("memory, step {step}: {e}"))?;
+            compare("memory", step, &mem, &want)?;
+            let red = stores
+                .runtime
+                .block_on(stores.redis.check_at(&key, &policy, cost, now))
+                .map_err(|e| format!("redis, step {step}: {e}"))?;
+            compare("redis", step, &red, &want)?;
+        }
+        Ok(())
     }
 
     /// A cost above any quota's capacity is refused by both stores the same way,

@@ -7,11 +7,13 @@
 //! `http_body_util::Full<Bytes>` all work as they are.
 
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, ready};
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
+
+use super::settle::Trailing;
 
 pin_project! {
     /// The response body of [`RateLimit`](super::RateLimit): the inner service's
@@ -26,15 +28,21 @@ pin_project! {
 pin_project! {
     #[project = KindProj]
     enum Kind<B> {
-        Inner { #[pin] body: B },
+        Inner {
+            #[pin]
+            body: B,
+            // A gRPC response's settlement, waiting for the trailers.
+            trailing: Option<Box<Trailing>>,
+        },
         Own { data: Option<Bytes> },
     }
 }
 
 impl<B> ResponseBody<B> {
-    pub(crate) fn inner(body: B) -> Self {
+    /// The inner service's body, settling `trailing` by its trailers.
+    pub(crate) fn settling(body: B, trailing: Option<Box<Trailing>>) -> Self {
         ResponseBody {
-            kind: Kind::Inner { body },
+            kind: Kind::Inner { body, trailing },
         }
     }
 
@@ -48,7 +56,7 @@ impl<B> ResponseBody<B> {
     /// The inner service's body, or `None` for an answer the layer gave itself.
     pub fn into_inner(self) -> Option<B> {
         match self.kind {
-            Kind::Inner { body } => Some(body),
+            Kind::Inner { body, .. } => Some(body),
             Kind::Own { .. } => None,
         }
     }
@@ -78,21 +86,35 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         match self.project().kind.project() {
-            KindProj::Inner { body } => body.poll_frame(cx),
+            KindProj::Inner { body, trailing } => {
+                let frame = ready!(body.poll_frame(cx));
+                if let Some(waiting) = trailing {
+                    match &frame {
+                        Some(Ok(frame)) => {
+                            if let Some(trailers) = frame.trailers_ref() {
+                                waiting.finish(Some(trailers));
+                            }
+                        }
+                        // The end, or an error: no status will come.
+                        _ => waiting.finish(None),
+                    }
+                }
+                Poll::Ready(frame)
+            }
             KindProj::Own { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
         }
     }
 
     fn is_end_stream(&self) -> bool {
         match &self.kind {
-            Kind::Inner { body } => body.is_end_stream(),
+            Kind::Inner { body, .. } => body.is_end_stream(),
             Kind::Own { data } => data.is_none(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
-            Kind::Inner { body } => body.size_hint(),
+            Kind::Inner { body, .. } => body.size_hint(),
             Kind::Own { data } => SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64)),
         }
     }
@@ -117,7 +139,7 @@ mod tests {
 
     #[tokio::test]
     async fn inner_bodies_pass_through() {
-        let body = ResponseBody::inner(Full::new(Bytes::from_static(b"hello")));
+        let body = ResponseBody::settling(Full::new(Bytes::from_static(b"hello")), None);
         assert_eq!(body.size_hint().exact(), Some(5));
         let bytes = body.collect().await.unwrap().to_bytes();
         assert_eq!(bytes, "hello");

@@ -26,11 +26,12 @@ use super::http_answer;
 use super::options::{Missing, OnStoreError, Selected};
 use super::outcome::{After, Answer, Deferred, Delayed, StoreFailure};
 use super::report::shadow_report;
+use super::settle::{By, Ticket};
 use crate::key::present;
 use crate::limiter::Decided;
 use crate::store::Unsent;
 use crate::store::safe_key;
-use crate::{Error, Policy};
+use crate::{Decision, Error, Policy};
 
 /// The request head back, and what to do with the request.
 pub(crate) struct Checked {
@@ -248,10 +249,28 @@ fn outcome(
     delayed: Option<Delayed>,
 ) -> Result<After, Answer> {
     let Ask {
-        policy, kind, cost, ..
+        policy,
+        kind,
+        cost,
+        key,
     } = ask;
+    // An admitted request carries what settles its cost by its response.
+    let ticket = |decision: &Decision, policy: &Policy, by: By| {
+        config.settle.as_ref().map(|settler| {
+            Ticket::new(
+                settler,
+                &config.limiter,
+                key,
+                policy.clone(),
+                cost,
+                by,
+                decision.clone(),
+            )
+        })
+    };
     let after = match decided {
         Decided::Store(decision) if decision.allowed() => After {
+            ticket: ticket(&decision, &policy, By::Store),
             headers: Deferred::new(config.headers, policy),
             decision: Some(decision),
             delayed,
@@ -271,6 +290,7 @@ fn outcome(
             policy,
             error,
         } if decision.allowed() => After {
+            ticket: ticket(&decision, &policy, By::Fallback(policy.clone())),
             headers: Deferred::new(config.headers, policy),
             decision: Some(decision),
             failure: Some(StoreFailure::new(error)),

@@ -11,6 +11,7 @@ use tokio::sync::Semaphore;
 
 use super::dyn_key::Extractor;
 use super::options::{Delay, HeaderStyle, Missing, OnStoreError, Reject, Rejection, Selected};
+use super::settle::Settler;
 use crate::RateLimiter;
 
 /// A layer's delay mode at work: its settings and the slots of the requests
@@ -61,6 +62,7 @@ pub(crate) struct Config {
     pub(crate) shadow: bool,
     /// Delay mode, when set.
     pub(crate) delay: Option<Holding>,
+    pub(crate) settle: Option<Settler>,
     /// Set once a request's key extractor waited: from then on every request
     /// is checked in its response future, without a try in `call` (which
     /// would run the policy choice twice).
@@ -87,6 +89,7 @@ impl fmt::Debug for Config {
             .field("rejection", &Rejection(self.rejection.clone()))
             .field("shadow", &self.shadow)
             .field("delay", &self.delay.as_ref().map(|h| h.delay))
+            .field("settles", &self.settle.is_some())
             .finish()
     }
 }

@@ -14,6 +14,7 @@ use super::check::{Checked, Verdict};
 use super::dyn_key::BoxFuture;
 use super::outcome::After;
 use super::report::add_report;
+use super::settle::settle_now;
 
 pin_project! {
     /// The response future of [`RateLimit`](super::RateLimit): the inner
@@ -122,9 +123,17 @@ where
                 }
                 StateProj::Calling { future, after } => {
                     let res = ready!(future.poll(cx));
-                    let after: Option<After> = after.take();
+                    let mut after: Option<After> = after.take();
                     this.state.set(State::Done);
-                    let mut res = res?.map(ResponseBody::inner);
+                    let res = res?;
+                    // The response settles the request's cost now, or, for a
+                    // gRPC status still to come in the trailers, at the end
+                    // of the body.
+                    let trailing = match after.as_mut().and_then(|a| a.ticket.take()) {
+                        Some(ticket) => settle_now(ticket, res.status(), res.headers()),
+                        None => None,
+                    };
+                    let mut res = res.map(|body| ResponseBody::settling(body, trailing));
                     if let Some(after) = after {
                         if let (Some(headers), Some(decision)) = (&after.headers, &after.decision) {
                             add_report(res.headers_mut(), headers.style, &headers.policy, decision);

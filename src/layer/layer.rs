@@ -10,10 +10,11 @@ use super::config::{Config, Cost, Holding};
 use super::dyn_key::Extractor;
 use super::options::{Choice, Delay, HeaderStyle, MissingKey, OnStoreError, Rejection};
 use super::service::RateLimit;
+use super::settle::{ResponseHead, Settle, Settler};
 use super::table::PolicyTable;
 use crate::key::{KeyExtractor, PeerIp};
 use crate::store::AnyStore;
-use crate::{ConfigError, Policy, RateLimiter};
+use crate::{ConfigError, Decision, Policy, RateLimiter};
 
 /// Applies [`RateLimit`] to a service: a tower [`Layer`] for axum's
 /// `Router::layer` / `route_layer`, tonic's `Server::builder().layer`, hyper
@@ -67,6 +68,7 @@ impl RateLimitLayer {
                 rejection: Rejection::default().0,
                 shadow: false,
                 delay: None,
+                settle: None,
                 waits: Arc::default(),
             }),
         }
@@ -210,6 +212,70 @@ impl RateLimitLayer {
     pub fn delay(self, delay: impl Into<Delay>) -> Self {
         let holding = Holding::new(delay.into());
         self.with(|c| c.delay = Some(holding))
+    }
+
+    /// Settles each admitted request's cost by its response: `settle` sees
+    /// the response's status and headers (for gRPC, its `grpc-status`, also
+    /// from trailers that come after the body) and the request's
+    /// [`Decision`], and answers [`Settle::Keep`], [`Settle::Refund`] (the
+    /// request does not count) or [`Settle::Charge`] (it costs more). For
+    /// limits on what matters: failed logins, bad API keys, a price known
+    /// only after the work.
+    ///
+    /// The request is charged when it is admitted, as always, and settled
+    /// after: a flood of concurrent attempts is bounded while their
+    /// responses are still coming. A refund fills the buckets up to their
+    /// capacity at most; a charge may take them into debt, down to minus
+    /// their capacity. A settlement goes where the decision was made (the
+    /// store, or the fallback's share); on Redis it is one script call,
+    /// batched with the checks in flight, sent without making the response
+    /// wait; a response that keeps its cost costs nothing. See the
+    /// [module docs](crate::layer#settling-by-the-response).
+    pub fn settle<F>(self, settle: F) -> Self
+    where
+        F: Fn(&ResponseHead<'_>, &Decision) -> Settle + Send + Sync + 'static,
+    {
+        self.with(|c| c.settle = Some(Settler(Arc::new(settle))))
+    }
+
+    /// Counts only requests that fail: a response of status 400 or above,
+    /// or a gRPC status other than `OK` (also a call whose status never
+    /// came). Successful requests are refunded. "5 failed logins per
+    /// account per 15 minutes".
+    pub fn count_only_failures(self) -> Self {
+        self.settle(|response, _| {
+            if response.is_success() {
+                Settle::Refund
+            } else {
+                Settle::Keep
+            }
+        })
+    }
+
+    /// Counts only requests that succeed (status below 400, gRPC `OK`);
+    /// failed ones are refunded.
+    pub fn count_only_successes(self) -> Self {
+        self.settle(|response, _| {
+            if response.is_success() {
+                Settle::Keep
+            } else {
+                Settle::Refund
+            }
+        })
+    }
+
+    /// Counts only responses of these HTTP statuses (for example `[401,
+    /// 403]`); others are refunded. For gRPC, use
+    /// [`settle`](Self::settle) with [`ResponseHead::grpc_status`].
+    pub fn count_only_statuses(self, statuses: impl IntoIterator<Item = u16>) -> Self {
+        let statuses: Vec<u16> = statuses.into_iter().collect();
+        self.settle(move |response, _| {
+            if statuses.contains(&response.status().as_u16()) {
+                Settle::Keep
+            } else {
+                Settle::Refund
+            }
+        })
     }
 
     /// In [delay mode](Self::delay), how many requests this layer (with its

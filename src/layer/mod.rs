@@ -2,13 +2,14 @@
 //! service.
 #![doc = include_str!("../docs/layer.md")]
 #![doc = include_str!("../docs/delay.md")]
+#![doc = include_str!("../docs/settle.md")]
 #![doc = include_str!("../docs/tables.md")]
 #![doc = include_str!("../docs/headers.md")]
 #![doc = include_str!("../docs/grpc.md")]
 #![doc = include_str!("../docs/stacking.md")]
 
 // A one-way stack; each file imports only from files to its left:
-// headers -> dyn_key -> options -> config -> outcome -> report ->
+// headers -> dyn_key -> options -> settle -> config -> outcome -> report ->
 // (http_answer | grpc) -> check, then body -> future -> service -> layer; and
 // the policy tables, options -> rule_key -> (grpc) -> rule -> table ->
 // (table_file) -> layer.
@@ -30,6 +31,7 @@ mod report;
 mod rule;
 mod rule_key;
 mod service;
+mod settle;
 mod table;
 #[cfg(feature = "serde")]
 mod table_file;
@@ -49,4 +51,5 @@ pub use outcome::{Delayed, ShadowRejection, StoreFailure};
 pub use rule::PolicyRule;
 pub use rule_key::RuleKey;
 pub use service::RateLimit;
+pub use settle::{ResponseHead, Settle};
 pub use table::PolicyTable;

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::options::HeaderStyle;
+use super::settle::Ticket;
 use crate::{Decision, Error, Policy};
 
 /// In [shadow mode](super::RateLimitLayer::shadow), what the layer would have
@@ -130,4 +131,7 @@ pub(crate) struct After {
     pub(crate) failure: Option<StoreFailure>,
     pub(crate) shadow: Option<ShadowRejection>,
     pub(crate) delayed: Option<Delayed>,
+    /// The request's cost, to settle by its response (a layer with
+    /// [`settle`](super::RateLimitLayer::settle) only).
+    pub(crate) ticket: Option<Box<Ticket>>,
 }

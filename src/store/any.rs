@@ -117,6 +117,22 @@ impl AnyStore {
     }
 }
 
+impl AnyStore {
+    /// An adjustment after the fact: `delta` tokens spent from `key`'s
+    /// buckets under `policy` (a charge) or, when negative, given back (a
+    /// refund). At once in a memory store; one batched script call in Redis.
+    pub(crate) async fn adjust(&self, key: &str, policy: &Policy, delta: i64) -> Result<(), Error> {
+        match &self.inner {
+            Inner::Memory(store) => {
+                store.adjust_now(key, policy, delta);
+                Ok(())
+            }
+            #[cfg(feature = "redis")]
+            Inner::Redis(store) => Box::pin(store.adjust(key, policy, delta)).await,
+        }
+    }
+}
+
 impl From<MemoryStore> for AnyStore {
     fn from(store: MemoryStore) -> Self {
         AnyStore {

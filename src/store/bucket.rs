@@ -146,6 +146,25 @@ pub(crate) fn spend(
     (decision, wait_us)
 }
 
+/// An adjustment after the fact (the layer's `settle`, [`RateLimiter::refund`]
+/// and [`RateLimiter::charge`](crate::RateLimiter::charge)): `delta` tokens
+/// spent from every bucket (a charge) or, when negative, given back (a
+/// refund), whatever their level. A refund fills a bucket up to full at most,
+/// so it never admits more than if the refunded request had never come; a
+/// charge takes it into debt down to minus its capacity at most (the most one
+/// request may cost), which later checks wait to see refilled. `levels` must
+/// be brought up to `now` already. As `adjust` in `lua/token_bucket.lua`.
+///
+/// [`RateLimiter::refund`]: crate::RateLimiter::refund
+pub(crate) fn adjust(quotas: &[Quota], levels: &mut [Level], delta: i64) {
+    for (q, l) in quotas.iter().zip(levels.iter_mut()) {
+        let full = signed(q.full());
+        let units = i128::from(delta) * i128::from(signed(q.den()));
+        let level = (i128::from(l.level) - units).clamp(-i128::from(full), i128::from(full));
+        l.level = i64::try_from(level).unwrap_or(0);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -274,5 +293,33 @@ mod reservation_tests {
         let (d, wait) = spend(&[q], &mut l, 1, behind, &[debt_for(&q, 1_500_000)]);
         assert!(d.allowed());
         assert_eq!(wait, 1_500_000);
+    }
+}
+
+#[cfg(test)]
+mod adjust_tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn a_refund_gives_back_up_to_full_and_a_charge_takes_down_to_minus_full() {
+        let q = Quota::per_second(10).unwrap();
+        let mut l = [Level::full(&q, 0)];
+        assert!(spend(&[q], &mut l, 3, 0, &[]).0.allowed());
+        adjust(&[q], &mut l, -2);
+        assert_eq!(l[0].level, signed(9 * q.den()));
+        // Never above full: a refund admits no more than if the request had
+        // never come.
+        adjust(&[q], &mut l, -5);
+        assert_eq!(l[0].level, signed(q.full()));
+        // A charge may go into debt, by one bucket at most.
+        adjust(&[q], &mut l, 15);
+        assert_eq!(l[0].level, -signed(5 * q.den()));
+        adjust(&[q], &mut l, 1_000);
+        assert_eq!(l[0].level, -signed(q.full()));
+        // The next check waits for the debt and its own token: 1.1 s.
+        let (d, _) = spend(&[q], &mut l, 1, 0, &[]);
+        assert!(!d.allowed());
+        assert_eq!(d.retry_after(), Duration::from_millis(1_100));
     }
 }

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::time::Instant;
 
-use super::bucket::{Level, debt_for, spend};
+use super::bucket::{Level, adjust, debt_for, spend};
 use super::contract::{Store, validate};
 use super::key::safe_key;
 use super::sealed::Sealed;
@@ -406,12 +406,43 @@ impl MemoryStore {
         max_wait_us: u64,
     ) -> Result<(Decision, u64), Error> {
         validate(policy, cost)?;
-        let quotas = policy.quotas();
         let debts: Vec<u64> = if max_wait_us == 0 {
             Vec::new()
         } else {
-            quotas.iter().map(|q| debt_for(q, max_wait_us)).collect()
+            policy.quotas().iter().map(|q| debt_for(q, max_wait_us)).collect()
         };
+        // A denial or a peek changes nothing, and a peek at an unknown key
+        // stores nothing.
+        Ok(self.update_at(key, policy, now_us, |quotas, levels| {
+            let (decision, wait) = spend(quotas, levels, cost, now_us, &debts);
+            let write = decision.allowed() && cost != 0;
+            ((decision, wait), write)
+        }))
+    }
+
+    /// [`adjust`]s `key`'s buckets by `delta` tokens at `now_us` (a charge,
+    /// or when negative a refund). Buckets it leaves full are stored too, and
+    /// forgotten first when the store is full, as any refilled key.
+    pub(crate) fn adjust_at(&self, key: &str, policy: &Policy, delta: i64, now_us: u64) {
+        if delta == 0 {
+            return;
+        }
+        self.update_at(key, policy, now_us, |quotas, levels| {
+            adjust(quotas, levels, delta);
+            ((), true)
+        });
+    }
+
+    /// Runs `update` on `key`'s buckets brought up to `now_us`, and stores
+    /// them if it says so.
+    fn update_at<T>(
+        &self,
+        key: &str,
+        policy: &Policy,
+        now_us: u64,
+        update: impl FnOnce(&[Quota], &mut [Level]) -> (T, bool),
+    ) -> T {
+        let quotas = policy.quotas();
         let key = safe_key(key);
         let (hash, mut shard) = self.shard(&key);
         let stored = shard.get(hash, &key).map(|e| e.buckets.as_slice());
@@ -433,18 +464,16 @@ impl MemoryStore {
                 None => Level::full(q, now_us),
             };
         }
-        let (decision, wait) = spend(quotas, levels, cost, now_us, &debts);
-        // A denial or a peek changes nothing, and a peek at an unknown key
-        // stores nothing.
-        if !decision.allowed() || cost == 0 {
-            return Ok((decision, wait));
+        let (out, write) = update(quotas, levels);
+        if !write {
+            return out;
         }
         let hasher = &self.inner.hasher;
         if !known && shard.map.len() >= self.inner.per_shard {
             shard.forget_first(hasher, now_us);
         }
         shard.write(hasher, hash, &key, quotas, levels);
-        Ok((decision, wait))
+        out
     }
 }
 
@@ -459,6 +488,11 @@ impl MemoryStore {
         cost: u64,
     ) -> Result<Decision, Error> {
         self.decide_at(key, policy, cost, self.now())
+    }
+
+    /// An adjustment after the fact, at once (see [`adjust`]).
+    pub(crate) fn adjust_now(&self, key: &str, policy: &Policy, delta: i64) {
+        self.adjust_at(key, policy, delta, self.now());
     }
 }
 
