@@ -753,11 +753,11 @@ mod tests {
     }
 
     proptest::proptest! {
-        #![proptest_config(crate::fuzz::config())]
+        #![proptest_config(crate::hostile_input::config())]
 
         #[test]
         fn every_strategy_keys_64k_headers_briefly_and_within_budget(
-            lines in proptest::collection::vec(crate::fuzz::header_bytes(), 1..3),
+            lines in proptest::collection::vec(crate::hostile_input::header_bytes(), 1..3),
         ) {
             let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
             let extractors = [
@@ -770,7 +770,7 @@ mod tests {
             for c in &extractors {
                 for name in ["x-forwarded-for", "forwarded"] {
                     let headers: Vec<_> = lines.iter().map(|l| (name, l.as_slice())).collect();
-                    let k = crate::fuzz::within_budget(name, || {
+                    let k = crate::hostile_input::within_budget(name, || {
                         rt.block_on(key(c, "10.0.0.2", &headers))
                     });
                     let k = k.unwrap_or_default();

@@ -211,12 +211,12 @@ mod tests {
     }
 
     proptest::proptest! {
-        #![proptest_config(crate::fuzz::config())]
+        #![proptest_config(crate::hostile_input::config())]
 
         #[test]
         fn combined_keys_of_64k_parts_stay_short_and_safe(
-            a in crate::fuzz::header_bytes(),
-            b in crate::fuzz::header_bytes(),
+            a in crate::hostile_input::header_bytes(),
+            b in crate::hostile_input::header_bytes(),
         ) {
             let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
             let a = String::from_utf8_lossy(&a).into_owned();
@@ -226,7 +226,7 @@ mod tests {
             let second = from_fn("b", move |_| Some(b2.clone()));
             let p = parts(Request::get("/"));
             let and = first.and(second);
-            let k = crate::fuzz::within_budget("and", || rt.block_on(and.extract(&p)));
+            let k = crate::hostile_input::within_budget("and", || rt.block_on(and.extract(&p)));
             if let Some(k) = k {
                 proptest::prop_assert!(k.len() <= 2 * crate::store::MAX_RAW_KEY_LEN + 4, "{}", k);
                 proptest::prop_assert!(only_its_length_is_unsafe(&k), "{}", k);
@@ -235,7 +235,7 @@ mod tests {
             }
             let (a3, b3) = (a.clone(), b.clone());
             let or = from_fn("a", move |_| Some(a3.clone())).or(from_fn("b", move |_| Some(b3.clone())));
-            let k = crate::fuzz::within_budget("or", || rt.block_on(or.extract(&p)));
+            let k = crate::hostile_input::within_budget("or", || rt.block_on(or.extract(&p)));
             if let Some(k) = k {
                 proptest::prop_assert!(k.len() <= crate::store::MAX_RAW_KEY_LEN + 2, "{}", k);
                 proptest::prop_assert!(only_its_length_is_unsafe(&k), "{}", k);

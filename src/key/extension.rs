@@ -168,15 +168,15 @@ mod tests {
     }
 
     proptest::proptest! {
-        #![proptest_config(crate::fuzz::config())]
+        #![proptest_config(crate::hostile_input::config())]
 
         #[test]
-        fn values_of_64k_give_short_safe_keys(value in crate::fuzz::header_bytes()) {
+        fn values_of_64k_give_short_safe_keys(value in crate::hostile_input::header_bytes()) {
             let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
             let tenant = String::from_utf8_lossy(&value).into_owned();
             let e = Extension::<Tenant>::display("tenant");
             let p = with(&tenant);
-            let k = crate::fuzz::within_budget("extension", || rt.block_on(e.extract(&p)));
+            let k = crate::hostile_input::within_budget("extension", || rt.block_on(e.extract(&p)));
             match k {
                 None => proptest::prop_assert!(tenant.is_empty()),
                 Some(k) => {

@@ -408,7 +408,7 @@ mod tests {
 
     mod fuzz {
         use super::*;
-        use crate::fuzz::{config, header_bytes, within_budget};
+        use crate::hostile_input::{config, header_bytes, within_budget};
         use proptest::prelude::*;
 
         fn lines(values: &[Vec<u8>], name: &str) -> HeaderMap {

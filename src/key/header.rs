@@ -135,17 +135,17 @@ mod tests {
     }
 
     proptest::proptest! {
-        #![proptest_config(crate::fuzz::config())]
+        #![proptest_config(crate::hostile_input::config())]
 
         #[test]
         fn values_of_64k_give_short_safe_keys(
-            value in crate::fuzz::header_bytes(),
+            value in crate::hostile_input::header_bytes(),
             verbatim in proptest::bool::ANY,
         ) {
             let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
             let h = if verbatim { Header::new("x-api-key").verbatim() } else { Header::new("x-api-key") };
             let p = parts(Request::get("/").header("x-api-key", value.as_slice()));
-            let key = crate::fuzz::within_budget("header", || rt.block_on(h.extract(&p)));
+            let key = crate::hostile_input::within_budget("header", || rt.block_on(h.extract(&p)));
             match key {
                 None => proptest::prop_assert!(value.is_empty()),
                 Some(key) => {

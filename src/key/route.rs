@@ -117,18 +117,18 @@ mod tests {
     const PATH_BYTES: &[u8] = b"////abcitemsfilesv1users019-_~%.";
 
     proptest::proptest! {
-        #![proptest_config(crate::fuzz::config())]
+        #![proptest_config(crate::hostile_input::config())]
 
         #[test]
         fn any_path_gives_a_template_key_or_none_within_budget(
-            path in crate::fuzz::motif(PATH_BYTES, 60 * 1024),
+            path in crate::hostile_input::motif(PATH_BYTES, 60 * 1024),
         ) {
             let path = format!("/{}", String::from_utf8(path).unwrap());
             if http::Uri::try_from(path.as_str()).is_err() {
                 return Ok(());
             }
             let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
-            let key = crate::fuzz::within_budget("route", || rt.block_on(key_of(&path)));
+            let key = crate::hostile_input::within_budget("route", || rt.block_on(key_of(&path)));
             let templates = ["/login", "/items/{id}", "/files/{*rest}", "/v1/users/{id}"];
             let known = templates.iter().any(|t| safe_key(t) == key.as_str());
             proptest::prop_assert!(known || key == "-", "{}", key);

@@ -138,13 +138,13 @@ mod tests {
     }
 
     proptest::proptest! {
-        #![proptest_config(crate::fuzz::config())]
+        #![proptest_config(crate::hostile_input::config())]
 
         #[test]
-        fn keys_of_64k_are_made_short_and_safe(value in crate::fuzz::header_bytes()) {
-            let from_bytes = crate::fuzz::within_budget("safe_key_bytes", || safe_key_bytes(&value));
+        fn keys_of_64k_are_made_short_and_safe(value in crate::hostile_input::header_bytes()) {
+            let from_bytes = crate::hostile_input::within_budget("safe_key_bytes", || safe_key_bytes(&value));
             let text = String::from_utf8_lossy(&value);
-            let from_text = crate::fuzz::within_budget("safe_key", || safe_key(&text).into_owned());
+            let from_text = crate::hostile_input::within_budget("safe_key", || safe_key(&text).into_owned());
             for key in [&from_bytes, &from_text] {
                 proptest::prop_assert!(key.len() <= MAX_RAW_KEY_LEN);
                 let braces = key.contains('{') || key.contains('}');

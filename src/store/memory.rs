@@ -19,6 +19,9 @@ use crate::decision::Reservation;
 use crate::quota::micros;
 use crate::{ConfigError, Decision, Error, Policy, Quota};
 
+#[cfg(feature = "test-util")]
+mod test_clock;
+
 /// The default key limit of [`MemoryStore::new`].
 pub const DEFAULT_MAX_KEYS: usize = 100_000;
 
@@ -353,20 +356,6 @@ impl MemoryStore {
         }
     }
 
-    /// `check` at an explicit microsecond clock (counted from the store's
-    /// creation), for tests that control time (cargo feature `test-util`).
-    /// Production code uses [`Store::check`], whose clock is tokio's `Instant`.
-    #[cfg(feature = "test-util")]
-    pub fn check_at(
-        &self,
-        key: &str,
-        policy: &Policy,
-        cost: u64,
-        now_us: u64,
-    ) -> Result<Decision, Error> {
-        self.decide_at(key, policy, cost, now_us)
-    }
-
     /// A check at the microsecond `now_us` of this store's clock.
     pub(crate) fn decide_at(
         &self,
@@ -376,22 +365,6 @@ impl MemoryStore {
         now_us: u64,
     ) -> Result<Decision, Error> {
         self.spend_at(key, policy, cost, now_us, 0).map(|(d, _)| d)
-    }
-
-    /// `reserve` at an explicit microsecond clock (counted from the store's
-    /// creation), for tests that control time (cargo feature `test-util`), as
-    /// `RedisStore::reserve_at` is for Redis.
-    #[cfg(feature = "test-util")]
-    pub fn reserve_at(
-        &self,
-        key: &str,
-        policy: &Policy,
-        cost: u64,
-        max_wait: Duration,
-        now_us: u64,
-    ) -> Result<Reservation, Error> {
-        let (decision, wait) = self.spend_at(key, policy, cost, now_us, micros(max_wait))?;
-        Ok(Reservation::new(decision, wait))
     }
 
     /// A reservation at `now_us` that may wait up to `max_wait_us` (0 for a

@@ -1,0 +1,39 @@
+//! The test-clock API of [`MemoryStore`] (cargo feature `test-util`): checks
+//! and reservations at a microsecond clock the test chooses.
+
+use std::time::Duration;
+
+use super::MemoryStore;
+use crate::decision::Reservation;
+use crate::quota::micros;
+use crate::{Decision, Error, Policy};
+
+impl MemoryStore {
+    /// `check` at an explicit microsecond clock (counted from the store's
+    /// creation), for tests that control time (cargo feature `test-util`).
+    /// Production code uses [`Store::check`](crate::Store::check), whose clock is tokio's `Instant`.
+    pub fn check_at(
+        &self,
+        key: &str,
+        policy: &Policy,
+        cost: u64,
+        now_us: u64,
+    ) -> Result<Decision, Error> {
+        self.decide_at(key, policy, cost, now_us)
+    }
+
+    /// `reserve` at an explicit microsecond clock (counted from the store's
+    /// creation), for tests that control time (cargo feature `test-util`), as
+    /// `RedisStore::reserve_at` is for Redis.
+    pub fn reserve_at(
+        &self,
+        key: &str,
+        policy: &Policy,
+        cost: u64,
+        max_wait: Duration,
+        now_us: u64,
+    ) -> Result<Reservation, Error> {
+        let (decision, wait) = self.spend_at(key, policy, cost, now_us, micros(max_wait))?;
+        Ok(Reservation::new(decision, wait))
+    }
+}
