@@ -396,7 +396,7 @@ impl MemoryStore {
     /// [`adjust`]s `key`'s buckets by `delta` tokens at `now_us` (a charge,
     /// or when negative a refund). Buckets it leaves full are stored too, and
     /// forgotten first when the store is full, as any refilled key.
-    pub(crate) fn adjust_at(&self, key: &str, policy: &Policy, delta: i64, now_us: u64) {
+    pub(crate) fn adjust_on(&self, key: &str, policy: &Policy, delta: i64, now_us: u64) {
         if delta == 0 {
             return;
         }
@@ -465,7 +465,7 @@ impl MemoryStore {
 
     /// An adjustment after the fact, at once (see [`adjust`]).
     pub(crate) fn adjust_now(&self, key: &str, policy: &Policy, delta: i64) {
-        self.adjust_at(key, policy, delta, self.now());
+        self.adjust_on(key, policy, delta, self.now());
     }
 }
 

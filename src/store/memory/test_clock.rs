@@ -36,4 +36,11 @@ impl MemoryStore {
         let (decision, wait) = self.spend_at(key, policy, cost, now_us, micros(max_wait))?;
         Ok(Reservation::new(decision, wait))
     }
+
+    /// A refund (`delta` below 0) or a charge of `key`'s buckets at an
+    /// explicit microsecond clock (cargo feature `test-util`), as the layer's
+    /// `settle` and `RateLimiter::refund` and `charge` make them.
+    pub fn adjust_at(&self, key: &str, policy: &Policy, delta: i64, now_us: u64) {
+        self.adjust_on(key, policy, delta, now_us);
+    }
 }
