@@ -50,7 +50,7 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use super::script::Batch;
+use super::encode::{Batch, SlotOf};
 use super::window::Window;
 use crate::error::Error;
 use crate::store::deny_cache::DenyCache;
@@ -189,8 +189,8 @@ impl Drop for Slot {
 /// The script call for `checks`, in order; `spread` for clients in several
 /// slots of one cluster node (see `nodes.rs`). The checks' keys move into
 /// the batch: [`Batch::take_keys`] hands them back after the call.
-pub(crate) fn batch_of(checks: &mut [Pending], spread: bool) -> Batch {
-    let mut batch = Batch::with_capacity(checks.len(), spread);
+pub(crate) fn batch_of(checks: &mut [Pending], spread: Option<SlotOf>) -> Batch {
+    let mut batch = Batch::with_capacity(checks.len(), None, spread);
     for c in checks {
         batch.push(
             std::mem::take(&mut c.keys),

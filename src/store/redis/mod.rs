@@ -14,10 +14,12 @@
 
 mod batch;
 mod builder;
-mod connection;
-mod failure;
 #[cfg(feature = "cluster")]
-mod nodes;
+mod cluster;
+mod connection;
+mod decode;
+mod encode;
+mod failure;
 mod probe;
 mod script;
 mod sending;

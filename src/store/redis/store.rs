@@ -9,12 +9,13 @@ use redis::{RedisError, Value};
 use tokio::time::Instant;
 
 use super::batch::{Batcher, Pending, Slot, answer, batch_of, remember};
-use super::connection::{Conn, Link};
-use super::failure::{classify, is_connection_error};
 #[cfg(feature = "cluster")]
-use super::nodes::Nodes;
+use super::cluster::{Nodes, hash_slot, others_in_first_slot};
+use super::connection::{Conn, Link};
+use super::encode::{Batch, SlotOf};
+use super::failure::{classify, is_connection_error};
 use super::probe::{self, PROBE_WAIT};
-use super::script::{Batch, Script, others_in_first_slot};
+use super::script::Script;
 use super::sending::Sending;
 use crate::decision::Reservation;
 use crate::error::Error;
@@ -539,6 +540,7 @@ impl RedisStore {
     /// clients of several slots.
     async fn drain(&self, mut slot: Slot, mut checks: Vec<Pending>, spread: bool) {
         loop {
+            #[cfg(feature = "cluster")]
             if spread {
                 let apart =
                     others_in_first_slot(&mut checks, |c| c.keys.first().map(String::as_str));
@@ -550,7 +552,11 @@ impl RedisStore {
             // One check needs no spread call: the production script decides
             // it, routed by its own slot.
             let spread = spread && checks.len() > 1;
-            let mut batch = batch_of(&mut checks, spread);
+            #[cfg(feature = "cluster")]
+            let slot_of: Option<SlotOf> = spread.then_some(hash_slot);
+            #[cfg(not(feature = "cluster"))]
+            let slot_of: Option<SlotOf> = None;
+            let mut batch = batch_of(&mut checks, slot_of);
             let script = self.batch_script(spread);
             let call = &batch;
             let started = Instant::now();
@@ -606,7 +612,7 @@ impl RedisStore {
             return;
         }
         let mut checks = vec![check];
-        let mut batch = batch_of(&mut checks, false);
+        let mut batch = batch_of(&mut checks, None);
         let script = &self.inner.script;
         let call = &batch;
         // Sent on its own, but for the checks of a batch: never the probe.
@@ -730,7 +736,7 @@ impl RedisStore {
             let mut alone = others_in_first_slot(&mut members, |(_, k)| Some(k.as_str()));
             let spread = members.len() > 1;
             let mut batch = if spread {
-                Batch::spread(Some(now_us))
+                Batch::with_capacity(members.len(), Some(now_us), Some(hash_slot))
             } else {
                 Batch::new(Some(now_us))
             };
