@@ -14,10 +14,12 @@
 
 mod batch;
 mod builder;
+mod call;
 #[cfg(feature = "cluster")]
 mod cluster;
 mod connection;
 mod decode;
+mod drain;
 mod encode;
 mod failure;
 mod probe;
@@ -25,6 +27,8 @@ mod script;
 mod sending;
 mod store;
 mod target;
+#[cfg(feature = "test-util")]
+mod test_clock;
 mod window;
 
 pub use builder::{

@@ -1,8 +1,11 @@
 //! A store on a Redis Cluster (cargo feature `cluster`).
 
 mod nodes;
+mod per_node;
+mod refresh;
 mod slots;
 mod spread;
+#[cfg(feature = "test-util")]
+mod test_clock;
 
-pub(crate) use nodes::Nodes;
-pub(crate) use slots::{hash_slot, others_in_first_slot};
+pub(crate) use per_node::per_node;
