@@ -50,10 +50,8 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use super::script::Batch;
 use super::window::Window;
 use crate::error::Error;
-use crate::store::deny_cache::DenyCache;
 use crate::{Decision, Policy};
 
 /// One check waiting for its call.
@@ -183,90 +181,5 @@ impl Drop for Slot {
         if self.held {
             self.queue.give_back();
         }
-    }
-}
-
-/// The script call for `checks`, in order; `spread` for clients in several
-/// slots of one cluster node (see `nodes.rs`). The checks' keys move into
-/// the batch: [`Batch::take_keys`] hands them back after the call.
-pub(crate) fn batch_of(checks: &mut [Pending], spread: bool) -> Batch {
-    let mut batch = Batch::with_capacity(checks.len(), spread);
-    for c in checks {
-        batch.push(
-            std::mem::take(&mut c.keys),
-            &c.policy,
-            c.cost,
-            c.max_wait_us,
-        );
-    }
-    batch
-}
-
-/// Hands every check its answer: `outcomes` in order, or a copy of `error`;
-/// denials of plain checks go into `denials` first, and a check that spent
-/// forgets the denial cached for its buckets.
-pub(crate) fn answer(
-    checks: Vec<Pending>,
-    outcomes: Result<Vec<(Decision, u64)>, Error>,
-    denials: Option<&DenyCache>,
-) {
-    match outcomes {
-        Ok(outcomes) => {
-            for (check, outcome) in checks.into_iter().zip(outcomes) {
-                if let Some(cache) = denials {
-                    remember(
-                        cache,
-                        check.keys,
-                        check.cost,
-                        check.max_wait_us,
-                        &outcome.0,
-                        check.sent,
-                    );
-                }
-                // A caller that gave up (timed out) no longer listens.
-                let _ = check.reply.send(Ok(outcome));
-            }
-        }
-        Err(error) => {
-            for check in checks {
-                let _ = check.reply.send(Err(copy(&error)));
-            }
-        }
-    }
-}
-
-/// What the deny cache learns from `decision`, the answer to a check or
-/// reservation (`max_wait_us` above 0) of `cost` on `keys` sent at `sent`: a
-/// denied check is remembered, and spending forgets what was.
-pub(crate) fn remember(
-    cache: &DenyCache,
-    keys: Vec<String>,
-    cost: u64,
-    max_wait_us: u64,
-    decision: &Decision,
-    sent: Instant,
-) {
-    if decision.allowed() {
-        if cost > 0 {
-            cache.spent(&keys);
-        }
-    } else if max_wait_us == 0 {
-        cache.insert(keys, cost, decision, sent);
-    }
-}
-
-/// The same failure again, for the next check of a failed batch.
-fn copy(error: &Error) -> Error {
-    match error {
-        Error::Timeout(t) => Error::Timeout(*t),
-        Error::CircuitOpen { retry_in } => Error::CircuitOpen {
-            retry_in: *retry_in,
-        },
-        Error::CostExceedsCapacity { cost, capacity } => Error::CostExceedsCapacity {
-            cost: *cost,
-            capacity: *capacity,
-        },
-        Error::Store(inner) => Error::store(error.kind(), inner.to_string()),
-        other => Error::store(other.kind(), other.to_string()),
     }
 }

@@ -383,6 +383,9 @@ impl RedisStoreBuilder {
                 "RedisStore needs a URL or a pool: call .url(..) or .pool(..) (or .cluster(..), .sentinel(..))",
             ));
         };
+        // Every declared key of one call must be in one slot of a cluster,
+        // and a batch mixes clients: a cluster store batches per node.
+        let per_node = target.per_node();
         let (source, host) = target.source(&Settings {
             #[cfg(feature = "cluster")]
             call_timeout: self.timeout,
@@ -393,9 +396,6 @@ impl RedisStoreBuilder {
             #[cfg(feature = "sentinel")]
             primary_auth: self.primary_auth,
         })?;
-        // Every declared key of one call must be in one slot of a cluster,
-        // and a batch mixes clients: a cluster store batches per node.
-        let per_node = source.single_slot_calls();
         Ok(RedisStore::assemble(Parts {
             link: Link::new(source, host, self.timeout, self.connect_timeout),
             breaker: Breaker::new(self.breaker, "redis"),

@@ -130,20 +130,6 @@ pub(crate) enum Conn {
     Cluster(redis::cluster_async::ClusterConnection),
 }
 
-impl Source {
-    /// Whether every declared key of one call must be in one hash slot (a
-    /// cluster: otherwise `CROSSSLOT`). One client's keys always share a slot
-    /// (the `{hash tag}`), but a batch mixes clients: a cluster store batches
-    /// per node, declaring one client's keys (see `nodes.rs`).
-    pub(crate) fn single_slot_calls(&self) -> bool {
-        match self {
-            #[cfg(feature = "cluster")]
-            Source::Cluster(_) | Source::ClusterPool(_) => true,
-            _ => false,
-        }
-    }
-}
-
 impl Conn {
     /// Whether the connection is many connections (a cluster): one failing
     /// node says nothing about the others, so it is replaced in the background

@@ -14,15 +14,21 @@
 
 mod batch;
 mod builder;
-mod connection;
-mod failure;
+mod call;
 #[cfg(feature = "cluster")]
-mod nodes;
+mod cluster;
+mod connection;
+mod decode;
+mod drain;
+mod encode;
+mod failure;
 mod probe;
 mod script;
 mod sending;
 mod store;
 mod target;
+#[cfg(feature = "test-util")]
+mod test_clock;
 mod window;
 
 pub use builder::{

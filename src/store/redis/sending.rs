@@ -12,10 +12,17 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use pin_project_lite::pin_project;
+use std::sync::Arc;
 
-use crate::Decision;
+use pin_project_lite::pin_project;
+use tokio::time::Instant;
+
+use super::drain::remember;
+use super::encode::Batch;
+use super::store::RedisStore;
 use crate::error::Error;
+use crate::store::breaker::Admit;
+use crate::{Decision, Policy};
 
 /// A boxed future of a decision and its wait.
 pub(crate) type Boxed<'a> =
@@ -52,5 +59,95 @@ where
             SendingProj::Batched { future } => future.poll(cx),
             SendingProj::Alone { future } => future.as_mut().poll(cx),
         }
+    }
+}
+
+impl RedisStore {
+    /// Sends a validated check or reservation on `keys` (batched when it
+    /// can be) and remembers a denial of a plain check in the deny cache.
+    /// A check that [`check_now`](Self::check_now) could not answer is sent
+    /// with `max_wait_us` 0 and no `clock`.
+    ///
+    /// The route is chosen here, before anything is awaited (see
+    /// `sending.rs`); nothing is sent until the future is polled.
+    pub(crate) fn send<'a>(
+        &'a self,
+        keys: Vec<String>,
+        policy: &'a Policy,
+        cost: u64,
+        max_wait_us: u64,
+        clock: Option<u64>,
+    ) -> Sending<'a, impl Future<Output = Result<(Decision, u64), Error>> + Send + 'a> {
+        // Batch only while the breaker is closed: when it is open, a check is
+        // answered at once (or is the probe) instead of queueing behind calls
+        // that may hang.
+        let may_batch = clock.is_none() && self.inner.breaker.is_closed();
+        if may_batch && let Some(batcher) = &self.inner.batcher {
+            let queue = Arc::clone(batcher);
+            return Sending::Batched {
+                future: self.batched(queue, false, keys, policy, cost, max_wait_us),
+            };
+        }
+        // On a cluster, into the queue of the node that serves the client's
+        // slot; sent on its own until the store has a slot map.
+        if may_batch && let Some(nodes) = &self.inner.nodes {
+            match keys.first().and_then(|key| nodes.queue_for(key)) {
+                Some(queue) => {
+                    return Sending::Batched {
+                        future: self.batched(queue, true, keys, policy, cost, max_wait_us),
+                    };
+                }
+                None => self.refresh_slots(),
+            }
+        }
+        // Boxed: the call on its own holds redis-rs's futures, about 2 KB,
+        // which would otherwise be part of every batched check's future too.
+        Sending::Alone {
+            future: Box::pin(self.send_alone(keys, policy, cost, max_wait_us, clock)),
+        }
+    }
+
+    /// A check or reservation in a script call of its own: batching is off,
+    /// the breaker is not closed, a cluster store has no slot map yet, or
+    /// `clock` is set (tests).
+    async fn send_alone(
+        &self,
+        keys: Vec<String>,
+        policy: &Policy,
+        cost: u64,
+        max_wait_us: u64,
+        clock: Option<u64>,
+    ) -> Result<(Decision, u64), Error> {
+        // The deny cache learns from checks and reservations that may spend
+        // or be denied; a test clock's decisions never touch it.
+        let learns = clock.is_none() && cost > 0 && self.inner.denials.is_some();
+        let remembered = learns.then(|| keys.clone());
+        let sent = Instant::now();
+        let mut batch = Batch::new(clock);
+        batch.push(keys, policy, cost, max_wait_us);
+        let mut outcomes = match self.inner.breaker.admit() {
+            Admit::Probe(probe) => {
+                let batch = Arc::new(batch);
+                let reply = self.send_probe(probe, Arc::clone(&batch), clock).await?;
+                self.read(&batch, &reply)?
+            }
+            admit => {
+                let script = self.script_for(clock);
+                let call = &batch;
+                let reply = self
+                    .admitted(admit, 1, |mut conn| async move {
+                        call.run(&mut conn, script).await
+                    })
+                    .await?;
+                self.read(&batch, &reply)?
+            }
+        };
+        let outcome = outcomes
+            .pop()
+            .ok_or_else(|| Error::store(crate::ErrorKind::Server, "empty reply from the script"))?;
+        if let (Some(cache), Some(keys)) = (&self.inner.denials, remembered) {
+            remember(cache, keys, cost, max_wait_us, &outcome.0, sent);
+        }
+        Ok(outcome)
     }
 }

@@ -1,26 +1,25 @@
-//! [`RedisStore`]: token buckets in Redis, behind a circuit breaker.
+//! [`RedisStore`]: token buckets in Redis, behind a circuit breaker: what it
+//! is made of, and its public face (check, reserve, reset, ping).
 
 use std::fmt;
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
+#[cfg(feature = "test-util")]
+use std::{future::Future, pin::Pin};
 
-use redis::{RedisError, Value};
+use redis::Value;
 use tokio::time::Instant;
 
-use super::batch::{Batcher, Pending, Slot, answer, batch_of, remember};
-use super::connection::{Conn, Link};
+use super::batch::{Batcher, Pending};
+use super::connection::Link;
+use super::encode::SlotOf;
 use super::failure::{classify, is_connection_error};
-#[cfg(feature = "cluster")]
-use super::nodes::Nodes;
-use super::probe::{self, PROBE_WAIT};
-use super::script::{Batch, Script, others_in_first_slot};
-use super::sending::Sending;
+use super::script::Script;
 use crate::decision::Reservation;
 use crate::error::Error;
 use crate::observe::{self, LogThrottle};
 use crate::quota::micros;
-use crate::store::breaker::{Admit, Breaker, ProbeGuard};
+use crate::store::breaker::Breaker;
 use crate::store::contract::{Store, validate};
 use crate::store::deny_cache::DenyCache;
 use crate::store::key::safe_key;
@@ -28,7 +27,7 @@ use crate::store::sealed::Sealed;
 use crate::{Decision, Policy, Quota};
 
 /// The `store` label of this store's metrics.
-const STORE: &str = "redis";
+pub(super) const STORE: &str = "redis";
 
 /// Token buckets in Redis, decided by one Lua script per check.
 ///
@@ -80,33 +79,27 @@ const STORE: &str = "redis";
 #[derive(Clone)]
 #[must_use]
 pub struct RedisStore {
-    inner: Arc<Inner>,
+    pub(super) inner: Arc<Inner>,
 }
 
-struct Inner {
-    link: Link,
-    breaker: Arc<Breaker>,
-    prefix: String,
-    timeout: Duration,
-    connect_timeout: Duration,
-    script: Script,
+pub(super) struct Inner {
+    pub(super) link: Link,
+    pub(super) breaker: Arc<Breaker>,
+    pub(super) prefix: String,
+    pub(super) timeout: Duration,
+    pub(super) connect_timeout: Duration,
+    pub(super) script: Script,
     #[cfg(feature = "test-util")]
-    test_script: Script,
-    errors: LogThrottle,
+    pub(super) test_script: Script,
+    pub(super) errors: LogThrottle,
     /// `None` when the store sends every check on its own (or, on a
     /// cluster, batches per node).
-    batcher: Option<Arc<Batcher>>,
-    /// On a cluster: the slot map and a queue per primary (`nodes.rs`);
+    pub(super) batcher: Option<Arc<Batcher>>,
+    /// On a cluster: the slot map and a queue per primary (`cluster/`);
     /// `None` elsewhere or when batching is off.
-    #[cfg(feature = "cluster")]
-    nodes: Option<Nodes>,
-    /// The script for batches over several slots of one node.
-    #[cfg(feature = "cluster")]
-    spread_script: Script,
-    #[cfg(all(feature = "cluster", feature = "test-util"))]
-    spread_test_script: Script,
+    pub(super) nodes: Option<Box<dyn PerNode>>,
     /// `None` when every check asks Redis.
-    denials: Option<DenyCache>,
+    pub(super) denials: Option<DenyCache>,
 }
 
 impl fmt::Debug for RedisStore {
@@ -129,11 +122,46 @@ pub(crate) struct Parts {
     pub(crate) connect_timeout: Duration,
     /// The most checks in one script call; 1 turns batching off.
     pub(crate) max_batch: usize,
-    /// A cluster: batches are made per node (`nodes.rs`).
-    pub(crate) per_node: bool,
+    /// A cluster: batches are made per node (`cluster/`), in queues this
+    /// makes.
+    pub(crate) per_node: Option<MakePerNode>,
     /// Denials kept in process; 0 turns the deny cache off.
     pub(crate) deny_cache: usize,
 }
+
+/// What a store on a Redis Cluster adds (`cluster/`, cargo feature
+/// `cluster`): a queue of checks per primary, by the slot map it reads, and
+/// the spread script for a batch over several slots of one node.
+pub(crate) trait PerNode: Send + Sync {
+    /// The queue of the primary that serves `key`'s slot by the last map;
+    /// `None` without a map or when the map has no primary for the slot.
+    fn queue_for(&self, key: &str) -> Option<Arc<Batcher>>;
+
+    /// Reads the slot map again in the background, at most one read at a
+    /// time, spaced.
+    fn refresh(&self, store: &RedisStore);
+
+    /// Takes out of `checks` those of other clients in the first one's slot:
+    /// they go apart, one call each.
+    fn apart(&self, checks: &mut Vec<Pending>) -> Vec<Pending>;
+
+    /// The script for a batch over several slots of one node, and how its
+    /// batches find a key's slot.
+    fn spread(&self) -> (&Script, SlotOf);
+
+    /// `check_batch_at` on the cluster: one call per node of the slot map.
+    #[cfg(feature = "test-util")]
+    fn check_batch_at<'a>(
+        &'a self,
+        store: &'a RedisStore,
+        checks: &'a [(&'a str, &'a Policy, u64)],
+        now_us: u64,
+    ) -> Pin<Box<dyn Future<Output = Result<Vec<Decision>, Error>> + Send + 'a>>;
+}
+
+/// Makes the [`PerNode`] queues of a store whose batches hold at most the
+/// given number of checks.
+pub(crate) type MakePerNode = fn(usize) -> Box<dyn PerNode>;
 
 impl RedisStore {
     pub(crate) fn assemble(parts: Parts) -> Self {
@@ -148,14 +176,12 @@ impl RedisStore {
                 #[cfg(feature = "test-util")]
                 test_script: Script::with_test_clock(),
                 errors: LogThrottle::default(),
-                batcher: (parts.max_batch > 1 && !parts.per_node)
+                batcher: (parts.max_batch > 1 && parts.per_node.is_none())
                     .then(|| Arc::new(Batcher::new(parts.max_batch))),
-                #[cfg(feature = "cluster")]
-                nodes: (parts.max_batch > 1 && parts.per_node).then(|| Nodes::new(parts.max_batch)),
-                #[cfg(feature = "cluster")]
-                spread_script: Script::spread(),
-                #[cfg(all(feature = "cluster", feature = "test-util"))]
-                spread_test_script: Script::spread_with_test_clock(),
+                nodes: parts
+                    .per_node
+                    .filter(|_| parts.max_batch > 1)
+                    .map(|make| make(parts.max_batch)),
                 denials: (parts.deny_cache > 0).then(|| DenyCache::new(parts.deny_cache)),
             }),
         }
@@ -234,21 +260,7 @@ impl RedisStore {
             })
     }
 
-    /// `check` with an explicit microsecond clock instead of Redis `TIME`, for
-    /// tests that control time (cargo feature `test-util`). It runs a variant of
-    /// the script that production calls never run.
-    #[cfg(feature = "test-util")]
-    pub async fn check_at(
-        &self,
-        key: &str,
-        policy: &Policy,
-        cost: u64,
-        now_us: u64,
-    ) -> Result<Decision, Error> {
-        self.decide(key, policy, cost, Some(now_us)).await
-    }
-
-    async fn decide(
+    pub(super) async fn decide(
         &self,
         key: &str,
         policy: &Policy,
@@ -262,7 +274,7 @@ impl RedisStore {
 
     /// A decision that may take on debt for `max_wait_us` (0: a plain check),
     /// and the wait until its tokens are due.
-    async fn reserve_inner(
+    pub(super) async fn reserve_inner(
         &self,
         key: &str,
         policy: &Policy,
@@ -318,617 +330,6 @@ impl RedisStore {
             return Err(err);
         }
         Ok(Err(keys))
-    }
-
-    /// Sends a validated check or reservation on `keys` (batched when it
-    /// can be) and remembers a denial of a plain check in the deny cache.
-    /// A check that [`check_now`](Self::check_now) could not answer is sent
-    /// with `max_wait_us` 0 and no `clock`.
-    ///
-    /// The route is chosen here, before anything is awaited (see
-    /// `sending.rs`); nothing is sent until the future is polled.
-    pub(crate) fn send<'a>(
-        &'a self,
-        keys: Vec<String>,
-        policy: &'a Policy,
-        cost: u64,
-        max_wait_us: u64,
-        clock: Option<u64>,
-    ) -> Sending<'a, impl Future<Output = Result<(Decision, u64), Error>> + Send + 'a> {
-        // Batch only while the breaker is closed: when it is open, a check is
-        // answered at once (or is the probe) instead of queueing behind calls
-        // that may hang.
-        let may_batch = clock.is_none() && self.inner.breaker.is_closed();
-        if may_batch && let Some(batcher) = &self.inner.batcher {
-            let queue = Arc::clone(batcher);
-            return Sending::Batched {
-                future: self.batched(queue, false, keys, policy, cost, max_wait_us),
-            };
-        }
-        // On a cluster, into the queue of the node that serves the client's
-        // slot; sent on its own until the store has a slot map.
-        #[cfg(feature = "cluster")]
-        if may_batch && let Some(nodes) = &self.inner.nodes {
-            match keys.first().and_then(|key| nodes.queue_for(key)) {
-                Some(queue) => {
-                    return Sending::Batched {
-                        future: self.batched(queue, true, keys, policy, cost, max_wait_us),
-                    };
-                }
-                None => self.refresh_slots(),
-            }
-        }
-        // Boxed: the call on its own holds redis-rs's futures, about 2 KB,
-        // which would otherwise be part of every batched check's future too.
-        Sending::Alone {
-            future: Box::pin(self.send_alone(keys, policy, cost, max_wait_us, clock)),
-        }
-    }
-
-    /// A check or reservation in a script call of its own: batching is off,
-    /// the breaker is not closed, a cluster store has no slot map yet, or
-    /// `clock` is set (tests).
-    async fn send_alone(
-        &self,
-        keys: Vec<String>,
-        policy: &Policy,
-        cost: u64,
-        max_wait_us: u64,
-        clock: Option<u64>,
-    ) -> Result<(Decision, u64), Error> {
-        // The deny cache learns from checks and reservations that may spend
-        // or be denied; a test clock's decisions never touch it.
-        let learns = clock.is_none() && cost > 0 && self.inner.denials.is_some();
-        let remembered = learns.then(|| keys.clone());
-        let sent = Instant::now();
-        let mut batch = Batch::new(clock);
-        batch.push(keys, policy, cost, max_wait_us);
-        let mut outcomes = match self.inner.breaker.admit() {
-            Admit::Probe(probe) => {
-                let batch = Arc::new(batch);
-                let reply = self.send_probe(probe, Arc::clone(&batch), clock).await?;
-                self.read(&batch, &reply)?
-            }
-            admit => {
-                let script = self.script_for(clock);
-                let call = &batch;
-                let reply = self
-                    .admitted(admit, 1, |mut conn| async move {
-                        call.run(&mut conn, script).await
-                    })
-                    .await?;
-                self.read(&batch, &reply)?
-            }
-        };
-        let outcome = outcomes
-            .pop()
-            .ok_or_else(|| Error::store(crate::ErrorKind::Server, "empty reply from the script"))?;
-        if let (Some(cache), Some(keys)) = (&self.inner.denials, remembered) {
-            remember(cache, keys, cost, max_wait_us, &outcome.0, sent);
-        }
-        Ok(outcome)
-    }
-
-    /// Several checks in one script call, decided in order at the microsecond
-    /// `now_us` (cargo feature `test-util`): what batching sends under load.
-    ///
-    /// On a Redis Cluster the checks are grouped by the node that serves
-    /// their client's slot, by the store's slot map (read first if it has
-    /// none), and each group is one call, as batching does under load.
-    #[cfg(feature = "test-util")]
-    pub async fn check_batch_at(
-        &self,
-        checks: &[(&str, &Policy, u64)],
-        now_us: u64,
-    ) -> Result<Vec<Decision>, Error> {
-        #[cfg(feature = "cluster")]
-        if let Some(nodes) = &self.inner.nodes {
-            return self.check_batch_on_nodes(nodes, checks, now_us).await;
-        }
-        let mut batch = Batch::new(Some(now_us));
-        for (key, policy, cost) in checks {
-            validate(policy, *cost)?;
-            let keys: Vec<String> = policy
-                .quotas()
-                .iter()
-                .map(|q| self.bucket_key(key, q))
-                .collect();
-            batch.push(keys, policy, *cost, 0);
-        }
-        let script = &self.inner.test_script;
-        let call = &batch;
-        let reply = self
-            .guarded(|mut conn| async move { call.run(&mut conn, script).await })
-            .await?;
-        Ok(batch
-            .outcomes(&reply)?
-            .into_iter()
-            .map(|(decision, _)| decision)
-            .collect())
-    }
-
-    /// `reserve` with an explicit microsecond clock (cargo feature `test-util`).
-    #[cfg(feature = "test-util")]
-    pub async fn reserve_at(
-        &self,
-        key: &str,
-        policy: &Policy,
-        cost: u64,
-        max_wait: Duration,
-        now_us: u64,
-    ) -> Result<Reservation, Error> {
-        let (decision, wait) = self
-            .reserve_inner(key, policy, cost, micros(max_wait), Some(now_us))
-            .await?;
-        Ok(Reservation::new(decision, wait))
-    }
-
-    /// Queues a check for the next script call of `queue` (see `batch.rs`;
-    /// `spread`: the queue of a cluster node, see `nodes.rs`) and waits for
-    /// its answer, at most the store timeout.
-    async fn batched(
-        &self,
-        queue: Arc<Batcher>,
-        spread: bool,
-        keys: Vec<String>,
-        policy: &Policy,
-        cost: u64,
-        max_wait_us: u64,
-    ) -> Result<(Decision, u64), Error> {
-        let (reply, answered) = tokio::sync::oneshot::channel();
-        let sent = Instant::now();
-        let check = Pending {
-            keys,
-            policy: policy.clone(),
-            cost,
-            max_wait_us,
-            sent,
-            reply,
-        };
-        if let Some(checks) = queue.enqueue(check) {
-            // The in-flight slot `enqueue` handed out is owned by the drain's
-            // future from here on: a task dropped before it first runs (a
-            // runtime shutting down) gives it back too, so the queue never
-            // stalls.
-            let slot = Slot::new(queue);
-            let store = self.clone();
-            tokio::spawn(async move { store.drain(slot, checks, spread).await });
-        }
-        // Each check counts towards the breaker by what its caller saw: an
-        // answer, a failure, or its own timeout (waiting in the queue or in
-        // the call), once.
-        // The deadline from the clock already read for `sent` (one read of
-        // the clock per check, not two); the timeout is at most 60 s (checked
-        // when the store is built), so this cannot overflow.
-        let deadline = sent + self.inner.timeout;
-        match tokio::time::timeout_at(deadline, answered).await {
-            Ok(Ok(Ok(outcome))) => {
-                self.inner.breaker.success(sent);
-                Ok(outcome)
-            }
-            Ok(Ok(Err(err))) => {
-                if !matches!(err, Error::CircuitOpen { .. }) {
-                    self.inner.breaker.failure(sent);
-                }
-                Err(err)
-            }
-            Ok(Err(_)) => {
-                // The drain that held this check ended without answering it
-                // (its task was dropped with its runtime, or panicked): not
-                // Redis's doing, so the breaker does not count it.
-                let err = Error::store(
-                    crate::ErrorKind::Server,
-                    "the batch of this check was dropped",
-                );
-                observe::store_error(STORE, &err, &self.inner.errors);
-                Err(err)
-            }
-            Err(_) => {
-                // The caller waited the whole timeout (in the queue or in the
-                // call): for the breaker, as for the caller, a timeout.
-                self.inner.breaker.failure(sent);
-                let err = Error::Timeout(self.inner.timeout);
-                observe::store_error(STORE, &err, &self.inner.errors);
-                Err(err)
-            }
-        }
-    }
-
-    /// Sends `checks`, then whatever queued meanwhile, until `queue` is
-    /// empty. `spread`: a cluster node's queue, whose batches may hold
-    /// clients of several slots.
-    async fn drain(&self, mut slot: Slot, mut checks: Vec<Pending>, spread: bool) {
-        loop {
-            if spread {
-                let apart =
-                    others_in_first_slot(&mut checks, |c| c.keys.first().map(String::as_str));
-                for check in apart {
-                    let store = self.clone();
-                    tokio::spawn(async move { store.alone(check).await });
-                }
-            }
-            // One check needs no spread call: the production script decides
-            // it, routed by its own slot.
-            let spread = spread && checks.len() > 1;
-            let mut batch = batch_of(&mut checks, spread);
-            let script = self.batch_script(spread);
-            let call = &batch;
-            let started = Instant::now();
-            // A batch never takes the breaker's probe: its checks would all
-            // wait for it.
-            let reply = self
-                .admitted(
-                    self.inner.breaker.admit_without_probe(),
-                    0,
-                    |mut conn| async move { call.run(&mut conn, script).await },
-                )
-                .await;
-            // What the call took, for the queue's in-flight limit; a failed
-            // call teaches nothing about round trips.
-            let round_trip = reply.is_ok().then(|| started.elapsed());
-            // The checks' keys back, for the deny cache and for checks sent
-            // on their own.
-            for (check, keys) in checks.iter_mut().zip(batch.take_keys()) {
-                check.keys = keys;
-            }
-            match reply {
-                Ok(reply) if batch.not_local(&reply) => {
-                    // The node does not serve every key (the slot map is
-                    // stale); nothing was written.
-                    for check in checks {
-                        let store = self.clone();
-                        tokio::spawn(async move { store.alone(check).await });
-                    }
-                    self.refresh_slots();
-                }
-                Ok(reply) => answer(
-                    checks,
-                    self.read(&batch, &reply),
-                    self.inner.denials.as_ref(),
-                ),
-                Err(err) => {
-                    // A failover or a replaced connection may have moved
-                    // slots: read the map again.
-                    self.refresh_slots();
-                    answer(checks, Err(err), self.inner.denials.as_ref());
-                }
-            }
-            match slot.next(round_trip) {
-                Some(next) => checks = next,
-                None => return,
-            }
-        }
-    }
-
-    /// Sends one check of a batch on its own, routed by its slot.
-    async fn alone(&self, check: Pending) {
-        if check.reply.is_closed() {
-            return;
-        }
-        let mut checks = vec![check];
-        let mut batch = batch_of(&mut checks, false);
-        let script = &self.inner.script;
-        let call = &batch;
-        // Sent on its own, but for the checks of a batch: never the probe.
-        let outcomes = self
-            .admitted(
-                self.inner.breaker.admit_without_probe(),
-                0,
-                |mut conn| async move { call.run(&mut conn, script).await },
-            )
-            .await
-            .and_then(|reply| self.read(&batch, &reply));
-        for (check, keys) in checks.iter_mut().zip(batch.take_keys()) {
-            check.keys = keys;
-        }
-        answer(checks, outcomes, self.inner.denials.as_ref());
-    }
-
-    /// The decisions of `batch` in the script's `reply`; a reply that does
-    /// not read is a store error, reported as one.
-    fn read(&self, batch: &Batch, reply: &[i64]) -> Result<Vec<(Decision, u64)>, Error> {
-        batch.outcomes(reply).inspect_err(|err| {
-            observe::store_error(STORE, err, &self.inner.errors);
-        })
-    }
-
-    /// The script for a batch of `drain`.
-    fn batch_script(&self, spread: bool) -> &Script {
-        #[cfg(feature = "cluster")]
-        if spread {
-            return &self.inner.spread_script;
-        }
-        let _ = spread;
-        &self.inner.script
-    }
-
-    /// On a cluster, reads the slot map again in the background (at most one
-    /// read at a time, spaced; see `nodes.rs`); elsewhere nothing.
-    fn refresh_slots(&self) {
-        #[cfg(feature = "cluster")]
-        if let Some(nodes) = &self.inner.nodes
-            && nodes.begin_refresh(true)
-        {
-            // Owned by the task from here: a task that never finishes still
-            // ends the read, so later refreshes can start.
-            let read = SlotRead(self.clone());
-            tokio::spawn(async move { read.0.read_slots(&read).await });
-        }
-    }
-
-    /// Reads `CLUSTER SLOTS` through the cluster connection into the slot map,
-    /// in the `read` that `begin_refresh` allowed (which ends it when
-    /// dropped). A failure keeps the old map and is reported as a store error
-    /// (not counted by the breaker).
-    #[cfg(feature = "cluster")]
-    async fn read_slots(&self, _read: &SlotRead) {
-        let Some(nodes) = &self.inner.nodes else {
-            return;
-        };
-        let read = self
-            .bounded(
-                |mut conn| async move {
-                    redis::cmd("CLUSTER")
-                        .arg("SLOTS")
-                        .query_async::<Value>(&mut conn)
-                        .await
-                },
-                false,
-            )
-            .await;
-        let failure = match read {
-            Ok(reply) => nodes.install(&reply).err().map(|why| {
-                Error::store(
-                    crate::ErrorKind::Server,
-                    format!("Redis at {}: {why}", self.inner.link.host()),
-                )
-            }),
-            Err(err) => Some(err),
-        };
-        if let Some(err) = failure {
-            observe::store_error(STORE, &err, &self.inner.errors);
-        }
-    }
-
-    /// `check_batch_at` on a cluster: one call per node of the slot map, as
-    /// `drain` sends them (one by one after a call the node refused).
-    #[cfg(all(feature = "cluster", feature = "test-util"))]
-    async fn check_batch_on_nodes(
-        &self,
-        nodes: &Nodes,
-        checks: &[(&str, &Policy, u64)],
-        now_us: u64,
-    ) -> Result<Vec<Decision>, Error> {
-        if !nodes.has_map() && nodes.begin_refresh(false) {
-            let read = SlotRead(self.clone());
-            self.read_slots(&read).await;
-        }
-        // Per node (by its queue), its checks in order: index, first key.
-        type Members = Vec<(usize, String)>;
-        let mut groups: Vec<(Option<Arc<Batcher>>, Members)> = Vec::new();
-        for (i, (key, policy, cost)) in checks.iter().enumerate() {
-            validate(policy, *cost)?;
-            let first = policy
-                .quotas()
-                .first()
-                .map(|q| self.bucket_key(key, q))
-                .unwrap_or_default();
-            let queue = nodes.queue_for(&first);
-            let same = |g: &Option<Arc<Batcher>>| match (g, &queue) {
-                (Some(a), Some(b)) => Arc::ptr_eq(a, b),
-                _ => false,
-            };
-            match groups.iter_mut().find(|(g, _)| same(g)) {
-                Some((_, members)) => members.push((i, first)),
-                None => groups.push((queue, vec![(i, first)])),
-            }
-        }
-        let mut out: Vec<Option<Decision>> = checks.iter().map(|_| None).collect();
-        for (_, mut members) in groups {
-            // As `drain` does: other clients of the first one's slot apart,
-            // and one by one after a call the node refused.
-            let mut alone = others_in_first_slot(&mut members, |(_, k)| Some(k.as_str()));
-            let spread = members.len() > 1;
-            let mut batch = if spread {
-                Batch::spread(Some(now_us))
-            } else {
-                Batch::new(Some(now_us))
-            };
-            for (i, _) in &members {
-                let (key, policy, cost) = checks.get(*i).copied().ok_or_else(|| {
-                    Error::store(crate::ErrorKind::Server, "check index out of range")
-                })?;
-                let keys: Vec<String> = policy
-                    .quotas()
-                    .iter()
-                    .map(|q| self.bucket_key(key, q))
-                    .collect();
-                batch.push(keys, policy, cost, 0);
-            }
-            let script = if spread {
-                &self.inner.spread_test_script
-            } else {
-                &self.inner.test_script
-            };
-            let call = &batch;
-            let reply = self
-                .guarded(|mut conn| async move { call.run(&mut conn, script).await })
-                .await?;
-            if batch.not_local(&reply) {
-                alone.append(&mut members);
-                if nodes.begin_refresh(false) {
-                    let read = SlotRead(self.clone());
-                    self.read_slots(&read).await;
-                }
-            } else {
-                for ((i, _), (decision, _)) in members.iter().zip(batch.outcomes(&reply)?) {
-                    if let Some(slot) = out.get_mut(*i) {
-                        *slot = Some(decision);
-                    }
-                }
-            }
-            alone.sort_unstable_by_key(|(i, _)| *i);
-            for (i, _) in alone {
-                if let (Some((key, policy, cost)), Some(slot)) = (checks.get(i), out.get_mut(i)) {
-                    *slot = Some(self.decide(key, policy, *cost, Some(now_us)).await?);
-                }
-            }
-        }
-        out.into_iter()
-            .map(|d| {
-                d.ok_or_else(|| Error::store(crate::ErrorKind::Server, "check left undecided"))
-            })
-            .collect()
-    }
-
-    #[cfg(feature = "test-util")]
-    fn script_for(&self, clock: Option<u64>) -> &Script {
-        match clock {
-            Some(_) => &self.inner.test_script,
-            None => &self.inner.script,
-        }
-    }
-
-    #[cfg(not(feature = "test-util"))]
-    fn script_for(&self, _clock: Option<u64>) -> &Script {
-        &self.inner.script
-    }
-
-    /// The breaker's probe: `batch`'s script call in a task of its own,
-    /// bounded by the store timeout, which this check waits for at most
-    /// [`PROBE_WAIT`] (see `probe.rs`).
-    async fn send_probe(
-        &self,
-        probe: ProbeGuard,
-        batch: Arc<Batch>,
-        clock: Option<u64>,
-    ) -> Result<Vec<i64>, Error> {
-        let store = self.clone();
-        let call = async move {
-            let script = store.script_for(clock);
-            let batch = &batch;
-            let started = Instant::now();
-            let result = store
-                .bounded(
-                    |mut conn| async move { batch.run(&mut conn, script).await },
-                    true,
-                )
-                .await;
-            store.report(started, result.as_ref().err());
-            result
-        };
-        probe::detached(probe, call, PROBE_WAIT.min(self.inner.timeout)).await
-    }
-
-    /// Reports a call that started at `started` and ended with `failure`.
-    fn report(&self, started: Instant, failure: Option<&Error>) {
-        observe::store_call(STORE, started.elapsed(), failure.map(Error::kind));
-        if let Some(err) = failure {
-            observe::store_error(STORE, err, &self.inner.errors);
-        }
-    }
-
-    /// Runs `op` behind the circuit breaker, and reports how it went (the
-    /// test-clock calls; checks and resets never take the probe inline).
-    #[cfg(feature = "test-util")]
-    async fn guarded<T, F, Fut>(&self, op: F) -> Result<T, Error>
-    where
-        F: Fn(Conn) -> Fut,
-        Fut: Future<Output = Result<T, RedisError>>,
-    {
-        self.admitted(self.inner.breaker.admit(), 1, op).await
-    }
-
-    /// Runs `op` as the breaker's `admit` says, and reports how it went. A
-    /// failure counts once per check of the call (`checks`) towards opening
-    /// the breaker; with 0 the callers count their own outcomes (a batch's
-    /// checks, see `batched`).
-    async fn admitted<T, F, Fut>(&self, admit: Admit, checks: usize, op: F) -> Result<T, Error>
-    where
-        F: Fn(Conn) -> Fut,
-        Fut: Future<Output = Result<T, RedisError>>,
-    {
-        if let Admit::Reject(retry_in) = admit {
-            let err = Error::CircuitOpen { retry_in };
-            observe::store_error(STORE, &err, &self.inner.errors);
-            return Err(err);
-        }
-        let started = Instant::now();
-        let result = self.bounded(op, matches!(admit, Admit::Probe(_))).await;
-        let failure = result.as_ref().err();
-        match (admit, failure) {
-            (Admit::Probe(probe), failure) => probe.done(failure.is_none()),
-            _ if checks == 0 => {}
-            (_, None) => self.inner.breaker.success(started),
-            (_, Some(_)) => self
-                .inner
-                .breaker
-                .failures_of(u32::try_from(checks).unwrap_or(u32::MAX), started),
-        }
-        self.report(started, failure);
-        result
-    }
-
-    /// Runs `op` on the held connection within the timeout, replacing the
-    /// connection and retrying once if it is broken. A `probe` connects even
-    /// while connects back off.
-    async fn bounded<T, F, Fut>(&self, op: F, probe: bool) -> Result<T, Error>
-    where
-        F: Fn(Conn) -> Fut,
-        Fut: Future<Output = Result<T, RedisError>>,
-    {
-        let link = &self.inner.link;
-        let mut in_use = None;
-        let attempt = async {
-            let held = link.get(probe).await?;
-            in_use = Some(held.clone());
-            match op(held.conn.clone()).await {
-                Ok(value) => {
-                    link.success(&held);
-                    Ok(value)
-                }
-                Err(e) if is_connection_error(&e) => {
-                    link.forget(held.id);
-                    let fresh = link.get(probe).await?;
-                    in_use = Some(fresh.clone());
-                    match op(fresh.conn.clone()).await {
-                        Ok(value) => {
-                            link.success(&fresh);
-                            Ok(value)
-                        }
-                        Err(e) => {
-                            if is_connection_error(&e) {
-                                link.forget(fresh.id);
-                            }
-                            Err(classify(e, link.host()))
-                        }
-                    }
-                }
-                Err(e) => Err(classify(e, link.host())),
-            }
-        };
-        let outcome = tokio::time::timeout(self.inner.timeout, attempt).await;
-        outcome.unwrap_or_else(|_| {
-            if let Some(held) = &in_use {
-                link.timed_out(held);
-            }
-            Err(Error::Timeout(self.inner.timeout))
-        })
-    }
-}
-
-/// A read of the slot map that `Nodes::begin_refresh` allowed: ends it when
-/// dropped, whether the read finished, failed, or its task never finished
-/// (dropped with its runtime, or panicking).
-#[cfg(feature = "cluster")]
-struct SlotRead(RedisStore);
-
-#[cfg(feature = "cluster")]
-impl Drop for SlotRead {
-    fn drop(&mut self) {
-        if let Some(nodes) = &self.0.inner.nodes {
-            nodes.end_refresh();
-        }
     }
 }
 
@@ -1012,51 +413,6 @@ mod tests {
         assert_eq!(
             store.bucket_key("user:42", &policy.quotas()[0]),
             "app:rl:{user:42}:10/1s:10"
-        );
-    }
-
-    /// A batched check that finds a free call slot takes it and spawns the
-    /// task that sends the call. A task dropped before it first runs (its
-    /// runtime shut down) must give the slot back: a store keeps two, and
-    /// with both lost every later check of the store would wait in the queue
-    /// until its timeout, for good.
-    #[test]
-    fn a_drain_task_dropped_before_it_runs_gives_its_call_slot_back() {
-        use std::task::{Context, Waker};
-        // Built without connecting: the drain never runs, nothing is sent.
-        let store = RedisStore::from_url("redis://127.0.0.1:1").unwrap();
-        let policy = Policy::from(Quota::per_second(10).unwrap());
-        for _ in 0..super::super::window::MIN_IN_FLIGHT + 1 {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            runtime.block_on(async {
-                // One poll: the check is queued and its drain spawned, but the
-                // block ends before the runtime runs the drain.
-                let mut check = std::pin::pin!(store.check("a", &policy, 1));
-                let pending = check
-                    .as_mut()
-                    .poll(&mut Context::from_waker(Waker::noop()))
-                    .is_pending();
-                assert!(pending, "answered without a call");
-            });
-            // Shutting down drops the drain's task unpolled.
-            drop(runtime);
-        }
-        let batcher = store.inner.batcher.as_ref().unwrap();
-        let (reply, _answered) = tokio::sync::oneshot::channel();
-        let check = Pending {
-            keys: vec!["{a}".into()],
-            policy,
-            cost: 1,
-            max_wait_us: 0,
-            sent: Instant::now(),
-            reply,
-        };
-        assert!(
-            batcher.enqueue(check).is_some(),
-            "a new check no longer finds a free call slot"
         );
     }
 }

@@ -12,6 +12,7 @@ use deadpool_redis::Pool;
 use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo};
 
 use super::connection::Source;
+use super::store::MakePerNode;
 use crate::ConfigError;
 
 /// Where a store gets its connections.
@@ -123,6 +124,19 @@ impl Target {
             )),
             #[cfg(feature = "sentinel")]
             Target::Sentinel { urls, master } => sentinel(&urls, &master, settings, certificates),
+        }
+    }
+
+    /// How a store on this target batches: per node on a cluster, where
+    /// every declared key of one call must be in one hash slot (otherwise
+    /// `CROSSSLOT`). One client's keys always share a slot (the `{hash
+    /// tag}`), but a batch mixes clients: a cluster store batches per node,
+    /// declaring one client's keys (see `cluster/`).
+    pub(crate) fn per_node(&self) -> Option<MakePerNode> {
+        match self {
+            #[cfg(feature = "cluster")]
+            Target::Cluster(_) | Target::ClusterPool(_) => Some(super::cluster::per_node),
+            _ => None,
         }
     }
 

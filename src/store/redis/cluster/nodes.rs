@@ -7,7 +7,7 @@
 //!   connection). Each queue has its own calls in flight, so a slow node does
 //!   not hold up the others, and its own in-flight window, which follows
 //!   that node's round trips (see `batch.rs`). The window's floor is
-//!   [`MIN_IN_FLIGHT`](super::window::MIN_IN_FLIGHT) with one primary, one
+//!   [`MIN_IN_FLIGHT`](super::super::window::MIN_IN_FLIGHT) with one primary, one
 //!   each with several. Two calls keep a lone node busy while a reply
 //!   travels; with several primaries the others work meanwhile, and one call
 //!   at a time makes each busy node's batches about twice as deep, which
@@ -41,11 +41,11 @@ use std::time::Duration;
 use redis::Value;
 use tokio::time::Instant;
 
-use super::batch::Batcher;
-use super::script::hash_slot;
+use super::super::batch::Batcher;
+use super::slots::hash_slot;
 
 /// Hash slots of a Redis Cluster.
-const SLOTS: usize = super::script::SLOTS as usize;
+const SLOTS: usize = super::slots::SLOTS as usize;
 /// A slot no primary serves in the map.
 const UNSERVED: u16 = u16::MAX;
 /// At most one read of the slot map per this interval.
@@ -162,7 +162,7 @@ impl Nodes {
         let in_flight = if queues.len() > 1 {
             1
         } else {
-            super::window::MIN_IN_FLIGHT
+            super::super::window::MIN_IN_FLIGHT
         };
         for (_, queue) in &queues {
             queue.set_min_in_flight(in_flight);
@@ -243,9 +243,9 @@ mod tests {
     type Answer = tokio::sync::oneshot::Receiver<Result<(crate::Decision, u64), crate::Error>>;
 
     /// A check of `{a}` and where its answer would go.
-    fn pending() -> (super::super::batch::Pending, Answer) {
+    fn pending() -> (super::super::super::batch::Pending, Answer) {
         let (reply, answered) = tokio::sync::oneshot::channel();
-        let check = super::super::batch::Pending {
+        let check = super::super::super::batch::Pending {
             keys: vec!["{a}".into()],
             policy: crate::Policy::from(crate::Quota::per_second(1).unwrap()),
             cost: 1,
@@ -331,8 +331,8 @@ mod tests {
             assert!(queue.enqueue(check).is_some());
         }
         // Both calls' drains end without `next` (a panic, a dropped task).
-        drop(super::super::batch::Slot::new(Arc::clone(&queue)));
-        drop(super::super::batch::Slot::new(Arc::clone(&queue)));
+        drop(super::super::super::batch::Slot::new(Arc::clone(&queue)));
+        drop(super::super::super::batch::Slot::new(Arc::clone(&queue)));
         assert_eq!(sent_at_once(&queue), 2, "the queue did not stall");
     }
 
