@@ -38,7 +38,7 @@ const PASSWORD: &str = "correct horse battery staple";
 type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn Error>> {
+async fn main() -> Result<(), Box<dyn Error + Send + Sync>> {
     let store: AnyStore = match std::env::var("REDIS_URL") {
         Ok(url) if !url.is_empty() => {
             let store = RedisStore::from_url(&url)?;
@@ -93,13 +93,18 @@ async fn main() -> Result<(), Box<dyn Error>> {
         statuses.push(login_as(&client, &base, "bob", PASSWORD).await?.0);
     }
     println!("bob, 8 correct passwords:        {}", summary(&statuses));
-    expect(statuses.iter().all(|s| *s == 200), "bob's logins were refused")?;
+    expect(
+        statuses.iter().all(|s| *s == 200),
+        "bob's logins were refused",
+    )?;
 
     // 20 wrong passwords at once: 5 reach the check, the rest are refused.
     let attempts: Vec<_> = (0..20)
         .map(|i| {
             let (client, base) = (client.clone(), base.clone());
-            tokio::spawn(async move { login_as(&client, &base, "alice", &format!("guess {i}")).await })
+            tokio::spawn(
+                async move { login_as(&client, &base, "alice", &format!("guess {i}")).await },
+            )
         })
         .collect();
     let mut statuses = Vec::new();
@@ -137,7 +142,13 @@ async fn main() -> Result<(), Box<dyn Error>> {
     }
     let (account, after) = refused_by_address.ok_or("the address was never limited")?;
     println!("this address, other accounts:     refused from {account} on, after {after} failures");
-    expect(after == 20, "the address was not limited at 20 failures")?;
+    // Exactly 20 where settlements are made at once (memory, the fallback);
+    // on Redis a refund still in flight may make it a little earlier, never
+    // later.
+    expect(
+        after <= 20,
+        "the address was limited after more than 20 failures",
+    )?;
 
     server.abort();
     println!("done: only failed logins counted");
@@ -188,6 +199,6 @@ fn summary(statuses: &[u16]) -> String {
     parts.join(", ")
 }
 
-fn expect(ok: bool, what: &str) -> Result<(), Box<dyn Error>> {
+fn expect(ok: bool, what: &str) -> Result<(), Box<dyn Error + Send + Sync>> {
     if ok { Ok(()) } else { Err(what.into()) }
 }

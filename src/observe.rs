@@ -82,6 +82,28 @@ pub(crate) fn decision(policy: &str, key_kind: &str, outcome: Outcome) {
     let _ = (policy, key_kind, outcome);
 }
 
+/// A request's cost settled by its response (`settlement` is `refund` or
+/// `charge`): a debug event and a counter of the tokens.
+pub(crate) fn settled(policy: &str, settlement: &'static str, tokens: u64) {
+    #[cfg(feature = "tracing")]
+    tracing::debug!(
+        target: "tollgate",
+        policy,
+        settlement,
+        tokens,
+        "rate limit settlement"
+    );
+    #[cfg(feature = "metrics")]
+    metrics::counter!(
+        "tollgate_settled_tokens_total",
+        "policy" => policy.to_owned(),
+        "settlement" => settlement
+    )
+    .increment(tokens);
+    #[cfg(not(any(feature = "tracing", feature = "metrics")))]
+    let _ = (policy, settlement, tokens);
+}
+
 /// One call to a store (a check or a reset), however it ended.
 pub(crate) fn store_call(store: &'static str, elapsed: Duration, error: Option<ErrorKind>) {
     #[cfg(feature = "metrics")]

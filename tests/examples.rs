@@ -97,6 +97,25 @@ fn the_demo_runs_its_session_on_the_fallback_with_redis_dead() {
     assert!(out.contains("done: server stopped"), "{out}");
 }
 
+/// The login guard's session, which checks its own figures and fails
+/// otherwise: in memory, on a live Redis, and on the fallback with Redis
+/// dead.
+#[test]
+fn the_login_guard_counts_only_failed_logins_wherever_its_buckets_live() {
+    let redis = support::RedisServer::start();
+    for (store, url) in [
+        ("MemoryStore", String::new()),
+        ("RedisStore at", redis.url()),
+        ("unreachable", dead_redis()),
+    ] {
+        let out = run("login_guard", &[("REDIS_URL", &url)]);
+        assert!(out.contains(store), "{out}");
+        assert!(out.contains("8 x 200"), "{out}");
+        assert!(out.contains("5 x 401, 15 x 429"), "{out}");
+        assert!(out.contains("done: only failed logins counted"), "{out}");
+    }
+}
+
 #[test]
 fn the_examples_that_exit_by_themselves_answer_without_5xx() {
     let url = dead_redis();

@@ -148,7 +148,11 @@ async fn a_refund_or_charge_is_one_call_and_a_kept_cost_none() {
     let store: AnyStore = redis.store().into();
     // 100 a day: nothing refills during the test.
     let policy = || {
-        Policy::new("priced", [Quota::new(100, Duration::from_secs(86_400)).unwrap()]).unwrap()
+        Policy::new(
+            "priced",
+            [Quota::new(100, Duration::from_secs(86_400)).unwrap()],
+        )
+        .unwrap()
     };
     // GET /keep keeps its cost, /refund is refunded, /charge costs 2 more:
     // by the response's status.
@@ -184,6 +188,9 @@ async fn a_refund_or_charge_is_one_call_and_a_kept_cost_none() {
         }
     };
 
+    // The script loaded first (a server without it answers EVALSHA with
+    // NOSCRIPT, and the store sends EVAL then: two calls once).
+    assert_eq!(settled_at(100).await, 100);
     // One request at a time: each check is a call of its own, and a request
     // whose cost stands costs nothing more.
     redis.reset_stats();
@@ -212,7 +219,10 @@ async fn a_refund_or_charge_is_one_call_and_a_kept_cost_none() {
     assert_eq!(client.get(&server.url("/charge")).await.status, 402);
     assert_eq!(settled_at(87).await, 87);
     let by_request = script_calls(&redis) - peeks.load(Ordering::Relaxed) as u64;
-    assert!(by_request <= 2, "{by_request} calls for a check and its charge");
+    assert!(
+        by_request <= 2,
+        "{by_request} calls for a check and its charge"
+    );
 }
 
 /// Successful requests cost nothing, failed ones count: the first failure
@@ -270,7 +280,13 @@ async fn grpc_calls_settle_by_their_status(store: AnyStore) {
     use support::grpc::{GrpcServer, within};
     use tonic_health::pb::HealthCheckRequest;
 
-    let policy = || Policy::new("rpc", [Quota::new(10, Duration::from_secs(86_400)).unwrap()]).unwrap();
+    let policy = || {
+        Policy::new(
+            "rpc",
+            [Quota::new(10, Duration::from_secs(86_400)).unwrap()],
+        )
+        .unwrap()
+    };
     let layer = RateLimitLayer::new(store.clone(), policy())
         .key(Global)
         .count_only_failures();

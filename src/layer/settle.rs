@@ -8,6 +8,7 @@ use std::sync::Arc;
 use http::{HeaderMap, HeaderValue, StatusCode};
 
 use crate::limiter::signed;
+use crate::observe;
 use crate::quota::MAX_EXACT;
 use crate::{Decision, Policy, RateLimiter};
 
@@ -186,6 +187,8 @@ impl Ticket {
             Settle::Charge(0) => return,
             Settle::Charge(n) => signed(n.min(MAX_EXACT)),
         };
+        let settlement = if delta < 0 { "refund" } else { "charge" };
+        observe::settled(self.policy.name(), settlement, delta.unsigned_abs());
         self.apply(delta);
     }
 
@@ -301,7 +304,10 @@ mod tests {
         let r = ResponseHead::new(StatusCode::OK, &grpc, None);
         assert_eq!((r.grpc_status(), r.is_success()), (None, false));
         // Trailers-only: the status is in the headers.
-        let only = head(200, &[("content-type", "application/grpc"), ("grpc-status", "7")]);
+        let only = head(
+            200,
+            &[("content-type", "application/grpc"), ("grpc-status", "7")],
+        );
         let r = ResponseHead::new(StatusCode::OK, &only, None);
         assert_eq!(r.grpc_status(), Some(7));
     }
@@ -313,9 +319,19 @@ mod tests {
             assert_eq!(grpc_code(&v), code, "{value:?}");
         }
         for value in ["-1", "1 ", "+1", "001", "0x1"] {
-            assert_eq!(grpc_code(&HeaderValue::from_static(value)), None, "{value:?}");
+            assert_eq!(
+                grpc_code(&HeaderValue::from_static(value)),
+                None,
+                "{value:?}"
+            );
         }
-        assert!(!is_grpc_response(&head(200, &[("content-type", "application/grpcx")])));
-        assert!(is_grpc_response(&head(200, &[("content-type", "application/grpc;x=y")])));
+        assert!(!is_grpc_response(&head(
+            200,
+            &[("content-type", "application/grpcx")]
+        )));
+        assert!(is_grpc_response(&head(
+            200,
+            &[("content-type", "application/grpc;x=y")]
+        )));
     }
 }

@@ -3,7 +3,7 @@
 use super::contract::Store;
 use super::memory::MemoryStore;
 #[cfg(feature = "redis")]
-use super::redis::RedisStore;
+use super::redis::{RedisStore, Spend};
 use super::sealed::Sealed;
 #[cfg(feature = "redis")]
 use std::future::Future;
@@ -96,7 +96,7 @@ impl AnyStore {
     ) -> impl Future<Output = Result<(Decision, u64), Error>> + Send + 'a {
         match unsent {
             Unsent::Redis(keys) => match &self.inner {
-                Inner::Redis(store) => store.send(keys, policy, cost, 0, None),
+                Inner::Redis(store) => store.send(keys, policy, Spend::check(cost), None),
                 Inner::Memory(_) => super::redis::Sending::failed(Error::store(
                     crate::ErrorKind::Server,
                     "a Redis check was sent to a memory store",

@@ -382,7 +382,11 @@ impl MemoryStore {
         let debts: Vec<u64> = if max_wait_us == 0 {
             Vec::new()
         } else {
-            policy.quotas().iter().map(|q| debt_for(q, max_wait_us)).collect()
+            policy
+                .quotas()
+                .iter()
+                .map(|q| debt_for(q, max_wait_us))
+                .collect()
         };
         // A denial or a peek changes nothing, and a peek at an unknown key
         // stores nothing.

@@ -50,6 +50,7 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
+use super::encode::Spend;
 use super::window::Window;
 use crate::error::Error;
 use crate::{Decision, Policy};
@@ -58,8 +59,7 @@ use crate::{Decision, Policy};
 pub(crate) struct Pending {
     pub(crate) keys: Vec<String>,
     pub(crate) policy: Policy,
-    pub(crate) cost: u64,
-    pub(crate) max_wait_us: u64,
+    pub(crate) spend: Spend,
     /// When the check was queued: before Redis decides it.
     pub(crate) sent: Instant,
     pub(crate) reply: oneshot::Sender<Result<(Decision, u64), Error>>,

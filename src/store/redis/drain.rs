@@ -7,7 +7,7 @@ use std::sync::Arc;
 use tokio::time::Instant;
 
 use super::batch::{Batcher, Pending, Slot};
-use super::encode::{Batch, SlotOf};
+use super::encode::{Batch, SlotOf, Spend};
 use super::store::{RedisStore, STORE};
 use crate::error::Error;
 use crate::observe;
@@ -24,16 +24,14 @@ impl RedisStore {
         spread: bool,
         keys: Vec<String>,
         policy: &Policy,
-        cost: u64,
-        max_wait_us: u64,
+        spend: Spend,
     ) -> Result<(Decision, u64), Error> {
         let (reply, answered) = tokio::sync::oneshot::channel();
         let sent = Instant::now();
         let check = Pending {
             keys,
             policy: policy.clone(),
-            cost,
-            max_wait_us,
+            spend,
             sent,
             reply,
         };
@@ -190,12 +188,7 @@ impl RedisStore {
 pub(crate) fn batch_of(checks: &mut [Pending], spread: Option<SlotOf>) -> Batch {
     let mut batch = Batch::with_capacity(checks.len(), None, spread);
     for c in checks {
-        batch.push(
-            std::mem::take(&mut c.keys),
-            &c.policy,
-            c.cost,
-            c.max_wait_us,
-        );
+        batch.push(std::mem::take(&mut c.keys), &c.policy, c.spend);
     }
     batch
 }
@@ -212,14 +205,7 @@ pub(crate) fn answer(
         Ok(outcomes) => {
             for (check, outcome) in checks.into_iter().zip(outcomes) {
                 if let Some(cache) = denials {
-                    remember(
-                        cache,
-                        check.keys,
-                        check.cost,
-                        check.max_wait_us,
-                        &outcome.0,
-                        check.sent,
-                    );
+                    remember(cache, check.keys, check.spend, &outcome.0, check.sent);
                 }
                 // A caller that gave up (timed out) no longer listens.
                 let _ = check.reply.send(Ok(outcome));
@@ -233,23 +219,30 @@ pub(crate) fn answer(
     }
 }
 
-/// What the deny cache learns from `decision`, the answer to a check or
-/// reservation (`max_wait_us` above 0) of `cost` on `keys` sent at `sent`: a
-/// denied check is remembered, and spending forgets what was.
+/// What the deny cache learns from `decision`, the answer to `spend` on
+/// `keys` sent at `sent`: a denied check is remembered, spending forgets
+/// what was, and so does a refund (tokens came back). A charge leaves the
+/// cache as it is: a remembered denial only grows truer.
 pub(crate) fn remember(
     cache: &DenyCache,
     keys: Vec<String>,
-    cost: u64,
-    max_wait_us: u64,
+    spend: Spend,
     decision: &Decision,
     sent: Instant,
 ) {
-    if decision.allowed() {
-        if cost > 0 {
-            cache.spent(&keys);
+    match spend {
+        Spend::Adjust(delta) if delta < 0 => cache.forget(&keys),
+        Spend::Adjust(_) => {}
+        Spend::Take { cost, .. } if decision.allowed() => {
+            if cost > 0 {
+                cache.spent(&keys);
+            }
         }
-    } else if max_wait_us == 0 {
-        cache.insert(keys, cost, decision, sent);
+        Spend::Take { cost, max_wait_us } => {
+            if max_wait_us == 0 {
+                cache.insert(keys, cost, decision, sent);
+            }
+        }
     }
 }
 
@@ -309,8 +302,7 @@ mod tests {
         let check = Pending {
             keys: vec!["{a}".into()],
             policy,
-            cost: 1,
-            max_wait_us: 0,
+            spend: Spend::check(1),
             sent: Instant::now(),
             reply,
         };

@@ -12,6 +12,33 @@ use crate::error::Error;
 use crate::store::bucket::debt_for;
 use crate::{Policy, Quota};
 
+/// What one decision of a script call asks of its buckets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Spend {
+    /// Spend `cost` from every bucket if each holds it (0: only look);
+    /// `max_wait_us` above 0 makes it a reservation that may take on the
+    /// debt that many microseconds refill.
+    Take { cost: u64, max_wait_us: u64 },
+    /// Spend `delta` tokens whatever the buckets hold, or give them back
+    /// when negative: a settlement after the fact (the script's `adjust`).
+    Adjust(i64),
+}
+
+impl Spend {
+    /// A plain check of `cost`.
+    pub(crate) fn check(cost: u64) -> Self {
+        Spend::Take {
+            cost,
+            max_wait_us: 0,
+        }
+    }
+}
+
+/// `n` as an argument: costs and debts are at most 2^52.
+fn exact(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
 /// How a spread batch finds a key's hash slot: the cluster's CRC16
 /// (`cluster/slots.rs`), handed in by the cluster code.
 pub(crate) type SlotOf = fn(&[u8]) -> u16;
@@ -33,8 +60,9 @@ pub(crate) struct Batch {
     key_count: usize,
     /// Per decision: its policy, whose quotas read the reply back.
     shapes: Vec<Policy>,
-    /// Per decision: n, cost, then per quota: 1-based quota index, debt.
-    args: Vec<u64>,
+    /// Per decision: n, cost, then per quota: 1-based quota index, debt
+    /// (-1 on every quota of an adjustment, whose cost is signed).
+    args: Vec<i64>,
     /// Whether every decision is a check (no debt) of one quota, the same
     /// for all: then the call takes the script's compact form.
     compact: bool,
@@ -78,21 +106,19 @@ impl Batch {
         self.spread.is_some() && reply == [-1]
     }
 
-    /// Adds a decision of `cost` against every quota of `policy`, with one key
-    /// per quota; `max_wait_us` above 0 makes it a reservation that may wait
-    /// that long.
-    pub(crate) fn push(
-        &mut self,
-        keys: impl Into<Vec<String>>,
-        policy: &Policy,
-        cost: u64,
-        max_wait_us: u64,
-    ) {
+    /// Adds a decision (`spend`) against every quota of `policy`, with one
+    /// key per quota.
+    pub(crate) fn push(&mut self, keys: impl Into<Vec<String>>, policy: &Policy, spend: Spend) {
         let quotas = policy.quotas();
         let keys = keys.into();
         self.key_count += keys.len();
         self.keys.push(keys);
-        self.args.push(quotas.len() as u64);
+        // Every number is below 2^53 (costs and debts are kept exact).
+        let (cost, max_wait_us) = match spend {
+            Spend::Take { cost, max_wait_us } => (exact(cost), max_wait_us),
+            Spend::Adjust(delta) => (delta, 0),
+        };
+        self.args.push(quotas.len() as i64);
         self.args.push(cost);
         for q in quotas {
             let index = match self.quotas.iter().position(|known| known == q) {
@@ -102,14 +128,16 @@ impl Batch {
                     self.quotas.len() - 1
                 }
             };
-            self.args.push(index as u64 + 1);
-            self.args.push(if max_wait_us == 0 {
-                0
-            } else {
-                debt_for(q, max_wait_us)
+            self.args.push(index as i64 + 1);
+            self.args.push(match spend {
+                Spend::Adjust(_) => -1,
+                Spend::Take { .. } if max_wait_us == 0 => 0,
+                Spend::Take { .. } => exact(debt_for(q, max_wait_us)),
             });
         }
-        self.compact &= quotas.len() == 1 && max_wait_us == 0 && self.quotas.len() == 1;
+        self.compact &= quotas.len() == 1
+            && matches!(spend, Spend::Take { max_wait_us: 0, .. })
+            && self.quotas.len() == 1;
         self.shapes.push(policy.clone());
     }
 
@@ -243,8 +271,15 @@ mod tests {
         let h = Quota::per_hour(100).unwrap();
         let both = Policy::new("both", [q, h]).unwrap();
         let mut batch = Batch::new(None);
-        batch.push(["a".to_owned()], &q.into(), 1, 0);
-        batch.push(["b".to_owned(), "c".to_owned()], &both, 2, 1_000);
+        batch.push(["a".to_owned()], &q.into(), Spend::check(1));
+        batch.push(
+            ["b".to_owned(), "c".to_owned()],
+            &both,
+            Spend::Take {
+                cost: 2,
+                max_wait_us: 1_000,
+            },
+        );
         assert_eq!(batch.quotas, [q, h]);
         assert_eq!(batch.len(), 2);
         // n, cost, then (index, debt) per quota.
@@ -258,9 +293,9 @@ mod tests {
                 2,
                 2,
                 1,
-                debt_for(&q, 1_000),
+                debt_for(&q, 1_000) as i64,
                 2,
-                debt_for(&h, 1_000)
+                debt_for(&h, 1_000) as i64
             ]
         );
         let reply = [1, 9, 0, 100_000, 1, 8, 500, 200_000, 98, 0, 72_000_000];
@@ -281,23 +316,30 @@ mod tests {
             args[start..].to_vec()
         };
         let mut checks = Batch::new(None);
-        checks.push(["a".to_owned()], &q.into(), 1, 0);
-        checks.push(["b".to_owned()], &q.into(), 3, 0);
-        checks.push(["a".to_owned()], &q.into(), 0, 0);
+        checks.push(["a".to_owned()], &q.into(), Spend::check(1));
+        checks.push(["b".to_owned()], &q.into(), Spend::check(3));
+        checks.push(["a".to_owned()], &q.into(), Spend::check(0));
         assert_eq!(decisions(&checks), ["-3", "1", "3", "0"]);
         // A reservation (debt), a second quota, or a decision over two
         // quotas: the long form, n, cost, then (index, debt) per quota.
         let mut reservation = Batch::new(None);
-        reservation.push(["a".to_owned()], &q.into(), 1, 0);
-        reservation.push(["b".to_owned()], &q.into(), 1, 1_000);
+        reservation.push(["a".to_owned()], &q.into(), Spend::check(1));
+        reservation.push(
+            ["b".to_owned()],
+            &q.into(),
+            Spend::Take {
+                cost: 1,
+                max_wait_us: 1_000,
+            },
+        );
         let debt = debt_for(&q, 1_000).to_string();
         assert_eq!(
             decisions(&reservation),
             ["2", "1", "1", "1", "0", "1", "1", "1", debt.as_str()]
         );
         let mut two = Batch::new(None);
-        two.push(["a".to_owned()], &q.into(), 1, 0);
-        two.push(["b".to_owned()], &h.into(), 1, 0);
+        two.push(["a".to_owned()], &q.into(), Spend::check(1));
+        two.push(["b".to_owned()], &h.into(), Spend::check(1));
         assert_eq!(
             decisions(&two),
             ["2", "1", "1", "1", "0", "1", "1", "2", "0"]
@@ -306,8 +348,7 @@ mod tests {
         both.push(
             ["a".to_owned(), "b".to_owned()],
             &Policy::new("both", [q, h]).unwrap(),
-            2,
-            0,
+            Spend::check(2),
         );
         assert_eq!(decisions(&both), ["1", "2", "2", "1", "0", "2", "0"]);
         // The reply is read the same way in both forms.

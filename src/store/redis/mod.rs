@@ -34,5 +34,6 @@ mod window;
 pub use builder::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_MAX_BATCH, DEFAULT_PREFIX, DEFAULT_TIMEOUT, RedisStoreBuilder,
 };
+pub(crate) use encode::Spend;
 pub(crate) use sending::Sending;
 pub use store::RedisStore;

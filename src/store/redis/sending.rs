@@ -18,7 +18,7 @@ use pin_project_lite::pin_project;
 use tokio::time::Instant;
 
 use super::drain::remember;
-use super::encode::Batch;
+use super::encode::{Batch, Spend};
 use super::store::RedisStore;
 use crate::error::Error;
 use crate::store::breaker::Admit;
@@ -74,8 +74,7 @@ impl RedisStore {
         &'a self,
         keys: Vec<String>,
         policy: &'a Policy,
-        cost: u64,
-        max_wait_us: u64,
+        spend: Spend,
         clock: Option<u64>,
     ) -> Sending<'a, impl Future<Output = Result<(Decision, u64), Error>> + Send + 'a> {
         // Batch only while the breaker is closed: when it is open, a check is
@@ -85,7 +84,7 @@ impl RedisStore {
         if may_batch && let Some(batcher) = &self.inner.batcher {
             let queue = Arc::clone(batcher);
             return Sending::Batched {
-                future: self.batched(queue, false, keys, policy, cost, max_wait_us),
+                future: self.batched(queue, false, keys, policy, spend),
             };
         }
         // On a cluster, into the queue of the node that serves the client's
@@ -94,7 +93,7 @@ impl RedisStore {
             match keys.first().and_then(|key| nodes.queue_for(key)) {
                 Some(queue) => {
                     return Sending::Batched {
-                        future: self.batched(queue, true, keys, policy, cost, max_wait_us),
+                        future: self.batched(queue, true, keys, policy, spend),
                     };
                 }
                 None => self.refresh_slots(),
@@ -103,7 +102,7 @@ impl RedisStore {
         // Boxed: the call on its own holds redis-rs's futures, about 2 KB,
         // which would otherwise be part of every batched check's future too.
         Sending::Alone {
-            future: Box::pin(self.send_alone(keys, policy, cost, max_wait_us, clock)),
+            future: Box::pin(self.send_alone(keys, policy, spend, clock)),
         }
     }
 
@@ -114,17 +113,19 @@ impl RedisStore {
         &self,
         keys: Vec<String>,
         policy: &Policy,
-        cost: u64,
-        max_wait_us: u64,
+        spend: Spend,
         clock: Option<u64>,
     ) -> Result<(Decision, u64), Error> {
         // The deny cache learns from checks and reservations that may spend
-        // or be denied; a test clock's decisions never touch it.
-        let learns = clock.is_none() && cost > 0 && self.inner.denials.is_some();
+        // or be denied, and from refunds; a test clock's decisions never
+        // touch it.
+        let learns = clock.is_none()
+            && !matches!(spend, Spend::Take { cost: 0, .. })
+            && self.inner.denials.is_some();
         let remembered = learns.then(|| keys.clone());
         let sent = Instant::now();
         let mut batch = Batch::new(clock);
-        batch.push(keys, policy, cost, max_wait_us);
+        batch.push(keys, policy, spend);
         let mut outcomes = match self.inner.breaker.admit() {
             Admit::Probe(probe) => {
                 let batch = Arc::new(batch);
@@ -146,7 +147,7 @@ impl RedisStore {
             .pop()
             .ok_or_else(|| Error::store(crate::ErrorKind::Server, "empty reply from the script"))?;
         if let (Some(cache), Some(keys)) = (&self.inner.denials, remembered) {
-            remember(cache, keys, cost, max_wait_us, &outcome.0, sent);
+            remember(cache, keys, spend, &outcome.0, sent);
         }
         Ok(outcome)
     }

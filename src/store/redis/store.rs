@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use super::batch::{Batcher, Pending};
 use super::connection::Link;
-use super::encode::SlotOf;
+use super::encode::{SlotOf, Spend};
 use super::failure::{classify, is_connection_error};
 use super::script::Script;
 use crate::decision::Reservation;
@@ -288,7 +288,31 @@ impl RedisStore {
         if cacheable && let Some(decision) = self.cached_denial(&keys, cost) {
             return Ok((decision, 0));
         }
-        self.send(keys, policy, cost, max_wait_us, clock).await
+        self.send(keys, policy, Spend::Take { cost, max_wait_us }, clock)
+            .await
+    }
+
+    /// An adjustment after the fact: `delta` tokens spent from `key`'s
+    /// buckets whatever they hold (a charge) or, when negative, given back
+    /// (a refund), in one script call batched with the checks in flight.
+    pub(crate) async fn adjust(&self, key: &str, policy: &Policy, delta: i64) -> Result<(), Error> {
+        self.adjust_inner(key, policy, delta, None).await
+    }
+
+    pub(super) async fn adjust_inner(
+        &self,
+        key: &str,
+        policy: &Policy,
+        delta: i64,
+        clock: Option<u64>,
+    ) -> Result<(), Error> {
+        if delta == 0 {
+            return Ok(());
+        }
+        let keys = self.keys_of(key, policy);
+        self.send(keys, policy, Spend::Adjust(delta), clock)
+            .await
+            .map(|_| ())
     }
 
     /// The storage keys of `key`'s buckets, one per quota of `policy`.

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use super::encode::Batch;
+use super::encode::{Batch, Spend};
 use super::store::RedisStore;
 use crate::decision::Reservation;
 use crate::error::Error;
@@ -48,7 +48,7 @@ impl RedisStore {
                 .iter()
                 .map(|q| self.bucket_key(key, q))
                 .collect();
-            batch.push(keys, policy, *cost, 0);
+            batch.push(keys, policy, Spend::check(*cost));
         }
         let script = &self.inner.test_script;
         let call = &batch;
@@ -75,5 +75,18 @@ impl RedisStore {
             .reserve_inner(key, policy, cost, micros(max_wait), Some(now_us))
             .await?;
         Ok(Reservation::new(decision, wait))
+    }
+
+    /// A refund (`delta` below 0) or a charge of `key`'s buckets at an
+    /// explicit microsecond clock (cargo feature `test-util`), as the layer's
+    /// `settle` and `RateLimiter::refund` and `charge` make them.
+    pub async fn adjust_at(
+        &self,
+        key: &str,
+        policy: &Policy,
+        delta: i64,
+        now_us: u64,
+    ) -> Result<(), Error> {
+        self.adjust_inner(key, policy, delta, Some(now_us)).await
     }
 }

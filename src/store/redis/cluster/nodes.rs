@@ -248,8 +248,7 @@ mod tests {
         let check = super::super::super::batch::Pending {
             keys: vec!["{a}".into()],
             policy: crate::Policy::from(crate::Quota::per_second(1).unwrap()),
-            cost: 1,
-            max_wait_us: 0,
+            spend: super::super::super::encode::Spend::check(1),
             sent: Instant::now(),
             reply,
         };

@@ -60,7 +60,7 @@ fn spread_source(body: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::super::super::encode::{Batch, args};
+    use super::super::super::encode::{Batch, Spend, args};
     use super::super::slots::hash_slot;
     use super::*;
     use crate::{Policy, Quota};
@@ -97,9 +97,13 @@ mod tests {
         let mut plain = Batch::new(None);
         let mut spread = Batch::with_capacity(0, None, Some(hash_slot));
         for batch in [&mut plain, &mut spread] {
-            batch.push(["{a}:1".to_owned(), "{a}:2".to_owned()], &both, 1, 0);
-            batch.push(["{b}:1".to_owned()], &q.into(), 1, 0);
-            batch.push(["{u106810}:1".to_owned()], &q.into(), 1, 0);
+            batch.push(
+                ["{a}:1".to_owned(), "{a}:2".to_owned()],
+                &both,
+                Spend::check(1),
+            );
+            batch.push(["{b}:1".to_owned()], &q.into(), Spend::check(1));
+            batch.push(["{u106810}:1".to_owned()], &q.into(), Spend::check(1));
         }
         let plain_args = args(&plain.command("EVALSHA", "sha"));
         let spread_args = args(&spread.command("EVALSHA", "sha"));

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use super::super::encode::Batch;
+use super::super::encode::{Batch, Spend};
 use super::super::script::Script;
 use super::super::store::RedisStore;
 use super::nodes::Nodes;
@@ -69,7 +69,7 @@ impl RedisStore {
                     .iter()
                     .map(|q| self.bucket_key(key, q))
                     .collect();
-                batch.push(keys, policy, cost, 0);
+                batch.push(keys, policy, Spend::check(cost));
             }
             let script = if spread {
                 spread_test_script
