@@ -44,6 +44,10 @@
 #   TRACE [0]   1: build peer-server with tollgate's tracing events (breaker
 #               transitions, store errors, fallback start/end) in the server
 #               logs under OUT, for diagnosis; figures then include that cost
+#   TIMELINE_SVG [unset]  a path: the last scenario's timeline drawn there
+#               (every scenario's is drawn as OUT/TAG.timeline.svg by
+#               benches/outage_timeline.py: answers/s per 100 ms window by who
+#               decided them, the server's p99, the fault's start and end; its unix ms in OUT/TAG.fault.txt)
 #   CARGO_TARGET_DIR  respected by the build
 #
 # The default configuration (policy "default" in the tables): the store is
@@ -206,6 +210,9 @@ else
 fi
 
 # --- build -------------------------------------------------------------------
+if [ -n "${TIMELINE_SVG:-}" ] && [[ $TIMELINE_SVG != /* ]]; then
+  TIMELINE_SVG="$start_dir/$TIMELINE_SVG"
+fi
 if [ -n "${CARGO_TARGET_DIR:-}" ] && [[ $CARGO_TARGET_DIR != /* ]]; then
   export CARGO_TARGET_DIR="$start_dir/$CARGO_TARGET_DIR"
 fi
@@ -632,6 +639,11 @@ run_one() { # index case fault policy [connections]
   kill -0 "$server_pid" 2>/dev/null || { cat "$out/$tag.server.log" >&2; die "peer-server ($tag) died during the run"; }
   curl -s -m 10 "http://127.0.0.1:$port/timeline" >"$out/$tag.timeline.txt" || die "no /timeline from peer-server ($tag)"
   stop_server
+  echo "$t0 $t_back" >"$out/$tag.fault.txt"
+  python3 "$root/benches/outage_timeline.py" "$out/$tag.timeline.txt" "$t0" "$t_back" \
+    "outage.sh: $case case, Redis $fault, policy $policy, $c connections" >"$out/$tag.timeline.svg" ||
+    die "could not draw $out/$tag.timeline.svg"
+  [ -z "${TIMELINE_SVG:-}" ] || cp "$out/$tag.timeline.svg" "$TIMELINE_SVG"
 
   o=$(wrk_figures "$out/$tag.onset.wrk.txt")
   d=$(wrk_figures "$out/$tag.during.wrk.txt")

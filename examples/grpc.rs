@@ -2,13 +2,13 @@
 //! calls until it is limited, then reads the gRPC status and the retry hints.
 //!
 //! ```text
-//! cargo run --example grpc
+//! cargo run --example grpc --features tonic
 //! ```
 //!
 //! The server is tonic-health's `grpc.health.v1.Health` (a ready-made service,
 //! so no protoc is needed) on a free loopback port; the buckets live in memory
 //! (use `RedisStore::from_url(...)` to share them between instances). Needs
-//! tollgate's `tonic` feature, on by default: it lets the default key read the
+//! tollgate's `tonic` feature (off by default): it lets the default key read the
 //! peer address from tonic's `TcpConnectInfo` and adds the `google.rpc` error
 //! details read back below.
 

@@ -61,6 +61,23 @@ pub(crate) enum BreakerState {
     Open = 2,
 }
 
+/// A gRPC request reached `PeerIp` or `ClientIp` without a peer address while
+/// the `tonic` feature is off (the caller makes sure this runs once a
+/// process). It goes to stderr without the `tracing` feature: a server that
+/// answers every call without its key must not stay silent about why.
+#[cfg(not(feature = "tonic"))]
+pub(crate) fn grpc_peer_needs_tonic() {
+    const HINT: &str = "tollgate: a gRPC request reached PeerIp/ClientIp without a peer address. \
+        tonic servers put the peer into TcpConnectInfo, which tollgate reads only with its \
+        `tonic` feature: enable tollgate's `tonic` feature (features = [\"tonic\"]), or insert \
+        the peer's SocketAddr into the request extensions. Until then these calls have no key \
+        (the layer's MissingKey policy answers them). Said once a process.";
+    #[cfg(feature = "tracing")]
+    tracing::warn!(target: "tollgate", "{HINT}");
+    #[cfg(not(feature = "tracing"))]
+    eprintln!("{HINT}");
+}
+
 /// One decision: a debug event and a counter.
 pub(crate) fn decision(policy: &str, key_kind: &str, outcome: Outcome) {
     #[cfg(feature = "tracing")]

@@ -8,10 +8,10 @@ mod support;
 
 use std::time::Duration;
 
-use deadpool_redis::redis;
 use proptest::test_runner::TestCaseError;
 use support::RedisServer;
 use support::batches::{Check, batch_equals_one_by_one, policies, run_guarded, steps};
+use support::far;
 use tollgate::{MemoryStore, Policy, RedisStore, Store};
 
 const T0: u64 = 1_763_000_000_000_000;
@@ -134,20 +134,9 @@ async fn with_redis_far_away_a_check_waits_one_round_trip_not_two() {
     let proxy = support::Proxy::start_delayed(server.port(), Duration::from_millis(25));
     let ping = {
         let url = proxy.url();
-        tokio::task::spawn_blocking(move || {
-            let mut conn = redis::Client::open(url).unwrap().get_connection().unwrap();
-            let mut times: Vec<Duration> = (0..5)
-                .map(|_| {
-                    let start = std::time::Instant::now();
-                    let _: String = redis::cmd("PING").query(&mut conn).unwrap();
-                    start.elapsed()
-                })
-                .collect();
-            times.sort();
-            times[times.len() / 2]
-        })
-        .await
-        .unwrap()
+        tokio::task::spawn_blocking(move || far::ping_median(&url))
+            .await
+            .unwrap()
     };
     let store = RedisStore::builder()
         .url(proxy.url())
@@ -157,38 +146,9 @@ async fn with_redis_far_away_a_check_waits_one_round_trip_not_two() {
         .unwrap();
     let policy = Policy::from(tollgate::Quota::per_second(1_000_000).unwrap());
     for callers in [4usize, 16] {
-        let tasks: Vec<_> = (0..callers)
-            .map(|i| {
-                let (store, policy) = (store.clone(), policy.clone());
-                tokio::spawn(async move {
-                    let key = format!("far{callers}:{i}");
-                    let mut took = Vec::with_capacity(MEASURED);
-                    for n in 0..WARM_UP + MEASURED {
-                        let start = std::time::Instant::now();
-                        let d = store.check(&key, &policy, 1).await.unwrap();
-                        assert!(d.allowed(), "{d:?}");
-                        if n >= WARM_UP {
-                            took.push(start.elapsed());
-                        }
-                    }
-                    took
-                })
-            })
-            .collect();
-        let mut took = Vec::new();
-        for task in tasks {
-            took.extend(task.await.unwrap());
-        }
-        took.sort();
-        let median = took[took.len() / 2];
-        println!(
-            "{callers} callers: PING {ping:?}, check median {median:?}, p90 {:?}",
-            took[took.len() * 9 / 10]
-        );
-        assert!(
-            median < ping * 3 / 2,
-            "{callers} callers: a check's median {median:?} against a round trip of {ping:?}"
-        );
+        let keys = (0..callers).map(|i| format!("far{callers}:{i}"));
+        let took = far::check_times(&store, &policy, keys, WARM_UP, MEASURED).await;
+        far::assert_about_one_round_trip(&format!("{callers} callers"), ping, took);
     }
 }
 

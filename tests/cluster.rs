@@ -17,31 +17,11 @@ use std::time::Duration;
 use support::cluster::RedisCluster;
 use support::node::Node;
 use support::{failover, hammer};
-use tollgate::{ConfigErrorKind, Policy, Quota, RateLimiter, RedisStore, Store};
+use tollgate::{Policy, Quota, RateLimiter, RedisStore, Store};
 
 /// One cluster at a time in this process (each test has its own runtime;
 /// tokio's mutex works across them).
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-/// A store on the cluster with its own connection, a key prefix and a
-/// timeout generous for a busy 2-core machine.
-fn store(cluster: &RedisCluster, prefix: &str) -> RedisStore {
-    store_with_timeout(cluster, prefix, Duration::from_secs(5))
-}
-
-fn store_with_timeout(cluster: &RedisCluster, prefix: &str, timeout: Duration) -> RedisStore {
-    RedisStore::builder()
-        .cluster(cluster.seed_urls())
-        .prefix(prefix)
-        .timeout(timeout)
-        .build()
-        .expect("cluster store")
-}
-
-fn time_us(node: &Node) -> u64 {
-    let t: Vec<u64> = node.cmd(&["TIME"]);
-    t[0] * 1_000_000 + t[1]
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_scenarios_on_one_shared_cluster() {
@@ -73,7 +53,7 @@ async fn one_round_trip_per_decision_summed_over_the_primaries(cluster: &RedisCl
         ],
     )
     .unwrap();
-    let store = store(cluster, "trips:");
+    let store = cluster.store("trips:");
     let limiter = RateLimiter::new(store.clone(), policy.clone());
     let clients = cluster.limiter_clients_on_every_primary(&limiter, "c", 10);
     // Warm-up: the connections to every primary, the script on every primary,
@@ -174,7 +154,7 @@ async fn one_round_trip_per_decision_summed_over_the_primaries(cluster: &RedisCl
 /// intact.
 async fn script_flush_on_every_node_between_calls(cluster: &RedisCluster) {
     let quota = Quota::new(100, Duration::from_secs(24 * 3600)).unwrap();
-    let store = store(cluster, "flush:");
+    let store = cluster.store("flush:");
     let limiter = RateLimiter::new(store.clone(), quota);
     let clients = cluster.limiter_clients_on_every_primary(&limiter, "f", 4);
     for round in 1..=3u64 {
@@ -215,7 +195,7 @@ async fn several_quotas_are_all_or_nothing_on_every_node(cluster: &RedisCluster)
         [Quota::new(1000, day).unwrap(), Quota::new(3, day).unwrap()],
     )
     .unwrap();
-    let store = store(cluster, "pair:");
+    let store = cluster.store("pair:");
     let clients = cluster.clients_on_every_primary(&store, &policy.quotas()[0], "m", 5);
     for (client, owner) in &clients {
         for quota in policy.quotas() {
@@ -251,7 +231,7 @@ async fn several_quotas_are_all_or_nothing_on_every_node(cluster: &RedisCluster)
 /// 10 000 clients land on all three primaries, about a third each.
 async fn ten_thousand_keys_spread_over_all_primaries(cluster: &RedisCluster) {
     const CLIENTS: usize = 10_000;
-    let store = store(cluster, "spread:");
+    let store = cluster.store("spread:");
     let limiter = RateLimiter::new(store, Quota::per_hour(10).unwrap());
     let tasks: Vec<_> = (0..50)
         .map(|t| {
@@ -294,15 +274,17 @@ async fn ten_thousand_keys_spread_over_all_primaries(cluster: &RedisCluster) {
 /// hot key for 3 seconds.
 async fn four_limiters_on_one_hot_key_never_exceed_the_quota(cluster: &RedisCluster) {
     let limiters: Vec<_> = (0..4)
-        .map(|_| RateLimiter::new(store(cluster, "exact:"), hammer::quota()))
+        .map(|_| RateLimiter::new(cluster.store("exact:"), hammer::quota()))
         .collect();
     for l in &limiters {
         let _ = l.peek("warm-up").await.unwrap();
     }
     // The limiters keep the key behind their policy's name.
-    let key = store(cluster, "exact:").bucket_key("default:hot", &hammer::quota());
+    let key = cluster
+        .store("exact:")
+        .bucket_key("default:hot", &hammer::quota());
     let owner = cluster.primary_for_key(&key);
-    let outcome = hammer::hammer(&limiters, move || time_us(&owner)).await;
+    let outcome = hammer::hammer(&limiters, move || owner.time_us()).await;
     hammer::assert_bounds("cluster", &outcome);
 }
 
@@ -396,12 +378,20 @@ async fn fail_a_primary_under_load(cluster: &Arc<RedisCluster>, fault: Fault) ->
     let limiters: Vec<_> = (0..2)
         .map(|_| {
             RateLimiter::new(
-                store_with_timeout(cluster, &prefix, timeout),
+                cluster
+                    .store_builder(&prefix)
+                    .timeout(timeout)
+                    .build()
+                    .expect("cluster store"),
                 failover::quota(),
             )
         })
         .collect();
-    let store = store_with_timeout(cluster, &prefix, timeout);
+    let store = cluster
+        .store_builder(&prefix)
+        .timeout(timeout)
+        .build()
+        .expect("cluster store");
     let quota = failover::quota();
     let replica_of = |primary: &Node| {
         cluster
@@ -462,7 +452,7 @@ async fn fail_a_primary_under_load(cluster: &Arc<RedisCluster>, fault: Fault) ->
         &limiters,
         &hot,
         &others,
-        move || time_us(&survivor),
+        move || survivor.time_us(),
         kill,
         promoted,
     )
@@ -478,13 +468,7 @@ async fn fail_a_primary_under_load(cluster: &Arc<RedisCluster>, fault: Fault) ->
 
 #[test]
 fn cluster_configuration_mistakes_are_refused_at_build() {
-    let refused = |builder: tollgate::store::RedisStoreBuilder| {
-        let e = builder.build().expect_err("a mistake");
-        assert_eq!(e.kind(), ConfigErrorKind::Store);
-        let message = e.to_string();
-        assert!(!message.contains("s3cret"), "{message}");
-        message
-    };
+    let refused = support::refused_at_build;
     let none: [&str; 0] = [];
     let m = refused(RedisStore::builder().cluster(none));
     assert!(m.contains("at least one seed"), "{m}");

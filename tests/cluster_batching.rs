@@ -20,19 +20,11 @@ use deadpool_redis::redis;
 use proptest::test_runner::TestCaseError;
 use support::batches::{Check, batch_equals_one_by_one, policies, run_guarded, steps};
 use support::cluster::RedisCluster;
+use support::far;
 use support::node::Node;
 use tollgate::{MemoryStore, Policy, Quota, RateLimiter, RedisStore, Store};
 
 const T0: u64 = 1_763_000_000_000_000;
-
-fn store(cluster: &RedisCluster, prefix: &str) -> RedisStore {
-    RedisStore::builder()
-        .cluster(cluster.seed_urls())
-        .prefix(prefix)
-        .timeout(Duration::from_secs(5))
-        .build()
-        .expect("cluster store")
-}
 
 /// Commands the primaries counted since their stats were reset, summed
 /// (the replicas' `REPLCONF ACK` left out).
@@ -82,8 +74,8 @@ fn cluster_batches_answer_as_their_checks_sent_one_by_one(
     cluster: &RedisCluster,
     runtime: &tokio::runtime::Runtime,
 ) {
-    let batched = store(cluster, "eq:batched:");
-    let single = store(cluster, "eq:single:");
+    let batched = cluster.store("eq:batched:");
+    let single = cluster.store("eq:single:");
     let policies = policies();
     let cases = std::sync::atomic::AtomicU64::new(0);
     let run_case = |steps: &[(u64, Vec<Check>)]| -> Result<(), TestCaseError> {
@@ -161,7 +153,7 @@ fn cluster_batches_answer_as_their_checks_sent_one_by_one(
 /// adds no token).
 async fn cluster_batching_under_load_sends_fewer_calls_and_stays_exact(cluster: &RedisCluster) {
     let quota = Quota::new(1000, Duration::from_secs(30 * 24 * 3600)).unwrap();
-    let stores = [store(cluster, "load:"), store(cluster, "load:")];
+    let stores = [cluster.store("load:"), cluster.store("load:")];
     let limiters: Vec<RateLimiter> = stores
         .iter()
         .map(|s| RateLimiter::new(s.clone(), quota))
@@ -231,7 +223,7 @@ async fn cluster_batching_under_load_sends_fewer_calls_and_stays_exact(cluster: 
 async fn cluster_slot_moved_under_a_stale_map_with_explicit_batches(cluster: &RedisCluster) {
     let quota = Quota::per_hour(20).unwrap();
     let policy = Policy::from(quota);
-    let store = store(cluster, "stale:");
+    let store = cluster.store("stale:");
     let clients = cluster.clients_on_every_primary(&store, &quota, "s", 3);
     let primaries = cluster.primaries();
     let (x, from) = clients[0].clone();
@@ -317,10 +309,8 @@ async fn cluster_slot_moved_under_load_loses_no_token(cluster: Arc<RedisCluster>
     // No deny cache: every check of the spent hot client goes to Redis, so
     // batches hold it before, during and after the move.
     let store = |prefix: &str| {
-        RedisStore::builder()
-            .cluster(cluster.seed_urls())
-            .prefix(prefix)
-            .timeout(Duration::from_secs(5))
+        cluster
+            .store_builder(prefix)
             .deny_cache(0)
             .build()
             .expect("cluster store")
@@ -449,7 +439,7 @@ async fn cluster_slot_moved_under_load_loses_no_token(cluster: Arc<RedisCluster>
 async fn cluster_batch_sent_on_by_ask_never_reads_a_client_left_behind(cluster: Arc<RedisCluster>) {
     let quota = Quota::per_hour(2).unwrap();
     let policy = Policy::from(quota);
-    let store = store(&cluster, "ask:");
+    let store = cluster.store("ask:");
     // Two clients in one slot.
     let mut by_slot: BTreeMap<u16, String> = BTreeMap::new();
     let (x, y, slot) = (0..)
@@ -511,7 +501,7 @@ async fn cluster_batch_sent_on_by_ask_never_reads_a_client_left_behind(cluster: 
 /// to 33 levels (client `i` holds `i` tokens), check at once; each caller
 /// gets its own client's answer, in fewer script calls than checks.
 async fn cluster_concurrent_checks_each_get_their_own_answer(cluster: &RedisCluster) {
-    let store = store(cluster, "own:");
+    let store = cluster.store("own:");
     let quota = Quota::per_hour(100).unwrap();
     let policy = Policy::from(quota);
     let clients: Vec<String> = cluster
@@ -581,9 +571,8 @@ async fn cluster_batches_of_1024_keep_every_key_until_its_bucket_is_full(cluster
         ),
     ];
     let policy = Policy::new("three", quotas.iter().map(|(q, _)| *q)).unwrap();
-    let store = RedisStore::builder()
-        .cluster(cluster.seed_urls())
-        .prefix("big:")
+    let store = cluster
+        .store_builder("big:")
         .timeout(Duration::from_secs(30))
         .max_batch(1024)
         .build()
@@ -681,7 +670,7 @@ fn cluster_far_away_a_check_waits_one_round_trip_not_two() {
     let quota = Quota::per_second(1_000_000).unwrap();
     let policy = Policy::from(quota);
     // Clients on every primary, found while the map still names the nodes.
-    let seed = store(&cluster, "far:");
+    let seed = cluster.store("far:");
     let clients: Vec<String> = cluster
         .clients_on_every_primary(&seed, &quota, "far", 6)
         .into_iter()
@@ -708,19 +697,7 @@ fn cluster_far_away_a_check_waits_one_round_trip_not_two() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    let ping = {
-        let client = redis::Client::open(proxies[0].url()).unwrap();
-        let mut conn = client.get_connection().unwrap();
-        let mut times: Vec<Duration> = (0..5)
-            .map(|_| {
-                let start = std::time::Instant::now();
-                let _: String = redis::cmd("PING").query(&mut conn).unwrap();
-                start.elapsed()
-            })
-            .collect();
-        times.sort();
-        times[times.len() / 2]
-    };
+    let ping = far::ping_median(&proxies[0].url());
     let store = RedisStore::builder()
         .cluster(proxies.iter().map(support::Proxy::url))
         .prefix("far:")
@@ -734,41 +711,8 @@ fn cluster_far_away_a_check_waits_one_round_trip_not_two() {
         .build()
         .unwrap();
     for callers in [6, 18] {
-        let took = runtime.block_on(async {
-            let tasks: Vec<_> = clients[..callers]
-                .iter()
-                .map(|client| {
-                    let (store, policy, client) = (store.clone(), policy.clone(), client.clone());
-                    tokio::spawn(async move {
-                        let mut took = Vec::with_capacity(MEASURED);
-                        for n in 0..WARM_UP + MEASURED {
-                            let start = std::time::Instant::now();
-                            let d = store.check(&client, &policy, 1).await.unwrap();
-                            assert!(d.allowed(), "{d:?}");
-                            if n >= WARM_UP {
-                                took.push(start.elapsed());
-                            }
-                        }
-                        took
-                    })
-                })
-                .collect();
-            let mut took = Vec::new();
-            for task in tasks {
-                took.extend(task.await.unwrap());
-            }
-            took
-        });
-        let mut took = took;
-        took.sort();
-        let median = took[took.len() / 2];
-        println!(
-            "{callers} callers on 3 primaries: PING {ping:?}, check median {median:?}, p90 {:?}",
-            took[took.len() * 9 / 10]
-        );
-        assert!(
-            median < ping * 3 / 2,
-            "{callers} callers: a check's median {median:?} against a round trip of {ping:?}"
-        );
+        let keys = clients[..callers].to_vec();
+        let took = runtime.block_on(far::check_times(&store, &policy, keys, WARM_UP, MEASURED));
+        far::assert_about_one_round_trip(&format!("{callers} callers on 3 primaries"), ping, took);
     }
 }

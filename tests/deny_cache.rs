@@ -75,15 +75,23 @@ fn agrees(d: &Decision, truth: &Truth, cost: u64, elapsed: Duration, slack: Dura
     );
 }
 
-#[tokio::test]
-async fn a_flooded_key_costs_redis_one_call_per_refill_and_no_false_denial() {
-    let server = RedisServer::start();
-    let cached = store(&server, 1_000);
-    // Looks at the same buckets without a cache (a peek spends nothing).
-    let truth_store = store(&server, 0);
+/// What a flood needs on `server`: a store with a deny cache, one that looks at
+/// the same buckets without a cache (a peek spends nothing), and the policy;
+/// the connection up and the script loaded before the server's stats are
+/// reset.
+async fn flood(server: &RedisServer) -> (RedisStore, RedisStore, Policy) {
+    let cached = store(server, 1_000);
+    let truth_store = store(server, 0);
     let policy = policy();
     let _ = cached.check("warm", &policy, 1).await.unwrap();
     server.reset_stats();
+    (cached, truth_store, policy)
+}
+
+#[tokio::test]
+async fn a_flooded_key_costs_redis_one_call_per_refill_and_no_false_denial() {
+    let server = RedisServer::start();
+    let (cached, truth_store, policy) = flood(&server).await;
 
     let start = Instant::now();
     let (mut admitted, mut denied, mut peeks) = (0u64, 0u64, 0u64);
@@ -129,11 +137,7 @@ async fn a_flooded_key_costs_redis_one_call_per_refill_and_no_false_denial() {
 #[tokio::test]
 async fn larger_costs_answered_by_the_cache_are_told_their_own_wait() {
     let server = RedisServer::start();
-    let cached = store(&server, 1_000);
-    let truth_store = store(&server, 0);
-    let policy = policy();
-    let _ = cached.check("warm", &policy, 1).await.unwrap();
-    server.reset_stats();
+    let (cached, truth_store, policy) = flood(&server).await;
 
     let start = Instant::now();
     let (mut checks, mut tokens, mut local) = (0u64, 0u64, 0u64);

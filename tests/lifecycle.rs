@@ -16,9 +16,9 @@ fn policy() -> Policy {
     Policy::new("lifecycle", [Quota::per_second(1_000_000).unwrap()]).unwrap()
 }
 
-fn runtime() -> tokio::runtime::Runtime {
+fn runtime(workers: usize) -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
+        .worker_threads(workers)
         .enable_all()
         .build()
         .unwrap()
@@ -54,14 +54,14 @@ fn a_connect_dropped_with_its_runtime_does_not_stall_the_store() {
         .build()
         .unwrap();
     server.freeze();
-    let first = runtime();
+    let first = runtime(1);
     let failed = first.block_on(async { store.check("before", &policy(), 1).await.is_err() });
     assert!(failed, "a frozen server answered");
     // Shutting down drops the connect's task mid-connect.
     first.shutdown_timeout(Duration::from_millis(100));
     server.thaw();
 
-    let second = runtime();
+    let second = runtime(1);
     assert!(
         answered_within(&second, &store, Duration::from_secs(10)),
         "the store never connected again after the runtime of its first connect shut down"
@@ -97,7 +97,7 @@ fn a_connect_whose_task_never_ran_does_not_stall_the_store() {
     });
     drop(first);
 
-    let second = runtime();
+    let second = runtime(1);
     assert!(
         answered_within(&second, &store, Duration::from_secs(10)),
         "the store never connected after the task of its first connect was dropped unrun"
@@ -123,11 +123,7 @@ fn loops_of_checks_answered_at_once_let_other_tasks_run() {
         RateLimiter::new(store, Quota::per_second(1_000).unwrap()).fallback(Fallback::memory()),
     ];
     for limiter in limiters {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
+        let runtime = runtime(2);
         let stop = Arc::new(AtomicBool::new(false));
         let started = Instant::now();
         let waited = runtime.block_on(async {

@@ -32,7 +32,8 @@ use std::time::Duration;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use support::RedisServer;
-use tollgate::{Decision, MemoryStore, Policy, Quota, Store};
+use support::model::{Expected, compare};
+use tollgate::{MemoryStore, Policy, Quota, Store};
 
 /// One quota as the model sees it: `tokens` per `period_us`, bucket `capacity`.
 #[derive(Clone, Copy, Debug)]
@@ -50,14 +51,6 @@ struct ModelBucket {
     q: ModelQuota,
     scaled: i128,
     stamp: Option<u128>,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct Expected {
-    allowed: bool,
-    remaining: u64,
-    retry_after_us: u64,
-    reset_after_us: u64,
 }
 
 fn ceil(a: u128, b: u128) -> u64 {
@@ -205,68 +198,6 @@ impl Model {
     fn forget(&mut self, i: usize) {
         self.buckets[i] = ModelBucket::full(self.buckets[i].q);
     }
-}
-
-/// The quota the decision's top-level accessors must describe, as documented on
-/// `Decision`: for a denial the longest wait, for an admission the fewest tokens
-/// left (then the longest time to full); ties go to the first quota listed.
-fn binding(states: &[Expected]) -> usize {
-    let allowed = states.first().is_some_and(|s| s.allowed);
-    let mut best = 0;
-    for (i, s) in states.iter().enumerate().skip(1) {
-        let b = &states[best];
-        let better = if allowed {
-            s.remaining < b.remaining
-                || (s.remaining == b.remaining && s.reset_after_us > b.reset_after_us)
-        } else {
-            s.retry_after_us > b.retry_after_us
-        };
-        if better {
-            best = i;
-        }
-    }
-    best
-}
-
-fn compare(who: &str, step: usize, got: &Decision, want: &[Expected]) -> Result<(), String> {
-    let states: Vec<Expected> = got
-        .states()
-        .iter()
-        .map(|s| Expected {
-            allowed: got.allowed(),
-            remaining: s.remaining(),
-            retry_after_us: s.retry_after().as_micros() as u64,
-            reset_after_us: s.reset_after().as_micros() as u64,
-        })
-        .collect();
-    if states != want {
-        return Err(format!(
-            "{who}, step {step}: got {states:?}, model says {want:?}"
-        ));
-    }
-    let b = &want[binding(want)];
-    let top = (
-        got.allowed(),
-        got.remaining(),
-        got.retry_after(),
-        got.reset_after(),
-    );
-    let expected_top = (
-        b.allowed,
-        b.remaining,
-        if b.allowed {
-            Duration::ZERO
-        } else {
-            Duration::from_micros(b.retry_after_us)
-        },
-        Duration::from_micros(b.reset_after_us),
-    );
-    if top != expected_top {
-        return Err(format!(
-            "{who}, step {step}: decision reports {top:?}, model's most restrictive quota is {expected_top:?}"
-        ));
-    }
-    Ok(())
 }
 
 /// Quotas people use (7/s, 1/h, per-minute, bursts) and odd ones (1500 ms periods,

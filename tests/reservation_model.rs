@@ -32,7 +32,8 @@ use std::time::{Duration, Instant};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use support::RedisServer;
-use tollgate::{Decision, Error, MemoryStore, Policy, Quota, RateLimiter, RedisStore};
+use support::model::{Expected, compare};
+use tollgate::{Error, MemoryStore, Policy, Quota, RateLimiter, RedisStore};
 
 /// A realistic Redis clock (microseconds since the epoch, November 2025).
 const EPOCH_US: u64 = 1_763_000_000_000_000;
@@ -56,14 +57,6 @@ struct ModelQuota {
 struct ModelBucket {
     q: ModelQuota,
     scaled: i128,
-}
-
-#[derive(Debug, PartialEq, Eq)]
-struct Expected {
-    allowed: bool,
-    remaining: u64,
-    retry_after_us: u64,
-    reset_after_us: u64,
 }
 
 fn ceil(a: i128, b: i128) -> u64 {
@@ -178,58 +171,6 @@ impl Model {
             .collect();
         (states, wait)
     }
-}
-
-/// The quota the decision's accessors must describe (as `Decision` documents):
-/// for a denial the longest wait, for an admission the fewest tokens left, then
-/// the longest time to full; ties go to the first quota listed.
-fn binding(states: &[Expected]) -> usize {
-    let allowed = states.first().is_some_and(|s| s.allowed);
-    let mut best = 0;
-    for (i, s) in states.iter().enumerate().skip(1) {
-        let b = &states[best];
-        let better = if allowed {
-            s.remaining < b.remaining
-                || (s.remaining == b.remaining && s.reset_after_us > b.reset_after_us)
-        } else {
-            s.retry_after_us > b.retry_after_us
-        };
-        if better {
-            best = i;
-        }
-    }
-    best
-}
-
-fn compare(who: &str, step: usize, got: &Decision, want: &[Expected]) -> Result<(), String> {
-    let states: Vec<Expected> = got
-        .states()
-        .iter()
-        .map(|s| Expected {
-            allowed: got.allowed(),
-            remaining: s.remaining(),
-            retry_after_us: s.retry_after().as_micros() as u64,
-            reset_after_us: s.reset_after().as_micros() as u64,
-        })
-        .collect();
-    if states != want {
-        return Err(format!(
-            "{who}, step {step}: got {states:?}, model says {want:?}"
-        ));
-    }
-    let b = &want[binding(want)];
-    let top = (got.remaining(), got.retry_after(), got.reset_after());
-    let expected = (
-        b.remaining,
-        Duration::from_micros(if b.allowed { 0 } else { b.retry_after_us }),
-        Duration::from_micros(b.reset_after_us),
-    );
-    if top != expected {
-        return Err(format!(
-            "{who}, step {step}: decision reports {top:?}, the model's most restrictive quota {expected:?}"
-        ));
-    }
-    Ok(())
 }
 
 fn gcd(mut a: u64, mut b: u64) -> u64 {

@@ -10,22 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use support::failover;
-use support::node::Node;
 use support::sentinel::SentinelSet;
-use tollgate::{ConfigErrorKind, RateLimiter, RedisStore};
-
-fn store(set: &SentinelSet, timeout: Duration) -> RedisStore {
-    RedisStore::builder()
-        .sentinel(set.sentinel_urls(), set.master_name())
-        .timeout(timeout)
-        .build()
-        .expect("sentinel store")
-}
-
-fn time_us(node: &Node) -> u64 {
-    let t: Vec<u64> = node.cmd(&["TIME"]);
-    t[0] * 1_000_000 + t[1]
-}
+use tollgate::{RateLimiter, RedisStore};
 
 /// Checks go to the primary the sentinels name; the primary is killed
 /// (SIGKILL) while 8 tasks check; the sentinels promote the replica; every
@@ -37,7 +23,7 @@ async fn sentinel_primary_killed_under_load_checks_resume_on_the_new_primary() {
     let set = Arc::new(SentinelSet::start());
     let timeout = Duration::from_secs(1);
     let limiters: Vec<_> = (0..2)
-        .map(|_| RateLimiter::new(store(&set, timeout), failover::quota()))
+        .map(|_| RateLimiter::new(set.store(timeout), failover::quota()))
         .collect();
 
     // Through the sentinels, to the primary (the replica has it too).
@@ -45,7 +31,9 @@ async fn sentinel_primary_killed_under_load_checks_resume_on_the_new_primary() {
     let replica = set.replica();
     let d = limiters[0].check("hot", 1).await.unwrap();
     assert_eq!(d.remaining(), failover::CAPACITY - 1);
-    let key = store(&set, timeout).bucket_key("default:hot", &failover::quota());
+    let key = set
+        .store(timeout)
+        .bucket_key("default:hot", &failover::quota());
     let exists: i64 = old.cmd(&["EXISTS", &key]);
     assert_eq!(exists, 1, "the check did not reach the primary");
     assert!(old.calls("evalsha") + old.calls("eval") >= 1);
@@ -69,7 +57,7 @@ async fn sentinel_primary_killed_under_load_checks_resume_on_the_new_primary() {
         &limiters,
         "hot",
         &others,
-        move || time_us(&replica),
+        move || replica.time_us(),
         kill,
         promoted,
     )
@@ -89,13 +77,7 @@ async fn sentinel_primary_killed_under_load_checks_resume_on_the_new_primary() {
 
 #[test]
 fn sentinel_configuration_mistakes_are_refused_at_build() {
-    let refused = |builder: tollgate::store::RedisStoreBuilder| {
-        let e = builder.build().expect_err("a mistake");
-        assert_eq!(e.kind(), ConfigErrorKind::Store);
-        let message = e.to_string();
-        assert!(!message.contains("s3cret"), "{message}");
-        message
-    };
+    let refused = support::refused_at_build;
     let none: [&str; 0] = [];
     let m = refused(RedisStore::builder().sentinel(none, "mymaster"));
     assert!(m.contains("at least one sentinel"), "{m}");

@@ -8,18 +8,8 @@ mod support;
 
 use std::time::Duration;
 
-use support::tls::TlsRedis;
-use tollgate::{ConfigErrorKind, ErrorKind, Quota, RateLimiter, RedisStore};
-
-fn with_ca(url: String, ca: Vec<u8>) -> RedisStore {
-    RedisStore::builder()
-        .url(url)
-        .tls_root_certificates(ca)
-        .timeout(Duration::from_secs(5))
-        .connect_timeout(Duration::from_secs(5))
-        .build()
-        .expect("TLS store")
-}
+use support::tls::{TlsRedis, store_trusting};
+use tollgate::{ErrorKind, Quota, RateLimiter, RedisStore};
 
 #[tokio::test]
 async fn tls_checks_over_rediss_with_the_servers_ca() {
@@ -28,7 +18,7 @@ async fn tls_checks_over_rediss_with_the_servers_ca() {
         .into_iter()
         .enumerate()
     {
-        let store = with_ca(url.clone(), server.ca_pem());
+        let store = store_trusting(url.clone(), server.ca_pem());
         store.ping().await.unwrap_or_else(|e| panic!("{url}: {e}"));
         let limiter = RateLimiter::new(store, Quota::per_hour(2).unwrap());
         let key = format!("user:{i}");
@@ -50,7 +40,7 @@ async fn tls_a_certificate_that_does_not_verify_fails_clearly_naming_the_host() 
     let url = format!("rediss://app:s3cret@127.0.0.1:{}", server.port());
     let host = format!("127.0.0.1:{}", server.port());
     server.reset_stats();
-    let wrong_ca = with_ca(url.clone(), server.wrong_ca_pem());
+    let wrong_ca = store_trusting(url.clone(), server.wrong_ca_pem());
     let system_roots = RedisStore::builder()
         .url(url.clone())
         .timeout(Duration::from_secs(5))
@@ -79,13 +69,7 @@ async fn tls_a_certificate_that_does_not_verify_fails_clearly_naming_the_host() 
 
 #[test]
 fn tls_configuration_mistakes_are_refused_at_build() {
-    let refused = |builder: tollgate::store::RedisStoreBuilder| {
-        let e = builder.build().expect_err("a mistake");
-        assert_eq!(e.kind(), ConfigErrorKind::Store);
-        let message = e.to_string();
-        assert!(!message.contains("s3cret"), "{message}");
-        message
-    };
+    let refused = support::refused_at_build;
     let ca = TlsRedis::start().ca_pem();
     let m = refused(
         RedisStore::builder()

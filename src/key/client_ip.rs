@@ -8,7 +8,7 @@ use http::request::Parts;
 
 use super::extractor::{KeyExtractor, Kind};
 use super::forwarded::{self, Hop, ListHeader, MAX_HOPS};
-use super::ip::{Cidr, IpKeying, parse_cidrs, peer_ip};
+use super::ip::{Cidr, IpKeying, parse_cidrs, request_peer_ip};
 use crate::ConfigError;
 
 /// The client's IP address behind reverse proxies and load balancers.
@@ -330,7 +330,7 @@ impl ClientIp {
 
     /// The client's address, before keying.
     fn client(&self, parts: &Parts) -> Option<IpAddr> {
-        let peer = peer_ip(&parts.extensions);
+        let peer = request_peer_ip(parts);
         if !self.trusted.is_empty() {
             let peer = peer?;
             if !self.is_trusted(peer) {

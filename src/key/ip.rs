@@ -8,6 +8,7 @@ use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::str::FromStr;
 
 use http::Extensions;
+use http::request::Parts;
 
 use crate::ConfigError;
 
@@ -182,6 +183,16 @@ where
 /// dropped: neither identifies a client.
 pub(crate) fn peer_ip(extensions: &Extensions) -> Option<IpAddr> {
     peer_socket(extensions).map(|addr| canonical(addr.ip()))
+}
+
+/// [`peer_ip`] of a request head. A gRPC request without one gets the one-time
+/// hint that tonic's connection info needs the `tonic` feature.
+pub(crate) fn request_peer_ip(parts: &Parts) -> Option<IpAddr> {
+    let ip = peer_ip(&parts.extensions);
+    if ip.is_none() {
+        super::tonic_hint::peer_missing(parts);
+    }
+    ip
 }
 
 fn peer_socket(extensions: &Extensions) -> Option<SocketAddr> {

@@ -146,6 +146,7 @@ mod ip;
 mod peer;
 #[cfg(feature = "axum")]
 mod route;
+mod tonic_hint;
 
 pub use client_ip::{ClientIp, ClientIpBuilder};
 pub(crate) use combine::present;

@@ -3,7 +3,7 @@
 use http::request::Parts;
 
 use super::extractor::{KeyExtractor, Kind};
-use super::ip::{IpKeying, peer_ip};
+use super::ip::{IpKeying, request_peer_ip};
 
 /// The IP address of the connected socket (the TCP peer), ignoring every header.
 ///
@@ -75,7 +75,7 @@ impl KeyExtractor for PeerIp {
     }
 
     async fn extract(&self, parts: &Parts) -> Option<String> {
-        peer_ip(&parts.extensions).map(|ip| self.keying.key(ip))
+        request_peer_ip(parts).map(|ip| self.keying.key(ip))
     }
 }
 

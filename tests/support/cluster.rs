@@ -455,6 +455,23 @@ impl RedisCluster {
             .collect()
     }
 
+    /// A builder of a store on the cluster (its seeds) with a key prefix and a
+    /// timeout generous for a busy 2-core machine (5 s); tests add what else
+    /// they need before `build`.
+    #[cfg(feature = "cluster")]
+    pub fn store_builder(&self, prefix: &str) -> tollgate::store::RedisStoreBuilder {
+        tollgate::RedisStore::builder()
+            .cluster(self.seed_urls())
+            .prefix(prefix)
+            .timeout(Duration::from_secs(5))
+    }
+
+    /// A store on the cluster with its own connections: `store_builder`, built.
+    #[cfg(feature = "cluster")]
+    pub fn store(&self, prefix: &str) -> tollgate::RedisStore {
+        self.store_builder(prefix).build().expect("cluster store")
+    }
+
     /// `redis://127.0.0.1:PORT` of every node, primaries and replicas, in start
     /// order: seeds for a cluster client.
     pub fn seed_urls(&self) -> Vec<String> {

@@ -246,6 +246,17 @@ pub(crate) fn base_args(port: u16, dir: &Path, loglevel: &str) -> Vec<OsString> 
     argv
 }
 
+/// The message of the configuration error `builder` is refused with at
+/// `build`, which must be a store error that does not show the password
+/// `s3cret` of the tests' URLs.
+pub fn refused_at_build(builder: tollgate::store::RedisStoreBuilder) -> String {
+    let e = builder.build().expect_err("a mistake");
+    assert_eq!(e.kind(), tollgate::ConfigErrorKind::Store);
+    let message = e.to_string();
+    assert!(!message.contains("s3cret"), "{message}");
+    message
+}
+
 /// A loopback port reserved for the caller for the rest of the process: no
 /// server of the harness will be given it.
 pub fn free_port() -> u16 {
@@ -478,9 +489,11 @@ impl Drop for Proxy {
 pub mod batches;
 pub mod cluster;
 pub mod failover;
+pub mod far;
 pub mod grpc;
 pub mod hammer;
 pub mod http;
+pub mod model;
 pub mod node;
 pub mod ports;
 pub mod sentinel;

@@ -503,6 +503,12 @@ impl Node {
         redis::cmd(name).arg(rest).query(&mut self.try_conn()?)
     }
 
+    /// The node's clock (`TIME`) in microseconds since the epoch.
+    pub fn time_us(&self) -> u64 {
+        let t: Vec<u64> = self.cmd(&["TIME"]);
+        t[0] * 1_000_000 + t[1]
+    }
+
     /// One section of `INFO` as fields.
     pub fn info(&self, section: &str) -> BTreeMap<String, String> {
         let text: String = self.cmd(&["INFO", section]);

@@ -134,6 +134,17 @@ impl SentinelSet {
         wait_until(what, || check(self), || report(&all))
     }
 
+    /// A store that finds the primary through the sentinels, with its own
+    /// connections and the given timeout.
+    #[cfg(feature = "sentinel")]
+    pub fn store(&self, timeout: Duration) -> tollgate::RedisStore {
+        tollgate::RedisStore::builder()
+            .sentinel(self.sentinel_urls(), self.master_name())
+            .timeout(timeout)
+            .build()
+            .expect("sentinel store")
+    }
+
     /// `redis://127.0.0.1:PORT` of the three sentinels.
     pub fn sentinel_urls(&self) -> Vec<String> {
         self.sentinels.iter().map(Node::url).collect()

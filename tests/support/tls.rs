@@ -22,6 +22,19 @@ use super::node::{self, Ports, Probe, tls_cli_args};
 /// The common name of both test CAs (the wrong one differs only by its key).
 const CA_NAME: &str = "tollgate test CA";
 
+/// A store on `url` (`rediss://`) that trusts `ca` (PEM) alone, with timeouts
+/// generous for a busy 2-core machine.
+#[cfg(feature = "tls")]
+pub fn store_trusting(url: String, ca: Vec<u8>) -> tollgate::RedisStore {
+    tollgate::RedisStore::builder()
+        .url(url)
+        .tls_root_certificates(ca)
+        .timeout(std::time::Duration::from_secs(5))
+        .connect_timeout(std::time::Duration::from_secs(5))
+        .build()
+        .expect("TLS store")
+}
+
 /// A TLS-only redis-server owned by one test.
 pub struct TlsRedis {
     child: Option<Child>,
