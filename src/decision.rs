@@ -1,33 +1,35 @@
 //! What a check answers: admitted or not, and the numbers behind it.
-//!
-//! ```
-//! use tollgate::{MemoryStore, Quota, RateLimiter};
-//!
-//! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let limiter = RateLimiter::new(MemoryStore::new(), Quota::per_minute(2)?);
-//! let first = limiter.check("client-1", 1).await?;
-//! assert!(first.allowed());
-//! assert_eq!((first.limit(), first.remaining()), (2, 1));
-//! limiter.check("client-1", 1).await?;
-//! let third = limiter.check("client-1", 1).await?;
-//! assert!(!third.allowed());
-//! assert!(third.retry_after().as_secs() >= 29); // one token every 30 s
-//! # Ok(())
-//! # }
-//! ```
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::Quota;
 
-/// The answer to one check. See the [module example](crate::decision).
+/// The answer to one check.
 ///
 /// When several quotas were checked at once, the accessors describe the most
 /// restrictive one ([`Decision::quota`]): for a denial, the quota that forces the
 /// longest wait; for an admission, the one with the fewest tokens left.
 /// [`Decision::states`] lists every quota.
+///
+/// # Example
+///
+/// ```
+/// use tollgate::{MemoryStore, Quota, RateLimiter};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let limiter = RateLimiter::new(MemoryStore::new(), Quota::per_minute(2)?);
+/// let first = limiter.check("client-1", 1).await?;
+/// assert!(first.allowed());
+/// assert_eq!((first.limit(), first.remaining()), (2, 1));
+/// limiter.check("client-1", 1).await?;
+/// let third = limiter.check("client-1", 1).await?;
+/// assert!(!third.allowed());
+/// assert!(third.retry_after().as_secs() >= 29); // one token every 30 s
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[must_use]
 pub struct Decision {

@@ -1,18 +1,5 @@
 //! [`Fallback`]: an in-process store that decides while the shared store
 //! fails, so limits keep holding through an outage.
-//!
-//! ```
-//! use tollgate::{Fallback, MemoryStore, Quota, RateLimiter, RedisStore};
-//!
-//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! // Four instances share the Redis limit; while Redis is down each one
-//! // enforces a quarter of it in memory.
-//! let limiter = RateLimiter::new(RedisStore::from_url("redis://127.0.0.1:6379")?, Quota::per_second(100)?)
-//!     .fallback(Fallback::memory().share(4)?);
-//! # let _ = limiter;
-//! # Ok(())
-//! # }
-//! ```
 
 use crate::decision::Reservation;
 use crate::observe;
@@ -51,6 +38,21 @@ const MAX_SCALED: usize = 64;
 ///   `MemoryStore`.
 ///
 /// Clones share the in-process buckets.
+///
+/// # Example
+///
+/// ```
+/// use tollgate::{Fallback, MemoryStore, Quota, RateLimiter, RedisStore};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// // Four instances share the Redis limit; while Redis is down each one
+/// // enforces a quarter of it in memory.
+/// let limiter = RateLimiter::new(RedisStore::from_url("redis://127.0.0.1:6379")?, Quota::per_second(100)?)
+///     .fallback(Fallback::memory().share(4)?);
+/// # let _ = limiter;
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Clone)]
 #[must_use]
 pub struct Fallback {

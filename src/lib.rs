@@ -73,15 +73,18 @@
 )]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-pub mod decision;
+// Modules of one type (and its constants) are private: each type has one
+// path, at the crate root. The modules of several types a user picks from
+// (keys, the layer's options, the stores and their builders) are public.
+mod decision;
 mod error;
-pub mod fallback;
+mod fallback;
 pub mod key;
 pub mod layer;
-pub mod limiter;
+mod limiter;
 mod observe;
-pub mod policy;
-pub mod quota;
+mod policy;
+mod quota;
 pub mod store;
 
 #[cfg(test)]
@@ -96,8 +99,8 @@ pub use error::{ConfigError, ConfigErrorKind, Error, ErrorKind};
 pub use fallback::Fallback;
 pub use layer::{RateLimit, RateLimitLayer};
 pub use limiter::RateLimiter;
-pub use policy::{DEFAULT_POLICY_NAME, Policy};
-pub use quota::Quota;
+pub use policy::{DEFAULT_POLICY_NAME, MAX_POLICY_NAME_LEN, Policy};
+pub use quota::{MAX_PERIOD, MIN_PERIOD, Quota};
 #[cfg(feature = "redis")]
 pub use store::RedisStore;
 pub use store::{AnyStore, MemoryStore, Store};

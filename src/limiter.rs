@@ -1,25 +1,4 @@
 //! [`RateLimiter`]: the engine without tower, for queues, jobs and databases.
-//!
-//! ```
-//! use std::time::Duration;
-//! use tollgate::{MemoryStore, Policy, Quota, RateLimiter};
-//!
-//! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! // 10 per second and 1000 per hour for each key, decided together.
-//! let limiter = RateLimiter::new(
-//!     MemoryStore::new(),
-//!     Policy::new("tenants", [Quota::per_second(10)?, Quota::per_hour(1000)?])?,
-//! );
-//! let d = limiter.check("tenant-7", 1).await?;
-//! assert!(d.allowed());
-//! // Wait (up to 2 s) for 10 more tokens instead of failing.
-//! limiter.acquire("tenant-7", 10, Duration::from_secs(2)).await?;
-//! limiter.reset("tenant-7").await?;
-//! assert_eq!(limiter.peek("tenant-7").await?.remaining(), 10);
-//! # Ok(())
-//! # }
-//! ```
 
 use std::future::Future;
 use std::pin::Pin;
@@ -34,8 +13,7 @@ use crate::observe::{self, Outcome};
 use crate::store::{AnyStore, Store, Unsent};
 use crate::{Decision, Error, Policy, Quota};
 
-/// Checks keys against a [`Policy`] (one quota or several) in a store. See the
-/// [module example](crate::limiter).
+/// Checks keys against a [`Policy`] (one quota or several) in a store.
 ///
 /// Takes any store ([`MemoryStore`](crate::MemoryStore),
 /// [`RedisStore`](crate::RedisStore), [`AnyStore`]) and does not carry its
@@ -44,12 +22,35 @@ use crate::{Decision, Error, Policy, Quota};
 /// policies have different names never share a bucket, even with the same
 /// quotas and keys (`login` and `signup` for `user:42`), while limiters of
 /// one policy name on one store do. A policy built from a bare [`Quota`] is
-/// named [`DEFAULT_POLICY_NAME`](crate::policy::DEFAULT_POLICY_NAME). The
+/// named [`DEFAULT_POLICY_NAME`](crate::DEFAULT_POLICY_NAME). The
 /// layer's keys are `name:kind:value`, so a limiter's key `ip:10.0.0.1`
 /// under a policy of the layer's name is the layer's bucket of that client:
 /// choose keys accordingly (to share a bucket with the layer, or not).
 ///
 /// Cheap to clone: clones share the store and the policy.
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate::{MemoryStore, Policy, Quota, RateLimiter};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// // 10 per second and 1000 per hour for each key, decided together.
+/// let limiter = RateLimiter::new(
+///     MemoryStore::new(),
+///     Policy::new("tenants", [Quota::per_second(10)?, Quota::per_hour(1000)?])?,
+/// );
+/// let d = limiter.check("tenant-7", 1).await?;
+/// assert!(d.allowed());
+/// // Wait (up to 2 s) for 10 more tokens instead of failing.
+/// limiter.acquire("tenant-7", 10, Duration::from_secs(2)).await?;
+/// limiter.reset("tenant-7").await?;
+/// assert_eq!(limiter.peek("tenant-7").await?.remaining(), 10);
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Clone, Debug)]
 #[must_use]
 pub struct RateLimiter {

@@ -1,22 +1,4 @@
 //! What a client is limited by: a named list of quotas, decided together.
-//!
-//! ```
-//! use tollgate::{Policy, Quota};
-//!
-//! # fn main() -> Result<(), tollgate::ConfigError> {
-//! // One quota: the policy is called "default".
-//! let simple: Policy = Quota::per_second(10)?.into();
-//! assert_eq!(simple.name(), "default");
-//!
-//! // Several quotas, all or nothing: 2 a second and 500 an hour.
-//! let search = Policy::new("search", [Quota::per_second(2)?, Quota::per_hour(500)?])?;
-//! assert_eq!(search.quotas().len(), 2);
-//! assert_eq!(search.max_cost(), 2);
-//! assert!(Policy::new("bad name", [Quota::per_second(2)?]).is_err());
-//! assert!(Policy::new("empty", []).is_err());
-//! # Ok(())
-//! # }
-//! ```
 
 use std::fmt;
 use std::sync::{Arc, OnceLock};
@@ -30,7 +12,7 @@ pub const MAX_POLICY_NAME_LEN: usize = 64;
 pub const DEFAULT_POLICY_NAME: &str = "default";
 
 /// A named, non-empty set of distinct quotas, decided together (all or nothing)
-/// for each check. See the [module example](crate::policy).
+/// for each check.
 ///
 /// The name appears in the `RateLimit-Policy` and `RateLimit` response headers,
 /// in metrics labels, and at the front of every storage key the HTTP layer makes
@@ -41,6 +23,26 @@ pub const DEFAULT_POLICY_NAME: &str = "default";
 /// [`MAX_POLICY_NAME_LEN`] bytes of `[A-Za-z0-9_-]`, and the quota list non-empty
 /// without duplicates. Build policies once at start-up; clones are cheap (one
 /// reference count) and nothing is validated per request.
+///
+/// # Example
+///
+/// ```
+/// use tollgate::{Policy, Quota};
+///
+/// # fn main() -> Result<(), tollgate::ConfigError> {
+/// // One quota: the policy is called "default".
+/// let simple: Policy = Quota::per_second(10)?.into();
+/// assert_eq!(simple.name(), "default");
+///
+/// // Several quotas, all or nothing: 2 a second and 500 an hour.
+/// let search = Policy::new("search", [Quota::per_second(2)?, Quota::per_hour(500)?])?;
+/// assert_eq!(search.quotas().len(), 2);
+/// assert_eq!(search.max_cost(), 2);
+/// assert!(Policy::new("bad name", [Quota::per_second(2)?]).is_err());
+/// assert!(Policy::new("empty", []).is_err());
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Clone)]
 #[must_use]
 pub struct Policy {

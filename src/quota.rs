@@ -1,28 +1,4 @@
 //! What a limit is: a bucket capacity (burst) and a refill rate.
-//!
-//! `Quota::per_minute(60)` means 60 tokens refilled per minute (one a second) and a
-//! bucket that holds 60, not "one token every 60 seconds". `.burst(n)` changes the
-//! capacity without changing the rate.
-//!
-//! ```
-//! use std::time::Duration;
-//! use tollgate::Quota;
-//!
-//! # fn main() -> Result<(), tollgate::ConfigError> {
-//! let api = Quota::per_second(10)?.burst(20)?; // 10/s, bursts of 20
-//! let daily = Quota::new(1_000, Duration::from_secs(86_400))?; // 1000 a day
-//! assert_eq!(api.capacity(), 20);
-//! assert_eq!(daily.period(), Duration::from_secs(86_400));
-//! assert!(Quota::per_second(0).is_err());
-//!
-//! // The text form, as in configuration files; `Display` writes it back.
-//! let login: Quota = "5/min burst 10".parse()?;
-//! assert_eq!(login, Quota::per_minute(5)?.burst(10)?);
-//! assert_eq!(login.to_string(), "5/min burst 10");
-//! assert_eq!("100/min".parse::<Quota>()?, Quota::per_minute(100)?);
-//! # Ok(())
-//! # }
-//! ```
 
 use std::fmt;
 use std::time::Duration;
@@ -48,7 +24,7 @@ pub const MIN_PERIOD: Duration = Duration::from_millis(1);
 ///
 /// Build it with [`Quota::per_second`], [`Quota::per_minute`], [`Quota::per_hour`]
 /// or [`Quota::new`]; each checks its values and returns a [`ConfigError`]
-/// for zero, absurd, or inexact ones. See the [module example](crate::quota).
+/// for zero, absurd, or inexact ones.
 ///
 /// # Text form
 ///
@@ -90,6 +66,32 @@ pub const MIN_PERIOD: Duration = Duration::from_millis(1);
 /// Internally the rate is kept as the reduced fraction `num / den` tokens per
 /// microsecond, and bucket levels are counted in units of `1 / den` token, so every
 /// refill is an exact integer: no token is ever lost to rounding.
+///
+/// `Quota::per_minute(60)` means 60 tokens refilled per minute (one a second) and a
+/// bucket that holds 60, not "one token every 60 seconds". `.burst(n)` changes the
+/// capacity without changing the rate.
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate::Quota;
+///
+/// # fn main() -> Result<(), tollgate::ConfigError> {
+/// let api = Quota::per_second(10)?.burst(20)?; // 10/s, bursts of 20
+/// let daily = Quota::new(1_000, Duration::from_secs(86_400))?; // 1000 a day
+/// assert_eq!(api.capacity(), 20);
+/// assert_eq!(daily.period(), Duration::from_secs(86_400));
+/// assert!(Quota::per_second(0).is_err());
+///
+/// // The text form, as in configuration files; `Display` writes it back.
+/// let login: Quota = "5/min burst 10".parse()?;
+/// assert_eq!(login, Quota::per_minute(5)?.burst(10)?);
+/// assert_eq!(login.to_string(), "5/min burst 10");
+/// assert_eq!("100/min".parse::<Quota>()?, Quota::per_minute(100)?);
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 #[must_use]
 pub struct Quota {

@@ -49,6 +49,16 @@
 //! new methods, which would break every outside implementation. Sealing it now
 //! keeps those additions compatible; it can be opened later without breaking
 //! anyone.
+//!
+//! # What else is public here, and why
+//!
+//! - The key helpers: [`safe_key`] (and [`MAX_RAW_KEY_LEN`], where it starts
+//!   hashing) gives the storage form of a key, so an operator can find or
+//!   reset a client's bucket by name; [`safe_key_bytes`] is the same for a
+//!   raw header value a custom extractor reads; [`hashed_key`] keeps a
+//!   credential (an API key) unreadable in the store whatever its form.
+//! - The `DEFAULT_*` constants are the values the builders document, so code
+//!   and configuration can say "the default" instead of repeating a number.
 #![doc = include_str!("../docs/redis.md")]
 
 mod any;
