@@ -123,13 +123,21 @@ def main():
         svg.append(f'<text x="{LEFT - 6}" y="{y_p99(i) + 4:.1f}" text-anchor="end" font-size="10">{escape(label)}</text>')
     svg.append(f'<text x="14" y="{p99_top + P99_H / 2}" transform="rotate(-90 14 {p99_top + P99_H / 2})" '
                f'text-anchor="middle">server p99</text>')
-    points = []
+    # One line per run of windows with answers: a window without any (the
+    # requests still waiting) breaks it rather than being drawn across.
+    runs, points = [], []
     for w in range(lo, hi):
         i = p99_index(ws[w]["time"]) if w in ws else None
         if i is None:
+            if points:
+                runs.append(points)
+            points = []
             continue
         points.append(f"{x(w):.1f},{y_p99(i):.1f} {x(w) + bar_w:.1f},{y_p99(i):.1f}")
-    svg.append(f'<polyline points="{" ".join(points)}" fill="none" stroke="#333" stroke-width="1.5"/>')
+    if points:
+        runs.append(points)
+    for run in runs:
+        svg.append(f'<polyline points="{" ".join(run)}" fill="none" stroke="#333" stroke-width="1.5"/>')
     # Time axis: seconds from the fault's start.
     axis_y = p99_top + P99_H
     for s in range(lo * WINDOW_MS // 1000, hi * WINDOW_MS // 1000 + 1):
