@@ -521,6 +521,29 @@ mod tests {
         assert!(d.allowed());
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn refunds_fill_up_to_capacity_and_charges_take_debt() {
+        // 10 a second: one token every 100 ms.
+        let limiter = RateLimiter::new(MemoryStore::new(), Quota::per_second(10).unwrap());
+        assert_eq!(limiter.check("k", 4).await.unwrap().remaining(), 6);
+        limiter.refund("k", 3).await.unwrap();
+        assert_eq!(limiter.peek("k").await.unwrap().remaining(), 9);
+        // Never above the capacity, however much is refunded.
+        limiter.refund("k", 1_000).await.unwrap();
+        assert_eq!(limiter.peek("k").await.unwrap().remaining(), 10);
+        // A charge beyond what is left goes into debt: 5 tokens owed, so
+        // the next token is 600 ms away.
+        limiter.charge("k", 15).await.unwrap();
+        let d = limiter.check("k", 1).await.unwrap();
+        assert!(!d.allowed());
+        assert_eq!(d.retry_after(), Duration::from_millis(600));
+        // At most one bucket of debt (10 tokens owed): the next token is
+        // 1.1 s away.
+        limiter.charge("k", 1_000_000).await.unwrap();
+        let d = limiter.check("k", 1).await.unwrap();
+        assert_eq!(d.retry_after(), Duration::from_millis(1_100));
+    }
+
     #[tokio::test]
     async fn cost_above_capacity_is_impossible_not_a_wait() {
         let limiter = RateLimiter::new(MemoryStore::new(), Quota::per_second(5).unwrap());

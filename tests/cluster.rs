@@ -34,6 +34,84 @@ async fn cluster_scenarios_on_one_shared_cluster() {
     ten_thousand_keys_spread_over_all_primaries(&cluster).await;
     four_limiters_on_one_hot_key_never_exceed_the_quota(&cluster).await;
     the_applications_cluster_pool_works_as_seeds_do(&cluster).await;
+    #[cfg(feature = "test-util")]
+    refunds_and_charges_decide_as_in_memory_on_every_node(&cluster).await;
+    refunds_and_charges_batched_per_node_are_exact(&cluster).await;
+}
+
+/// Checks, refunds and charges on 60 clients spread over the primaries, at
+/// a clock the test sets: every decision is the memory store's (which the
+/// model tests hold to the model), debt and the clamps included.
+#[cfg(feature = "test-util")]
+async fn refunds_and_charges_decide_as_in_memory_on_every_node(cluster: &RedisCluster) {
+    use tollgate::MemoryStore;
+    let store = cluster.store("settle-clock:");
+    let memory = MemoryStore::new();
+    let policy = Policy::new(
+        "settle",
+        [Quota::per_second(5).unwrap(), Quota::per_hour(40).unwrap()],
+    )
+    .unwrap();
+    // A fixed pseudo-random walk (an LCG): the same steps on every run.
+    let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = |n: u64| {
+        state = state
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (state >> 33) % n
+    };
+    let mut now: u64 = 1_763_000_000_000_000;
+    for step in 0..600 {
+        now += next(400_000);
+        let key = format!("client-{}", next(60));
+        let op = next(4);
+        if op == 0 {
+            // A refund of up to 5 tokens, or a charge of up to 12.
+            let delta = next(18) as i64 - 5;
+            memory.adjust_at(&key, &policy, delta, now);
+            store.adjust_at(&key, &policy, delta, now).await.unwrap();
+        }
+        let cost = if op == 0 { 0 } else { next(4) };
+        let want = memory.check_at(&key, &policy, cost, now).unwrap();
+        let got = store.check_at(&key, &policy, cost, now).await.unwrap();
+        assert_eq!(got, want, "step {step}, {key}, op {op}, cost {cost}");
+    }
+}
+
+/// The production path: 60 clients at once, each checked for 3 tokens,
+/// refunded 2 and charged 1 through `RateLimiter`, batched per node: every
+/// bucket ends 2 tokens down, exactly.
+async fn refunds_and_charges_batched_per_node_are_exact(cluster: &RedisCluster) {
+    let limiter = RateLimiter::new(
+        cluster.store("settle:"),
+        Policy::new(
+            "settle",
+            [Quota::new(10, Duration::from_secs(86_400)).unwrap()],
+        )
+        .unwrap(),
+    );
+    let tasks: Vec<_> = (0..60)
+        .map(|i| {
+            let limiter = limiter.clone();
+            tokio::spawn(async move {
+                let key = format!("client-{i}");
+                assert!(limiter.check(&key, 3).await.unwrap().allowed());
+                limiter.refund(&key, 2).await.unwrap();
+                limiter.charge(&key, 1).await.unwrap();
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    for i in 0..60 {
+        let left = limiter
+            .peek(&format!("client-{i}"))
+            .await
+            .unwrap()
+            .remaining();
+        assert_eq!(left, 8, "client-{i}");
+    }
 }
 
 /// After warm-up, K decisions sent one after the other are K `EVALSHA`s
