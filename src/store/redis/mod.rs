@@ -25,6 +25,8 @@ mod failure;
 mod probe;
 mod script;
 mod sending;
+#[cfg(feature = "sentinel")]
+mod sentinel;
 mod store;
 mod target;
 #[cfg(feature = "test-util")]

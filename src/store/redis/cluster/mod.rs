@@ -5,7 +5,6 @@ mod per_node;
 mod refresh;
 mod slots;
 mod spread;
+mod target;
 #[cfg(feature = "test-util")]
 mod test_clock;
-
-pub(crate) use per_node::per_node;
