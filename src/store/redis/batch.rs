@@ -41,7 +41,7 @@
 //!   `TIME`: the same answers as the checks sent one by one at that instant.
 //! - **Redis Cluster** runs every key of one script call on one node, so a
 //!   store on a cluster keeps one queue like this per primary and batches the
-//!   checks of the slots that primary serves (see `nodes.rs`); each queue has
+//!   checks of the slots that primary serves (see `cluster/nodes.rs`); each queue has
 //!   its own window, whose floor is 1 with several primaries.
 
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -92,7 +92,10 @@ impl Batcher {
 
     /// Sets the fewest calls at once (at least one) and restarts the window
     /// from there if that changed; calls already in flight go on.
-    #[cfg(feature = "cluster")]
+    #[allow(
+        dead_code,
+        reason = "only a cluster store's queues (cluster/nodes.rs) change it"
+    )]
     pub(crate) fn set_min_in_flight(&self, calls: usize) {
         self.lock().window.set_floor(calls);
     }

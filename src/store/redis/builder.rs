@@ -33,7 +33,7 @@ pub const DEFAULT_MAX_BATCH: usize = 32;
 /// checks everything at once and reports the first mistake.
 #[must_use]
 pub struct RedisStoreBuilder {
-    target: Option<Target>,
+    pub(super) target: Option<Target>,
     prefix: String,
     timeout: Duration,
     connect_timeout: Duration,
@@ -43,7 +43,7 @@ pub struct RedisStoreBuilder {
     #[cfg(feature = "tls")]
     root_certificates: Option<Vec<u8>>,
     #[cfg(feature = "sentinel")]
-    primary_auth: Option<Credentials>,
+    pub(super) primary_auth: Option<Credentials>,
 }
 
 impl fmt::Debug for RedisStoreBuilder {
@@ -106,78 +106,6 @@ impl RedisStore {
             primary_auth: None,
         }
     }
-
-    /// A store for the Redis Cluster that the nodes at `seed_urls` belong to
-    /// (cargo feature `cluster`), with the default settings. One seed that
-    /// answers is enough; the others are tried when it does not. Nothing is
-    /// connected until the first check (or [`ping`](Self::ping)).
-    ///
-    /// ```no_run
-    /// # fn run() -> Result<(), tollgate::ConfigError> {
-    /// let store = tollgate::RedisStore::from_cluster_urls([
-    ///     "redis://10.0.0.1:6379",
-    ///     "redis://10.0.0.2:6379",
-    ///     "redis://10.0.0.3:6379",
-    /// ])?;
-    /// # Ok(())
-    /// # }
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// A [`ConfigError`] when there is no seed, a URL cannot be parsed or
-    /// selects a database other than 0, or the seeds disagree on TLS or
-    /// credentials; URLs are shown without their password.
-    #[cfg(feature = "cluster")]
-    pub fn from_cluster_urls<I, S>(seed_urls: I) -> Result<Self, ConfigError>
-    where
-        I: IntoIterator<Item = S>,
-        S: Into<String>,
-    {
-        Self::builder().cluster(seed_urls).build()
-    }
-
-    /// A store over the application's own deadpool-redis cluster pool
-    /// (`deadpool_redis::cluster::Pool`, cargo feature `cluster`), with the
-    /// default settings. It takes one cluster connection from the pool and
-    /// keeps it.
-    #[cfg(feature = "cluster")]
-    pub fn from_cluster_pool(pool: deadpool_redis::cluster::Pool) -> Self {
-        match Self::builder().cluster_pool(pool).build() {
-            Ok(store) => store,
-            // The defaults with a pool cannot fail to build.
-            Err(e) => unreachable!("{e}"),
-        }
-    }
-
-    /// A store for the primary that the Sentinels at `sentinel_urls` know as
-    /// `master_name` (cargo feature `sentinel`), with the default settings.
-    /// Every connect asks the sentinels which server is the primary, so a
-    /// failover is followed. Nothing is connected until the first check.
-    ///
-    /// ```no_run
-    /// # fn run() -> Result<(), tollgate::ConfigError> {
-    /// let store = tollgate::RedisStore::from_sentinel(
-    ///     ["redis://10.0.0.1:26379", "redis://10.0.0.2:26379", "redis://10.0.0.3:26379"],
-    ///     "mymaster",
-    /// )?;
-    /// # Ok(())
-    /// # }
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// A [`ConfigError`] when there is no sentinel URL, a URL cannot be
-    /// parsed, the URLs disagree on TLS, credentials or database, or the
-    /// master name is empty.
-    #[cfg(feature = "sentinel")]
-    pub fn from_sentinel<I, S>(sentinel_urls: I, master_name: &str) -> Result<Self, ConfigError>
-    where
-        I: IntoIterator<Item = S>,
-        S: Into<String>,
-    {
-        Self::builder().sentinel(sentinel_urls, master_name).build()
-    }
 }
 
 impl RedisStoreBuilder {
@@ -192,68 +120,6 @@ impl RedisStoreBuilder {
     /// keeps it (see [`RedisStore`]).
     pub fn pool(mut self, pool: Pool) -> Self {
         self.target = Some(Target::Pool(pool));
-        self
-    }
-
-    /// Connects to the Redis Cluster that the nodes at `seed_urls` belong to
-    /// (cargo feature `cluster`). Each check is decided by the primary of its
-    /// client's slot: alone, or under load in a batch with other checks that
-    /// primary serves (see [`max_batch`](Self::max_batch)); redis-rs follows
-    /// `MOVED` and `ASK`, refreshes its slot map and reconnects nodes after a
-    /// failover. The store's timeouts apply to every node.
-    #[cfg(feature = "cluster")]
-    pub fn cluster<I, S>(mut self, seed_urls: I) -> Self
-    where
-        I: IntoIterator<Item = S>,
-        S: Into<String>,
-    {
-        let seeds = seed_urls.into_iter().map(Into::into).collect();
-        self.target = Some(Target::Cluster(seeds));
-        self
-    }
-
-    /// Takes one cluster connection from the application's own deadpool-redis
-    /// cluster pool and keeps it (cargo feature `cluster`). The pool's own
-    /// client settings (redis-rs's timeouts and retries among them) stay as the
-    /// application made them; the store's timeout still bounds every check.
-    #[cfg(feature = "cluster")]
-    pub fn cluster_pool(mut self, pool: deadpool_redis::cluster::Pool) -> Self {
-        self.target = Some(Target::ClusterPool(pool));
-        self
-    }
-
-    /// Connects to the primary that the Sentinels at `sentinel_urls` know as
-    /// `master_name` (cargo feature `sentinel`), asking them again on every
-    /// connect: after a failover, the connection to the old primary breaks
-    /// (or answers `READONLY`), and the next connect finds the new one.
-    ///
-    /// The sentinels' own credentials go into their URLs (the same for all);
-    /// the primary's into [`sentinel_primary_auth`](Self::sentinel_primary_auth).
-    /// `rediss://` sentinel URLs mean TLS to the sentinels and the primary
-    /// alike; a database in the URLs is the primary's.
-    #[cfg(feature = "sentinel")]
-    pub fn sentinel<I, S>(mut self, sentinel_urls: I, master_name: impl Into<String>) -> Self
-    where
-        I: IntoIterator<Item = S>,
-        S: Into<String>,
-    {
-        self.target = Some(Target::Sentinel {
-            urls: sentinel_urls.into_iter().map(Into::into).collect(),
-            master: master_name.into(),
-        });
-        self
-    }
-
-    /// Credentials for the primary the sentinels name, sent with `AUTH`
-    /// (`username` `None` for the default user). Only for a store built with
-    /// [`sentinel`](Self::sentinel). The password never appears in messages or
-    /// in `Debug` output.
-    #[cfg(feature = "sentinel")]
-    pub fn sentinel_primary_auth(mut self, username: Option<&str>, password: &str) -> Self {
-        self.primary_auth = Some(Credentials {
-            username: username.map(str::to_owned),
-            password: password.to_owned(),
-        });
         self
     }
 
@@ -386,18 +252,22 @@ impl RedisStoreBuilder {
         // Every declared key of one call must be in one slot of a cluster,
         // and a batch mixes clients: a cluster store batches per node.
         let per_node = target.per_node();
-        let (source, host) = target.source(&Settings {
-            #[cfg(feature = "cluster")]
+        let settings = Settings {
             call_timeout: self.timeout,
-            #[cfg(feature = "cluster")]
             connect_timeout: self.connect_timeout,
             #[cfg(feature = "tls")]
             root_certificates: self.root_certificates,
             #[cfg(feature = "sentinel")]
             primary_auth: self.primary_auth,
-        })?;
+        };
+        let (source, host) = target.source(&settings)?;
         Ok(RedisStore::assemble(Parts {
-            link: Link::new(source, host, self.timeout, self.connect_timeout),
+            link: Link::new(
+                source,
+                host,
+                settings.call_timeout,
+                settings.connect_timeout,
+            ),
             breaker: Breaker::new(self.breaker, "redis"),
             prefix: self.prefix,
             timeout: self.timeout,

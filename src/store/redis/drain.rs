@@ -16,7 +16,7 @@ use crate::{Decision, Policy};
 
 impl RedisStore {
     /// Queues a check for the next script call of `queue` (see `batch.rs`;
-    /// `spread`: the queue of a cluster node, see `nodes.rs`) and waits for
+    /// `spread`: the queue of a cluster node, see `cluster/nodes.rs`) and waits for
     /// its answer, at most the store timeout.
     pub(super) async fn batched(
         &self,
@@ -183,7 +183,7 @@ impl RedisStore {
 }
 
 /// The script call for `checks`, in order; `spread` for clients in several
-/// slots of one cluster node (see `nodes.rs`). The checks' keys move into
+/// slots of one cluster node (see `cluster/nodes.rs`). The checks' keys move into
 /// the batch: [`Batch::take_keys`] hands them back after the call.
 pub(crate) fn batch_of(checks: &mut [Pending], spread: Option<SlotOf>) -> Batch {
     let mut batch = Batch::with_capacity(checks.len(), None, spread);

@@ -1,16 +1,36 @@
 //! [`RedisStore`]: buckets in Redis, shared by every instance of the
 //! application.
 //!
-//! Files, bottom up: `failure.rs` (what a Redis error means), `script.rs` (the
-//! Lua script, its arguments and its reply), `connection.rs` (the held
-//! connection and its lifecycle, for one server, a cluster or the primary that
-//! sentinels name), `window.rs` (how many calls of a queue may be in flight),
-//! `batch.rs` (checks queued for one script call), `nodes.rs` (on a cluster:
-//! the slot map and a queue per primary), `sending.rs` (the future of a check
-//! on its way), `probe.rs` (the circuit breaker's probe, in a task of its
-//! own), `store.rs` (the store: breaker, timeouts, retries, batching),
-//! `target.rs` (where connections come from, TLS, checked at build time),
-//! `builder.rs` (configuration).
+//! Files, bottom up, one job each:
+//! - `failure.rs`: what a Redis error means, and what the store reports.
+//! - `script.rs`: the Lua script's source and its variants (test clock),
+//!   made from the lines the Lua files mark.
+//! - `decode.rs`: the script's reply: its packed numbers, and the decisions
+//!   they make.
+//! - `encode.rs`: one script call (`Batch`): its keys and arguments, its
+//!   command, and how it is sent (`EVALSHA`, then `EVAL`).
+//! - `window.rs`: how many calls of a queue may be in flight at once.
+//! - `batch.rs`: the queue of checks waiting for the next script call.
+//! - `probe.rs`: the circuit breaker's probe, in a task of its own.
+//! - `connection.rs`: the held connection and its lifecycle, for one
+//!   server, a cluster or the primary that sentinels name.
+//! - `store.rs`: the store: what it is made of, and check, reserve, reset
+//!   and ping; `PerNode`, what a cluster adds to batching.
+//! - `call.rs`: how one call runs: timeout, one retry on a fresh
+//!   connection, the breaker (and its probe), reports.
+//! - `drain.rs`: a check queued for a call, and the drain that sends the
+//!   queue and hands every check its answer.
+//! - `sending.rs`: where a check goes (batched or alone), and the future of
+//!   a check on its way.
+//! - `test_clock.rs`: `check_at`, `reserve_at` and `check_batch_at`
+//!   (cargo feature `test-util`).
+//! - `target.rs`: where connections come from (a URL, a pool, or a
+//!   `Topology`: a cluster or sentinels), TLS, checked at build time.
+//! - `builder.rs`: configuration.
+//! - `cluster/` (cargo feature `cluster`): hash slots, the slot map and a
+//!   queue per primary, the spread script, slot map refreshes, the cluster
+//!   target, and `check_batch_at` per node.
+//! - `sentinel.rs` (cargo feature `sentinel`): the sentinel target.
 
 mod batch;
 mod builder;
@@ -25,6 +45,8 @@ mod failure;
 mod probe;
 mod script;
 mod sending;
+#[cfg(feature = "sentinel")]
+mod sentinel;
 mod store;
 mod target;
 #[cfg(feature = "test-util")]

@@ -1,5 +1,5 @@
-//! [`Sending`]: the future of a check on its way to Redis, as
-//! [`RedisStore::send`](super::RedisStore) starts it.
+//! Where a check goes ([`RedisStore::send`]: into a queue, or in a call of
+//! its own) and [`Sending`], the future of a check on its way to Redis.
 //!
 //! A named future instead of an `async fn`: a check that the layer could not
 //! decide in `call` is boxed with everything it awaits, and every `async fn`
@@ -68,8 +68,8 @@ impl RedisStore {
     /// A check that [`check_now`](Self::check_now) could not answer is sent
     /// with `max_wait_us` 0 and no `clock`.
     ///
-    /// The route is chosen here, before anything is awaited (see
-    /// `sending.rs`); nothing is sent until the future is polled.
+    /// The route is chosen here, before anything is awaited (see the module
+    /// docs); nothing is sent until the future is polled.
     pub(crate) fn send<'a>(
         &'a self,
         keys: Vec<String>,

@@ -5,7 +5,6 @@
 
 use std::fmt;
 use std::sync::Arc;
-#[cfg(feature = "cluster")]
 use std::time::Duration;
 
 use deadpool_redis::Pool;
@@ -19,15 +18,42 @@ use crate::ConfigError;
 pub(crate) enum Target {
     Url(String),
     Pool(Pool),
-    #[cfg(feature = "cluster")]
-    Cluster(Vec<String>),
-    #[cfg(feature = "cluster")]
-    ClusterPool(deadpool_redis::cluster::Pool),
+    /// A cluster (`cluster/target.rs`) or sentinels (`sentinel.rs`).
+    #[allow(
+        dead_code,
+        reason = "made by the cluster and sentinel targets, and a build may have neither"
+    )]
+    Topology(Box<dyn Topology>),
+}
+
+/// A target that an optional feature adds: a cluster (`cluster/target.rs`)
+/// or the primary that sentinels name (`sentinel.rs`).
+pub(crate) trait Topology: fmt::Debug + Send + Sync {
+    /// The connection source, and the label messages name it by (never with
+    /// a password); or the first configuration mistake.
+    fn source(
+        self: Box<Self>,
+        settings: &Settings,
+        certificates: Option<Certificates>,
+    ) -> Result<(Source, Arc<str>), ConfigError>;
+
+    /// Whether it is the application's own pool, which TLS settings cannot
+    /// reach.
+    fn is_pool(&self) -> bool {
+        false
+    }
+
+    /// The per-node queues a store on it batches in (see
+    /// [`Target::per_node`]).
+    fn per_node(&self) -> Option<MakePerNode> {
+        None
+    }
+
+    /// Whether it takes the primary's credentials (sentinels).
     #[cfg(feature = "sentinel")]
-    Sentinel {
-        urls: Vec<String>,
-        master: String,
-    },
+    fn takes_primary_auth(&self) -> bool {
+        false
+    }
 }
 
 impl fmt::Debug for Target {
@@ -35,22 +61,9 @@ impl fmt::Debug for Target {
         match self {
             Target::Url(url) => write!(f, "{}", redact(url)),
             Target::Pool(_) => write!(f, "application pool"),
-            #[cfg(feature = "cluster")]
-            Target::Cluster(seeds) => write!(f, "cluster {:?}", redacted(seeds)),
-            #[cfg(feature = "cluster")]
-            Target::ClusterPool(_) => write!(f, "application cluster pool"),
-            #[cfg(feature = "sentinel")]
-            Target::Sentinel { urls: u, master } => {
-                write!(f, "primary {master:?} via sentinels {:?}", redacted(u))
-            }
+            Target::Topology(topology) => fmt::Debug::fmt(topology, f),
         }
     }
-}
-
-/// URLs without their passwords, for messages.
-#[cfg(any(feature = "cluster", feature = "sentinel"))]
-fn redacted(urls: &[String]) -> Vec<String> {
-    urls.iter().map(|u| redact(u)).collect()
 }
 
 /// Credentials for the primary that sentinels name.
@@ -73,9 +86,7 @@ impl fmt::Debug for Credentials {
 
 /// What besides the target decides how connections are made.
 pub(crate) struct Settings {
-    #[cfg(feature = "cluster")]
     pub(crate) call_timeout: Duration,
-    #[cfg(feature = "cluster")]
     pub(crate) connect_timeout: Duration,
     #[cfg(feature = "tls")]
     pub(crate) root_certificates: Option<Vec<u8>>,
@@ -86,13 +97,9 @@ pub(crate) struct Settings {
 impl Target {
     /// The connection source, and the label messages name it by (never with
     /// a password); or the first configuration mistake.
-    #[cfg_attr(
-        not(any(feature = "cluster", feature = "sentinel", feature = "tls")),
-        allow(unused_variables)
-    )]
     pub(crate) fn source(self, settings: &Settings) -> Result<(Source, Arc<str>), ConfigError> {
         #[cfg(feature = "sentinel")]
-        if settings.primary_auth.is_some() && !matches!(self, Target::Sentinel { .. }) {
+        if settings.primary_auth.is_some() && !self.takes_primary_auth() {
             return Err(ConfigError::store(
                 "sentinel_primary_auth applies to a store built with .sentinel(..) only",
             ));
@@ -115,15 +122,7 @@ impl Target {
                 Ok((Source::Client(client), host))
             }
             Target::Pool(pool) => Ok((Source::Pool(pool), "the application's pool".into())),
-            #[cfg(feature = "cluster")]
-            Target::Cluster(seeds) => cluster(&seeds, settings, certificates),
-            #[cfg(feature = "cluster")]
-            Target::ClusterPool(pool) => Ok((
-                Source::ClusterPool(pool),
-                "the application's cluster pool".into(),
-            )),
-            #[cfg(feature = "sentinel")]
-            Target::Sentinel { urls, master } => sentinel(&urls, &master, settings, certificates),
+            Target::Topology(topology) => topology.source(settings, certificates),
         }
     }
 
@@ -134,24 +133,28 @@ impl Target {
     /// declaring one client's keys (see `cluster/`).
     pub(crate) fn per_node(&self) -> Option<MakePerNode> {
         match self {
-            #[cfg(feature = "cluster")]
-            Target::Cluster(_) | Target::ClusterPool(_) => Some(super::cluster::per_node),
-            _ => None,
+            Target::Topology(topology) => topology.per_node(),
+            Target::Url(_) | Target::Pool(_) => None,
         }
     }
 
     fn is_pool(&self) -> bool {
-        #[cfg(feature = "cluster")]
-        if let Target::ClusterPool(_) = self {
-            return true;
+        match self {
+            Target::Url(_) => false,
+            Target::Pool(_) => true,
+            Target::Topology(topology) => topology.is_pool(),
         }
-        matches!(self, Target::Pool(_))
+    }
+
+    #[cfg(feature = "sentinel")]
+    fn takes_primary_auth(&self) -> bool {
+        matches!(self, Target::Topology(topology) if topology.takes_primary_auth())
     }
 }
 
 /// A URL parsed, with the mistakes redis-rs would only find when connecting
 /// (or would describe in its own terms) found now.
-fn parse(url: &str) -> Result<ConnectionInfo, ConfigError> {
+pub(super) fn parse(url: &str) -> Result<ConnectionInfo, ConfigError> {
     let invalid =
         |why: &str| ConfigError::store(format!("Redis URL {}: {}", redact(url), redact(why)));
     let scheme = url.split_once("://").map_or("", |(scheme, _)| scheme);
@@ -179,11 +182,11 @@ fn parse(url: &str) -> Result<ConnectionInfo, ConfigError> {
 /// several calls in flight on one connection, Nagle's algorithm would hold
 /// a call written while an earlier one is unacknowledged until that ACK,
 /// which the server may delay up to 40 ms.
-fn tcp_settings() -> redis::io::tcp::TcpSettings {
+pub(super) fn tcp_settings() -> redis::io::tcp::TcpSettings {
     redis::io::tcp::TcpSettings::default().set_nodelay(true)
 }
 
-fn is_tls(info: &ConnectionInfo) -> bool {
+pub(super) fn is_tls(info: &ConnectionInfo) -> bool {
     matches!(info.addr(), ConnectionAddr::TcpTls { .. })
 }
 
@@ -211,162 +214,12 @@ fn client(
     }
 }
 
-#[cfg(feature = "cluster")]
-fn cluster(
-    seeds: &[String],
-    settings: &Settings,
-    certificates: Option<Certificates>,
-) -> Result<(Source, Arc<str>), ConfigError> {
-    let infos = seeds
-        .iter()
-        .map(|url| {
-            let info = parse(url)?;
-            if info.redis_settings().db() != 0 {
-                return Err(ConfigError::store(format!(
-                    "Redis URL {}: Redis Cluster has only database 0",
-                    redact(url)
-                )));
-            }
-            Ok(info)
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    let tls = infos.first().is_some_and(is_tls);
-    let listed = || seeds.iter().map(|u| redact(u)).collect::<Vec<_>>();
-    if infos.is_empty() {
-        return Err(ConfigError::store(
-            "a Redis Cluster store needs at least one seed URL",
-        ));
-    }
-    if infos.iter().any(|i| is_tls(i) != tls) {
-        return Err(ConfigError::store(format!(
-            "Redis Cluster seeds {:?} mix rediss:// and redis://",
-            listed()
-        )));
-    }
-    let host = label(
-        "cluster",
-        infos.iter().map(|i| host_of(i.addr()).to_string()),
-    );
-    // A cluster connect waits for every seed, then asks one for the slot
-    // map, all within the store's connect timeout: a seed that accepts and
-    // never answers (a frozen or partitioned node) may take half of it.
-    let mut builder = redis::cluster::ClusterClientBuilder::new(infos)
-        .connection_timeout(settings.connect_timeout / 2)
-        .response_timeout(super::connection::response_timeout(settings.call_timeout))
-        .tcp_settings(tcp_settings());
-    if tls {
-        tls_provider();
-    }
-    if let Some(certificates) = certificates {
-        if !tls {
-            return Err(ConfigError::store(
-                "tls_root_certificates needs rediss:// seed URLs",
-            ));
-        }
-        builder = certificates.cluster(builder);
-    }
-    let client = builder.build().map_err(|e| {
-        ConfigError::store(format!(
-            "Redis Cluster seeds {:?}: {}",
-            listed(),
-            redact(&e.to_string())
-        ))
-    })?;
-    Ok((Source::Cluster(client), host))
-}
-
-#[cfg(feature = "sentinel")]
-fn sentinel(
-    urls: &[String],
-    master: &str,
-    settings: &Settings,
-    certificates: Option<Certificates>,
-) -> Result<(Source, Arc<str>), ConfigError> {
-    use redis::sentinel::{SentinelClientBuilder, SentinelServerType};
-
-    if master.is_empty() {
-        return Err(ConfigError::store(
-            "the Sentinel master name must not be empty",
-        ));
-    }
-    let infos = urls
-        .iter()
-        .map(|u| parse(u))
-        .collect::<Result<Vec<_>, _>>()?;
-    let listed = || urls.iter().map(|u| redact(u)).collect::<Vec<_>>();
-    let Some(first) = infos.first() else {
-        return Err(ConfigError::store(
-            "a Sentinel store needs at least one sentinel URL",
-        ));
-    };
-    // One set of credentials and one TLS mode for all sentinels: that is
-    // what redis-rs's Sentinel client takes.
-    let same = |i: &ConnectionInfo| {
-        is_tls(i) == is_tls(first)
-            && i.redis_settings().username() == first.redis_settings().username()
-            && i.redis_settings().password() == first.redis_settings().password()
-            && i.redis_settings().db() == first.redis_settings().db()
-    };
-    if !infos.iter().all(same) {
-        return Err(ConfigError::store(format!(
-            "sentinel URLs {:?} must all use the same scheme, credentials and database",
-            listed()
-        )));
-    }
-    let tls = is_tls(first);
-    let (username, password, db) = (
-        first.redis_settings().username().map(str::to_owned),
-        first.redis_settings().password().map(str::to_owned),
-        first.redis_settings().db(),
-    );
-    let host = label(
-        &format!("primary {master:?} via sentinels"),
-        infos.iter().map(|i| host_of(i.addr()).to_string()),
-    );
-    let addrs: Vec<ConnectionAddr> = infos.into_iter().map(|i| i.addr().clone()).collect();
-    let mut builder = SentinelClientBuilder::new(addrs, master, SentinelServerType::Master)
-        .map_err(|e| ConfigError::store(redact(&e.to_string())))?;
-    if let Some(username) = username {
-        builder = builder.set_client_to_sentinel_username(username);
-    }
-    if let Some(password) = password {
-        builder = builder.set_client_to_sentinel_password(password);
-    }
-    // Sentinels have no databases: a database in their URLs is the primary's.
-    if db != 0 {
-        builder = builder.set_client_to_redis_db(db);
-    }
-    if let Some(auth) = &settings.primary_auth {
-        if let Some(username) = &auth.username {
-            builder = builder.set_client_to_redis_username(username);
-        }
-        builder = builder.set_client_to_redis_password(&auth.password);
-    }
-    if tls {
-        tls_provider();
-        builder = builder.set_client_to_redis_tls_mode(redis::TlsMode::Secure);
-    }
-    if let Some(certificates) = certificates {
-        if !tls {
-            return Err(ConfigError::store(
-                "tls_root_certificates needs rediss:// sentinel URLs",
-            ));
-        }
-        builder = certificates.sentinel(builder);
-    }
-    let client = builder.build().map_err(|e| {
-        ConfigError::store(format!(
-            "sentinels {:?}: {}",
-            listed(),
-            redact(&e.to_string())
-        ))
-    })?;
-    Ok((Source::Sentinel(tokio::sync::Mutex::new(client)), host))
-}
-
 /// `what a,b,c +N more`: a few addresses, for messages.
-#[cfg(any(feature = "cluster", feature = "sentinel"))]
-fn label(what: &str, addrs: impl Iterator<Item = String>) -> Arc<str> {
+#[allow(
+    dead_code,
+    reason = "the cluster and sentinel targets' label, and a build may have neither"
+)]
+pub(super) fn label(what: &str, addrs: impl Iterator<Item = String>) -> Arc<str> {
     const SHOWN: usize = 3;
     let addrs: Vec<String> = addrs.collect();
     let shown = addrs
@@ -384,7 +237,7 @@ fn label(what: &str, addrs: impl Iterator<Item = String>) -> Arc<str> {
 /// Root certificates checked at build time, to verify servers with instead of
 /// the system's roots.
 #[cfg(feature = "tls")]
-struct Certificates(redis::TlsCertificates);
+pub(crate) struct Certificates(pub(super) redis::TlsCertificates);
 
 #[cfg(feature = "tls")]
 fn certificates(pem: Option<&[u8]>) -> Result<Option<Certificates>, ConfigError> {
@@ -409,30 +262,12 @@ fn certificates(pem: Option<&[u8]>) -> Result<Option<Certificates>, ConfigError>
 
 /// Without the `tls` feature there are never certificates.
 #[cfg(not(feature = "tls"))]
-enum Certificates {}
+pub(crate) enum Certificates {}
 
 #[cfg(feature = "tls")]
 impl Certificates {
     fn client(self, info: ConnectionInfo) -> Result<redis::Client, String> {
         redis::Client::build_with_tls(info, self.0).map_err(|e| e.to_string())
-    }
-
-    #[cfg(feature = "cluster")]
-    fn cluster(
-        self,
-        builder: redis::cluster::ClusterClientBuilder,
-    ) -> redis::cluster::ClusterClientBuilder {
-        builder.certs(self.0)
-    }
-
-    #[cfg(feature = "sentinel")]
-    fn sentinel(
-        self,
-        builder: redis::sentinel::SentinelClientBuilder,
-    ) -> redis::sentinel::SentinelClientBuilder {
-        builder
-            .set_client_to_sentinel_certificates(self.0.clone())
-            .set_client_to_redis_certificates(self.0)
     }
 }
 
@@ -441,29 +276,13 @@ impl Certificates {
     fn client(self, _: ConnectionInfo) -> Result<redis::Client, String> {
         match self {}
     }
-
-    #[cfg(feature = "cluster")]
-    fn cluster(
-        self,
-        _: redis::cluster::ClusterClientBuilder,
-    ) -> redis::cluster::ClusterClientBuilder {
-        match self {}
-    }
-
-    #[cfg(feature = "sentinel")]
-    fn sentinel(
-        self,
-        _: redis::sentinel::SentinelClientBuilder,
-    ) -> redis::sentinel::SentinelClientBuilder {
-        match self {}
-    }
 }
 
 /// Makes sure rustls has a crypto provider before a TLS connection needs
 /// one: ring, unless the application installed one. rustls picks ring by
 /// itself when it is the only provider compiled in, but panics when the
 /// application's dependencies compile in another one too.
-fn tls_provider() {
+pub(super) fn tls_provider() {
     #[cfg(feature = "tls")]
     if rustls::crypto::CryptoProvider::get_default().is_none() {
         // Err: another thread installed one first, which serves as well.

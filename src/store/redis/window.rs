@@ -55,7 +55,10 @@ impl Window {
     /// Sets the fewest calls in flight (at least one); a new floor also
     /// restarts the limit from it, so a queue that must batch harder (a
     /// cluster gaining primaries) does so at once. The base round trip stays.
-    #[cfg(feature = "cluster")]
+    #[allow(
+        dead_code,
+        reason = "only a cluster store's queues (cluster/nodes.rs) change it"
+    )]
     pub(crate) fn set_floor(&mut self, floor: usize) {
         let floor = floor.clamp(1, MAX_IN_FLIGHT);
         if floor != self.floor {
@@ -186,7 +189,6 @@ mod tests {
         assert_eq!(w.limit(), MIN_IN_FLIGHT);
     }
 
-    #[cfg(feature = "cluster")]
     #[test]
     fn a_new_floor_restarts_the_limit() {
         let mut w = Window::new();

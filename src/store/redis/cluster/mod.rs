@@ -1,11 +1,23 @@
-//! A store on a Redis Cluster (cargo feature `cluster`).
+//! A store on a Redis Cluster (cargo feature `cluster`): checks batched per
+//! primary, each batch one call of the spread script.
+//!
+//! Files, bottom up, one job each:
+//! - `slots.rs`: a key's hash slot (CRC16 of its `{hash tag}`), and which
+//!   checks of a batch share the first one's slot.
+//! - `spread.rs`: the script for a batch over several slots of one node.
+//! - `nodes.rs`: the slot map, and a queue per primary.
+//! - `refresh.rs`: reading the slot map again (`CLUSTER SLOTS`).
+//! - `test_clock.rs`: `check_batch_at` per node (cargo feature
+//!   `test-util`).
+//! - `per_node.rs`: all of the above as the store's `PerNode`.
+//! - `target.rs`: `RedisStore::from_cluster_urls` and `from_cluster_pool`,
+//!   the builder's `cluster` and `cluster_pool`, and the cluster client.
 
 mod nodes;
 mod per_node;
 mod refresh;
 mod slots;
 mod spread;
+mod target;
 #[cfg(feature = "test-util")]
 mod test_clock;
-
-pub(crate) use per_node::per_node;

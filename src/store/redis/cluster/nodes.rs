@@ -100,7 +100,7 @@ impl Nodes {
     /// Whether a read of the slot map may start now: none runs and, if
     /// `spaced`, none started within [`REFRESH_INTERVAL`]. If so, the caller
     /// reads it, maybe [`install`](Self::install)s it, and ends the read with
-    /// [`end_refresh`](Self::end_refresh), from a drop guard (`store.rs`), so
+    /// [`end_refresh`](Self::end_refresh), from a drop guard (`refresh.rs`), so
     /// a read whose task never finishes still ends.
     pub(crate) fn begin_refresh(&self, spaced: bool) -> bool {
         let mut at = self.refreshed_at.lock().unwrap_or_else(|p| p.into_inner());
