@@ -129,40 +129,6 @@ pub(crate) struct Parts {
     pub(crate) deny_cache: usize,
 }
 
-/// What a store on a Redis Cluster adds (`cluster/`, cargo feature
-/// `cluster`): a queue of checks per primary, by the slot map it reads, and
-/// the spread script for a batch over several slots of one node.
-pub(crate) trait PerNode: Send + Sync {
-    /// The queue of the primary that serves `key`'s slot by the last map;
-    /// `None` without a map or when the map has no primary for the slot.
-    fn queue_for(&self, key: &str) -> Option<Arc<Batcher>>;
-
-    /// Reads the slot map again in the background, at most one read at a
-    /// time, spaced.
-    fn refresh(&self, store: &RedisStore);
-
-    /// Takes out of `checks` those of other clients in the first one's slot:
-    /// they go apart, one call each.
-    fn apart(&self, checks: &mut Vec<Pending>) -> Vec<Pending>;
-
-    /// The script for a batch over several slots of one node, and how its
-    /// batches find a key's slot.
-    fn spread(&self) -> (&Script, SlotOf);
-
-    /// `check_batch_at` on the cluster: one call per node of the slot map.
-    #[cfg(feature = "test-util")]
-    fn check_batch_at<'a>(
-        &'a self,
-        store: &'a RedisStore,
-        checks: &'a [(&'a str, &'a Policy, u64)],
-        now_us: u64,
-    ) -> Pin<Box<dyn Future<Output = Result<Vec<Decision>, Error>> + Send + 'a>>;
-}
-
-/// Makes the [`PerNode`] queues of a store whose batches hold at most the
-/// given number of checks.
-pub(crate) type MakePerNode = fn(usize) -> Box<dyn PerNode>;
-
 impl RedisStore {
     pub(crate) fn assemble(parts: Parts) -> Self {
         RedisStore {
@@ -356,6 +322,40 @@ impl RedisStore {
         Ok(Err(keys))
     }
 }
+
+/// What a store on a Redis Cluster adds (`cluster/`, cargo feature
+/// `cluster`): a queue of checks per primary, by the slot map it reads, and
+/// the spread script for a batch over several slots of one node.
+pub(crate) trait PerNode: Send + Sync {
+    /// The queue of the primary that serves `key`'s slot by the last map;
+    /// `None` without a map or when the map has no primary for the slot.
+    fn queue_for(&self, key: &str) -> Option<Arc<Batcher>>;
+
+    /// Reads the slot map again in the background, at most one read at a
+    /// time, spaced.
+    fn refresh(&self, store: &RedisStore);
+
+    /// Takes out of `checks` those of other clients in the first one's slot:
+    /// they go apart, one call each.
+    fn apart(&self, checks: &mut Vec<Pending>) -> Vec<Pending>;
+
+    /// The script for a batch over several slots of one node, and how its
+    /// batches find a key's slot.
+    fn spread(&self) -> (&Script, SlotOf);
+
+    /// `check_batch_at` on the cluster: one call per node of the slot map.
+    #[cfg(feature = "test-util")]
+    fn check_batch_at<'a>(
+        &'a self,
+        store: &'a RedisStore,
+        checks: &'a [(&'a str, &'a Policy, u64)],
+        now_us: u64,
+    ) -> Pin<Box<dyn Future<Output = Result<Vec<Decision>, Error>> + Send + 'a>>;
+}
+
+/// Makes the [`PerNode`] queues of a store whose batches hold at most the
+/// given number of checks.
+pub(crate) type MakePerNode = fn(usize) -> Box<dyn PerNode>;
 
 /// `{prefix}{{{key}` and the quota's `tail` (`}:` and its id), in one
 /// allocation.
