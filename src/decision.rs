@@ -3,8 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::Quota;
-
+use crate::quota::Quota;
 /// The answer to one check.
 ///
 /// When several quotas were checked at once, the accessors describe the most

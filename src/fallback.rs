@@ -1,11 +1,14 @@
 //! [`Fallback`]: an in-process store that decides while the shared store
 //! fails, so limits keep holding through an outage.
 
+use crate::decision::Decision;
 use crate::decision::Reservation;
+use crate::error::{ConfigError, Error};
 use crate::observe;
+use crate::policy::Policy;
 use crate::quota::MAX_PERIOD;
+use crate::quota::Quota;
 use crate::store::{MemoryStore, Store};
-use crate::{ConfigError, Decision, Error, Policy, Quota};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};

@@ -89,10 +89,6 @@ pub mod store;
 
 #[cfg(test)]
 mod hostile_input;
-/// The old name, for the property tests under `src/layer/grpc/` until they
-/// name [`hostile_input`] themselves.
-#[cfg(test)]
-use hostile_input as fuzz;
 
 pub use decision::{Decision, QuotaState, Reservation};
 pub use error::{ConfigError, ConfigErrorKind, Error, ErrorKind};

@@ -7,12 +7,14 @@ use std::time::Duration;
 
 use pin_project_lite::pin_project;
 
+use crate::decision::Decision;
 use crate::decision::Reservation;
+use crate::error::Error;
 use crate::fallback::Fallback;
 use crate::observe::{self, Outcome};
+use crate::policy::Policy;
+use crate::quota::Quota;
 use crate::store::{AnyStore, Store, Unsent};
-use crate::{Decision, Error, Policy, Quota};
-
 /// Checks keys against a [`Policy`] (one quota or several) in a store.
 ///
 /// Takes any store ([`MemoryStore`](crate::MemoryStore),
@@ -482,7 +484,7 @@ fn report(policy: &Policy, key_kind: &str, decided: &Decided) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::MemoryStore;
+    use crate::store::MemoryStore;
     use tokio::time::Instant;
 
     #[tokio::test(start_paused = true)]

@@ -3,8 +3,9 @@
 use std::fmt;
 use std::sync::{Arc, OnceLock};
 
-use crate::{ConfigError, Quota};
+use crate::error::ConfigError;
 
+use crate::quota::Quota;
 /// Longest policy name accepted by [`Policy::new`].
 pub const MAX_POLICY_NAME_LEN: usize = 64;
 

@@ -3,8 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::ConfigError;
-
+use crate::error::ConfigError;
 #[cfg(feature = "serde")]
 mod serde_text;
 mod text;

@@ -175,6 +175,7 @@ impl Model {
     /// every bucket (a charge) or, negative, given back (a refund), whatever
     /// they hold; each bucket stays between minus its capacity and its
     /// capacity. The stamps move to the time it counts from.
+    #[cfg_attr(not(feature = "test-util"), allow(dead_code))]
     fn adjust(&mut self, now: u64, delta: i64) {
         // Nothing to settle: nothing is written.
         if delta == 0 {

@@ -9,8 +9,7 @@ use http::request::Parts;
 use super::extractor::{KeyExtractor, Kind};
 use super::forwarded::{self, Hop, ListHeader, MAX_HOPS};
 use super::ip::{Cidr, IpKeying, parse_cidrs, request_peer_ip};
-use crate::ConfigError;
-
+use crate::error::ConfigError;
 /// The client's IP address behind reverse proxies and load balancers.
 ///
 /// Forwarding headers are written by whoever sent the request, so the leftmost

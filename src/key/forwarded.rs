@@ -406,7 +406,7 @@ mod tests {
         assert_eq!(single(&h, &name), Some(Hop::Opaque));
     }
 
-    mod fuzz {
+    mod hostile_input {
         use super::*;
         use crate::hostile_input::{config, header_bytes, within_budget};
         use proptest::prelude::*;

@@ -10,8 +10,7 @@ use std::str::FromStr;
 use http::Extensions;
 use http::request::Parts;
 
-use crate::ConfigError;
-
+use crate::error::ConfigError;
 /// The IPv6 prefix length clients are keyed by unless configured otherwise: a
 /// customer usually holds at least a /64, so keying single addresses would let one
 /// client rotate through 2^64 buckets.

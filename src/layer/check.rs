@@ -27,12 +27,13 @@ use super::options::{Missing, OnStoreError, Selected};
 use super::outcome::{After, Answer, Deferred, Delayed, StoreFailure};
 use super::report::shadow_report;
 use super::settle::{By, Ticket};
+use crate::decision::Decision;
+use crate::error::Error;
 use crate::key::present;
 use crate::limiter::Decided;
+use crate::policy::Policy;
 use crate::store::Unsent;
 use crate::store::safe_key;
-use crate::{Decision, Error, Policy};
-
 /// The request head back, and what to do with the request.
 pub(crate) struct Checked {
     pub(crate) parts: Parts,

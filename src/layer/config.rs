@@ -12,8 +12,7 @@ use tokio::sync::Semaphore;
 use super::dyn_key::Extractor;
 use super::options::{Delay, HeaderStyle, Missing, OnStoreError, Reject, Rejection, Selected};
 use super::settle::Settler;
-use crate::RateLimiter;
-
+use crate::limiter::RateLimiter;
 /// A layer's delay mode at work: its settings and the slots of the requests
 /// it holds, shared by the layer's clones.
 #[derive(Clone)]

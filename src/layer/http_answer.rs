@@ -9,8 +9,8 @@ use super::headers::{STORE_RETRY_AFTER, ceil_secs};
 use super::options::{HeaderStyle, Reject};
 use super::outcome::Answer;
 use super::report::{add_report, items, retry_after_secs};
-use crate::{Decision, Policy};
-
+use crate::decision::Decision;
+use crate::policy::Policy;
 const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
 
 /// The HTTP response for `answer`.
@@ -129,8 +129,8 @@ fn plain(status: StatusCode, body: String) -> Response<Bytes> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{MemoryStore, Quota};
-
+    use crate::quota::Quota;
+    use crate::store::MemoryStore;
     #[test]
     fn problem_json_lists_the_exhausted_quotas() {
         let fast = Quota::per_second(2).unwrap();

@@ -12,10 +12,12 @@ use super::options::{Choice, Delay, HeaderStyle, MissingKey, OnStoreError, Rejec
 use super::service::RateLimit;
 use super::settle::{ResponseHead, Settle, Settler};
 use super::table::PolicyTable;
+use crate::decision::Decision;
+use crate::error::ConfigError;
 use crate::key::{KeyExtractor, PeerIp};
+use crate::limiter::RateLimiter;
+use crate::policy::Policy;
 use crate::store::AnyStore;
-use crate::{ConfigError, Decision, Policy, RateLimiter};
-
 /// Applies [`RateLimit`] to a service: a tower [`Layer`] for axum's
 /// `Router::layer` / `route_layer`, tonic's `Server::builder().layer`, hyper
 /// services and any tower stack.
@@ -296,8 +298,8 @@ impl<S> Layer<S> for RateLimitLayer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{MemoryStore, Quota};
-
+    use crate::quota::Quota;
+    use crate::store::MemoryStore;
     #[test]
     fn configuration_mistakes_surface_when_built() {
         let q = Quota::per_second(5).unwrap();

@@ -9,10 +9,11 @@ use bytes::Bytes;
 use http::Response;
 use tokio::sync::Semaphore;
 
-use crate::key::KeyExtractor;
-use crate::{ConfigError, Decision, Policy};
-
 use super::dyn_key::Extractor;
+use crate::decision::Decision;
+use crate::error::ConfigError;
+use crate::key::KeyExtractor;
+use crate::policy::Policy;
 
 /// Builds the body and headers of a custom 429 from the decision.
 pub(crate) type RejectFn = dyn Fn(&Decision) -> Response<Bytes> + Send + Sync;

@@ -9,8 +9,9 @@ use std::time::Duration;
 
 use super::options::HeaderStyle;
 use super::settle::Ticket;
-use crate::{Decision, Error, Policy};
-
+use crate::decision::Decision;
+use crate::error::Error;
+use crate::policy::Policy;
 /// In [shadow mode](super::RateLimitLayer::shadow), what the layer would have
 /// answered to a request it forwarded without a decision: put into the request
 /// and response extensions, so a rollout shows these requests too. (Requests over

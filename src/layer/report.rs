@@ -11,8 +11,9 @@ use super::headers::{
 };
 use super::options::HeaderStyle;
 use super::outcome::{After, Answer, Deferred, ShadowRejection};
-use crate::{Decision, Policy, Quota, QuotaState};
-
+use crate::decision::{Decision, QuotaState};
+use crate::policy::Policy;
+use crate::quota::Quota;
 /// What a policy advertises, built once per policy (see [`Policy`]'s derived
 /// values): the `RateLimit-Policy` field value and one item name per quota.
 struct Advertised {
@@ -203,8 +204,8 @@ mod tests {
         add_report(&mut headers, style, policy, decision);
         headers
     }
-    use crate::{MemoryStore, Quota, Store};
-
+    use crate::quota::Quota;
+    use crate::store::{MemoryStore, Store};
     fn policy(quotas: &[Quota]) -> Policy {
         Policy::new("p", quotas.iter().copied()).unwrap()
     }

@@ -10,9 +10,9 @@ use http::request::Parts;
 use super::grpc::grpc_method;
 use super::options::Selected;
 use super::rule_key::RuleKey;
+use crate::error::ConfigError;
+use crate::policy::Policy;
 use crate::policy::check_name;
-use crate::{ConfigError, Policy};
-
 /// The longest route or gRPC method a rule accepts.
 const MAX_PATTERN_LEN: usize = 1024;
 
@@ -367,8 +367,7 @@ impl fmt::Display for GrpcPattern {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Quota;
-
+    use crate::quota::Quota;
     fn rule() -> PolicyRule {
         PolicyRule::new(Policy::new("p", [Quota::per_second(1).unwrap()]).unwrap())
     }

@@ -6,7 +6,7 @@
 use std::fmt;
 
 use super::dyn_key::Extractor;
-use crate::ConfigError;
+use crate::error::ConfigError;
 use crate::key::{ClientIp, Global, Header, KeyExtractor, PeerIp};
 
 /// Which client a [`PolicyRule`](super::PolicyRule) counts a request against:

@@ -109,9 +109,10 @@ mod tests {
     use http_body_util::{BodyExt, Full};
     use tower::{Layer, Service, ServiceExt};
 
+    use crate::decision::Decision;
     use crate::layer::{OnStoreError, RateLimitLayer, ResponseBody, ShadowRejection, StoreFailure};
-    use crate::{Decision, MemoryStore, Quota};
-
+    use crate::quota::Quota;
+    use crate::store::MemoryStore;
     fn text(body: impl Into<Bytes>) -> Result<Response<Full<Bytes>>, Infallible> {
         Ok(Response::new(Full::new(body.into())))
     }

@@ -7,11 +7,12 @@ use std::sync::Arc;
 
 use http::{HeaderMap, HeaderValue, StatusCode};
 
+use crate::decision::Decision;
+use crate::limiter::RateLimiter;
 use crate::limiter::signed;
 use crate::observe;
+use crate::policy::Policy;
 use crate::quota::MAX_EXACT;
-use crate::{Decision, Policy, RateLimiter};
-
 /// What a response does to the cost its request was charged (see
 /// [`RateLimitLayer::settle`](super::RateLimitLayer::settle)).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -118,7 +119,7 @@ fn is_grpc_response(headers: &HeaderMap) -> bool {
         .map(HeaderValue::as_bytes)
         .is_some_and(|ct| {
             ct.strip_prefix(b"application/grpc")
-                .is_some_and(|rest| rest.is_empty() || rest[0] == b'+' || rest[0] == b';')
+                .is_some_and(|rest| matches!(rest.first(), None | Some(b'+' | b';')))
         })
 }
 
@@ -179,7 +180,7 @@ impl Ticket {
 
     /// Asks the layer's function what `head` does to the cost, and applies
     /// it: nothing for [`Settle::Keep`].
-    pub(crate) fn settle(self: Box<Self>, head: &ResponseHead<'_>) {
+    pub(crate) fn settle(self, head: &ResponseHead<'_>) {
         let delta = match (self.settle)(head, &self.decision) {
             Settle::Keep => return,
             Settle::Refund if self.cost == 0 => return,
@@ -248,7 +249,7 @@ impl Trailing {
     /// Settles with `trailers` (`None`: the body ended without them).
     pub(crate) fn finish(&mut self, trailers: Option<&HeaderMap>) {
         if let Some(ticket) = self.ticket.take() {
-            ticket.settle(&ResponseHead::new(self.status, &self.headers, trailers));
+            (*ticket).settle(&ResponseHead::new(self.status, &self.headers, trailers));
         }
     }
 }
@@ -270,7 +271,7 @@ pub(crate) fn settle_now(
     if is_grpc_response(headers) && !headers.contains_key("grpc-status") {
         return Some(Trailing::new(ticket, status, headers.clone()));
     }
-    ticket.settle(&ResponseHead::new(status, headers, None));
+    (*ticket).settle(&ResponseHead::new(status, headers, None));
     None
 }
 

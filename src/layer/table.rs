@@ -8,8 +8,7 @@ use http::request::Parts;
 
 use super::options::Selected;
 use super::rule::{PolicyRule, called_method, matched_route};
-use crate::ConfigError;
-
+use crate::error::ConfigError;
 /// The limits of a layer as data: rules tried in order, the first that
 /// applies to a request choosing its policy and key. Install it with
 /// [`RateLimitLayer::policy_table`](super::RateLimitLayer::policy_table);
@@ -145,7 +144,8 @@ impl fmt::Debug for PolicyTable {
 mod tests {
     use super::*;
     use crate::layer::RuleKey;
-    use crate::{Policy, Quota};
+    use crate::policy::Policy;
+    use crate::quota::Quota;
     use http::Request;
 
     fn limit(name: &str) -> PolicyRule {

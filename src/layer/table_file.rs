@@ -21,8 +21,9 @@ use serde::ser::{Serialize, Serializer};
 use super::rule::PolicyRule;
 use super::rule_key::{ClientIpFrom, KeySpec, RuleKey};
 use super::table::PolicyTable;
-use crate::{ConfigError, Policy, Quota};
-
+use crate::error::ConfigError;
+use crate::policy::Policy;
+use crate::quota::Quota;
 /// One entry as written.
 #[derive(serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]

@@ -7,8 +7,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use super::Quota;
-use crate::ConfigError;
-
+use crate::error::ConfigError;
 /// Units a period may be written in: each spelling and its length in
 /// microseconds. Matched without regard to ASCII case.
 const UNITS: [(&[&str], u64); 7] = [

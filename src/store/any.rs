@@ -9,9 +9,10 @@ use super::sealed::Sealed;
 use std::future::Future;
 use std::time::Duration;
 
+use crate::decision::Decision;
 use crate::decision::Reservation;
-use crate::{Decision, Error, Policy};
-
+use crate::error::Error;
+use crate::policy::Policy;
 /// Any of this crate's stores, chosen at runtime; what
 /// [`RateLimiter`](crate::RateLimiter) and [`RateLimitLayer`](crate::RateLimitLayer)
 /// hold. See the [module docs](crate::store#choosing-a-store-at-runtime).

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::ConfigError;
+use crate::error::ConfigError;
 use crate::observe::{self, BreakerDetail, BreakerState};
 
 /// Consecutive failures that open the breaker, by default.

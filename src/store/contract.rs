@@ -5,10 +5,11 @@ use std::future::Future;
 
 use std::time::Duration;
 
-use crate::decision::Reservation;
-use crate::{Decision, Error, Policy};
-
 use super::sealed::Sealed;
+use crate::decision::Decision;
+use crate::decision::Reservation;
+use crate::error::Error;
+use crate::policy::Policy;
 
 /// A place that keeps token buckets and decides checks against them atomically:
 /// [`MemoryStore`](super::MemoryStore), [`RedisStore`](crate::RedisStore) or

@@ -356,8 +356,9 @@ fn counted_down(decision: &Decision, elapsed: Duration) -> Decision {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{MemoryStore, Policy, Quota};
-
+    use crate::policy::Policy;
+    use crate::quota::Quota;
+    use crate::store::MemoryStore;
     fn denied(policy: &Policy) -> Decision {
         let store = MemoryStore::new();
         let _ = store.decide_at("k", policy, policy.max_cost(), 0).unwrap();

@@ -15,10 +15,12 @@ use super::key::safe_key;
 use super::sealed::Sealed;
 use std::time::Duration;
 
+use crate::decision::Decision;
 use crate::decision::Reservation;
+use crate::error::{ConfigError, Error};
+use crate::policy::Policy;
+use crate::quota::Quota;
 use crate::quota::micros;
-use crate::{ConfigError, Decision, Error, Policy, Quota};
-
 #[cfg(feature = "test-util")]
 mod test_clock;
 

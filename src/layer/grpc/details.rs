@@ -8,9 +8,9 @@ use http::{HeaderMap, HeaderName};
 use tonic_types::{ErrorDetails, QuotaViolation, StatusExt};
 
 use super::status::Code;
+use crate::decision::Decision;
 use crate::layer::report::items;
-use crate::{Decision, Policy};
-
+use crate::policy::Policy;
 /// One entry of `QuotaFailure`.
 pub(super) type Violation = QuotaViolation;
 
@@ -109,8 +109,8 @@ mod tests {
     use super::super::{Grpc, cost_too_high, too_many};
     use super::*;
     use crate::layer::HeaderStyle;
-    use crate::{MemoryStore, Quota};
-
+    use crate::quota::Quota;
+    use crate::store::MemoryStore;
     #[test]
     fn details_decode_with_tonic_types() {
         let fast = Quota::per_second(4).unwrap();

@@ -17,8 +17,8 @@ use super::headers::{STORE_RETRY_AFTER, ceil_millis};
 use super::options::HeaderStyle;
 use super::outcome::{Answer, StoreFailure};
 use super::report::add_report;
-use crate::{Decision, Policy};
-
+use crate::decision::Decision;
+use crate::policy::Policy;
 #[cfg(feature = "tonic")]
 mod details;
 // Without tonic-types there is nothing to encode `google.rpc` details with.
@@ -205,7 +205,8 @@ fn store_down(grpc: Grpc, failure: StoreFailure) -> Response<Bytes> {
 mod tests {
     use super::status::{GRPC_MESSAGE, GRPC_STATUS};
     use super::*;
-    use crate::{MemoryStore, Quota};
+    use crate::quota::Quota;
+    use crate::store::MemoryStore;
     use http::header::CONTENT_TYPE;
     use http::{Request, StatusCode};
 
@@ -294,18 +295,18 @@ mod tests {
     const PATH_BYTES: &[u8] = b"/////abc.XYZ019-_~%:@!$&'()*+,;=";
 
     proptest::proptest! {
-        #![proptest_config(crate::fuzz::config())]
+        #![proptest_config(crate::hostile_input::config())]
 
         #[test]
         fn any_path_splits_into_a_method_or_none_within_budget(
-            path in crate::fuzz::motif(PATH_BYTES, 60 * 1024),
+            path in crate::hostile_input::motif(PATH_BYTES, 60 * 1024),
         ) {
             let path = format!("/{}", String::from_utf8(path).unwrap());
             let Ok(uri) = http::Uri::try_from(path.as_str()) else {
                 return Ok(());
             };
             let (p, ()) = Request::post(uri).body(()).unwrap().into_parts();
-            let method = crate::fuzz::within_budget("grpc_method", || grpc_method(&p));
+            let method = crate::hostile_input::within_budget("grpc_method", || grpc_method(&p));
             if let Some((service, method)) = method {
                 proptest::prop_assert!(!service.is_empty() && !method.is_empty());
                 proptest::prop_assert!(!method.contains('/'));

@@ -7,8 +7,8 @@ use std::time::Duration;
 use http::HeaderMap;
 
 use super::status::Code;
-use crate::{Decision, Policy};
-
+use crate::decision::Decision;
+use crate::policy::Policy;
 pub(super) enum Violation {}
 
 pub(super) fn insert(_: &mut HeaderMap, _: Code, _: &str, _: Option<Duration>, _: Vec<Violation>) {}

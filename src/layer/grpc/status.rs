@@ -243,16 +243,16 @@ mod tests {
     }
 
     proptest::proptest! {
-        #![proptest_config(crate::fuzz::config())]
+        #![proptest_config(crate::hostile_input::config())]
 
         #[test]
         fn any_content_type_is_classified_within_budget(
-            value in crate::fuzz::header_bytes(),
+            value in crate::hostile_input::header_bytes(),
             method in proptest::sample::select(vec![Method::POST, Method::GET, Method::PUT]),
             version in proptest::sample::select(vec![Version::HTTP_11, Version::HTTP_2]),
         ) {
             let p = parts(method.clone(), version, &value);
-            let grpc = crate::fuzz::within_budget("flavor", || flavor(&p));
+            let grpc = crate::hostile_input::within_budget("flavor", || flavor(&p));
             if grpc.is_some() {
                 // Only a POST whose media type begins with a gRPC one.
                 proptest::prop_assert_eq!(method, Method::POST);

@@ -4,10 +4,11 @@
 use std::time::Duration;
 
 use super::MemoryStore;
+use crate::decision::Decision;
 use crate::decision::Reservation;
+use crate::error::Error;
+use crate::policy::Policy;
 use crate::quota::micros;
-use crate::{Decision, Error, Policy};
-
 impl MemoryStore {
     /// `check` at an explicit microsecond clock (counted from the store's
     /// creation), for tests that control time (cargo feature `test-util`).

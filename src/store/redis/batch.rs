@@ -52,9 +52,9 @@ use tokio::time::Instant;
 
 use super::encode::Spend;
 use super::window::Window;
+use crate::decision::Decision;
 use crate::error::Error;
-use crate::{Decision, Policy};
-
+use crate::policy::Policy;
 /// One check waiting for its call.
 pub(crate) struct Pending {
     pub(crate) keys: Vec<String>,

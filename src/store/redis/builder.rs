@@ -11,7 +11,7 @@ use super::store::{Parts, RedisStore};
 #[cfg(feature = "sentinel")]
 use super::target::Credentials;
 use super::target::{Settings, Target};
-use crate::ConfigError;
+use crate::error::ConfigError;
 use crate::store::breaker::{Breaker, CircuitBreaker};
 use crate::store::deny_cache::DEFAULT_DENY_CACHE;
 

@@ -5,8 +5,8 @@ use redis::{FromRedisValue, ParsingError, Value};
 
 use crate::decision::{Decision, QuotaState, States};
 use crate::error::{Error, ErrorKind};
-use crate::{Policy, Quota};
-
+use crate::policy::Policy;
+use crate::quota::Quota;
 /// What `reply` says of each decision of a call, whose policies are
 /// `shapes`, in order: the decision and, for an admitted reservation, the
 /// wait until its tokens are due.

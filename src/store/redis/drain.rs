@@ -9,11 +9,11 @@ use tokio::time::Instant;
 use super::batch::{Batcher, Pending, Slot};
 use super::encode::{Batch, SlotOf, Spend};
 use super::store::{RedisStore, STORE};
+use crate::decision::Decision;
 use crate::error::Error;
 use crate::observe;
+use crate::policy::Policy;
 use crate::store::deny_cache::DenyCache;
-use crate::{Decision, Policy};
-
 impl RedisStore {
     /// Queues a check for the next script call of `queue` (see `batch.rs`;
     /// `spread`: the queue of a cluster node, see `cluster/nodes.rs`) and waits for
@@ -265,7 +265,7 @@ fn copy(error: &Error) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Quota;
+    use crate::quota::Quota;
     use crate::store::Store;
 
     /// A batched check that finds a free call slot takes it and spawns the

@@ -9,9 +9,9 @@ use super::decode::{self, Numbers};
 use super::script::Script;
 use crate::decision::Decision;
 use crate::error::Error;
+use crate::policy::Policy;
+use crate::quota::Quota;
 use crate::store::bucket::debt_for;
-use crate::{Policy, Quota};
-
 /// What one decision of a script call asks of its buckets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Spend {

@@ -20,10 +20,10 @@ use tokio::time::Instant;
 use super::drain::remember;
 use super::encode::{Batch, Spend};
 use super::store::RedisStore;
+use crate::decision::Decision;
 use crate::error::Error;
+use crate::policy::Policy;
 use crate::store::breaker::Admit;
-use crate::{Decision, Policy};
-
 /// A boxed future of a decision and its wait.
 pub(crate) type Boxed<'a> =
     Pin<Box<dyn Future<Output = Result<(Decision, u64), Error>> + Send + 'a>>;

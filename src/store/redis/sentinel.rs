@@ -15,8 +15,7 @@ use super::target::{
     Certificates, Credentials, Settings, Target, Topology, host_of, is_tls, label, parse, redact,
     tls_provider,
 };
-use crate::ConfigError;
-
+use crate::error::ConfigError;
 impl RedisStore {
     /// A store for the primary that the Sentinels at `sentinel_urls` know as
     /// `master_name` (cargo feature `sentinel`), with the default settings.

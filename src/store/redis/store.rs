@@ -15,17 +15,18 @@ use super::connection::Link;
 use super::encode::{SlotOf, Spend};
 use super::failure::{classify, is_connection_error};
 use super::script::Script;
+use crate::decision::Decision;
 use crate::decision::Reservation;
 use crate::error::Error;
 use crate::observe::{self, LogThrottle};
+use crate::policy::Policy;
+use crate::quota::Quota;
 use crate::quota::micros;
 use crate::store::breaker::Breaker;
 use crate::store::contract::{Store, validate};
 use crate::store::deny_cache::DenyCache;
 use crate::store::key::safe_key;
 use crate::store::sealed::Sealed;
-use crate::{Decision, Policy, Quota};
-
 /// The `store` label of this store's metrics.
 pub(super) const STORE: &str = "redis";
 

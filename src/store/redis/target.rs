@@ -12,8 +12,7 @@ use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo};
 
 use super::connection::Source;
 use super::store::MakePerNode;
-use crate::ConfigError;
-
+use crate::error::ConfigError;
 /// Where a store gets its connections.
 pub(crate) enum Target {
     Url(String),

@@ -6,12 +6,12 @@ use std::time::Duration;
 
 use super::encode::{Batch, Spend};
 use super::store::RedisStore;
+use crate::decision::Decision;
 use crate::decision::Reservation;
 use crate::error::Error;
+use crate::policy::Policy;
 use crate::quota::micros;
 use crate::store::contract::validate;
-use crate::{Decision, Policy};
-
 impl RedisStore {
     /// `check` with an explicit microsecond clock instead of Redis `TIME`, for
     /// tests that control time (cargo feature `test-util`). It runs a variant of

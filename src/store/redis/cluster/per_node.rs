@@ -15,7 +15,11 @@ use super::nodes::Nodes;
 use super::refresh;
 use super::slots::{hash_slot, others_in_first_slot};
 #[cfg(feature = "test-util")]
-use crate::{Decision, Error, Policy};
+use crate::decision::Decision;
+#[cfg(feature = "test-util")]
+use crate::error::Error;
+#[cfg(feature = "test-util")]
+use crate::policy::Policy;
 
 /// The queues per primary of a store on a cluster, and its spread scripts.
 struct Queues {

@@ -63,8 +63,8 @@ mod tests {
     use super::super::super::encode::{Batch, Spend, args};
     use super::super::slots::hash_slot;
     use super::*;
-    use crate::{Policy, Quota};
-
+    use crate::policy::Policy;
+    use crate::quota::Quota;
     /// The lines the variants replace, as the Lua files write them.
     const CLOCK_LINE: &str = "local now = redis.call(\"TIME\") -- tollgate:clock";
     #[cfg(feature = "test-util")]

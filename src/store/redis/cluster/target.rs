@@ -14,8 +14,7 @@ use super::super::target::{
     tls_provider,
 };
 use super::per_node::per_node;
-use crate::ConfigError;
-
+use crate::error::ConfigError;
 impl RedisStore {
     /// A store for the Redis Cluster that the nodes at `seed_urls` belong to
     /// (cargo feature `cluster`), with the default settings. One seed that

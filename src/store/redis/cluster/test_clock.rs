@@ -10,11 +10,11 @@ use super::super::store::RedisStore;
 use super::nodes::Nodes;
 use super::refresh::SlotRead;
 use super::slots::{hash_slot, others_in_first_slot};
+use crate::decision::Decision;
 use crate::error::Error;
+use crate::policy::Policy;
 use crate::store::contract::validate;
 use crate::store::redis::batch::Batcher;
-use crate::{Decision, Policy};
-
 impl RedisStore {
     /// `check_batch_at` on a cluster: one call per node of the slot map, as
     /// `drain` sends them (one by one after a call the node refused).
