@@ -42,8 +42,11 @@ fn is_grpc(parts: &Parts) -> bool {
     head.eq_ignore_ascii_case(GRPC) && matches!(rest.first(), None | Some(b'+' | b';' | b'-'))
 }
 
-#[cfg(all(test, not(feature = "tonic")))]
+#[cfg(test)]
 mod tests {
+    // The hint exists only without the feature.
+    #![cfg(not(feature = "tonic"))]
+
     use std::net::SocketAddr;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
