@@ -51,6 +51,15 @@
 //!   setters have plain names (`RedisStore::builder().prefix(..).timeout(..)`).
 //! - Mistakes in configuration are a [`ConfigError`], returned while building;
 //!   a check only ever returns an [`Error`].
+//! - Every type has one path: the crate root, or the module of its kind
+//!   ([`key`], [`layer`], [`store`]). Public constants are of three kinds,
+//!   each kept for a reason a user has: the limits a constructor checks
+//!   ([`MAX_PERIOD`], [`MIN_PERIOD`], [`MAX_POLICY_NAME_LEN`],
+//!   [`key::MAX_HOPS`], [`store::MAX_RAW_KEY_LEN`]), so input can be checked
+//!   before it is refused; the defaults a builder documents (`DEFAULT_*`), so
+//!   code can name "the default"; and the header names the layer writes
+//!   ([`layer::RATELIMIT`] and the others), so tests and proxies can read
+//!   them without spelling them again.
 //!
 //! ## Guarantees
 //!
