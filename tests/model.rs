@@ -330,14 +330,19 @@ fn runtime() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
-/// Fails the property when more than 1 case in 20 was rejected: a run that
-/// rejects most of its cases would pass while checking almost nothing.
-fn runner(cases: u32) -> TestRunner {
-    // PROPTEST_CASES, when set, says how many (as for every property test).
+/// [`runner`] of `cases`, or of `PROPTEST_CASES` when set (as for every
+/// property test): for the runs without real sleeps.
+fn scaled_runner(cases: u32) -> TestRunner {
     let cases = std::env::var("PROPTEST_CASES")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(cases);
+    runner(cases)
+}
+
+/// Fails the property when more than 1 case in 20 was rejected: a run that
+/// rejects most of its cases would pass while checking almost nothing.
+fn runner(cases: u32) -> TestRunner {
     TestRunner::new(Config {
         cases,
         max_global_rejects: cases / 20,
@@ -428,7 +433,7 @@ mod explicit_clock {
             next_key: AtomicU64::new(0),
         };
         // About 200 cases of up to 40 steps: a few seconds even on a busy machine.
-        let result = runner(200).run(&case(), |(quotas, steps)| {
+        let result = scaled_runner(200).run(&case(), |(quotas, steps)| {
             run_case(&stores, &quotas, &steps).map_err(|f| match f {
                 Failure::Mismatch(why) => TestCaseError::fail(why),
                 Failure::Perturbed => TestCaseError::reject("a key expired in real time"),
@@ -452,7 +457,7 @@ mod explicit_clock {
             runtime: runtime(),
             next_key: AtomicU64::new(0),
         };
-        let result = runner(200).run(&adjusted_case(), |(quotas, steps)| {
+        let result = scaled_runner(200).run(&adjusted_case(), |(quotas, steps)| {
             let expired = stores.server.expired_keys();
             let outcome = compare_adjusted(&stores, &quotas, &steps);
             let perturbed = stores.server.expired_keys() != expired;
@@ -815,7 +820,7 @@ fn memory_paused_clock_path_agrees_with_the_model() {
             .collect();
         (quotas, steps)
     };
-    let result = runner(200).run(&case().prop_map(forward), |(quotas, steps)| {
+    let result = scaled_runner(200).run(&case().prop_map(forward), |(quotas, steps)| {
         runtime.block_on(async {
             let policy = Policy::new("paused", quotas.iter().copied()).unwrap();
             // The store counts time from its creation: the model's zero.
