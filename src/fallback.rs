@@ -203,7 +203,14 @@ impl Fallback {
     /// negative) of `key`'s buckets under `policy` at this instance's share:
     /// for a refund or charge of a request this fallback may have decided.
     pub(crate) fn adjust(&self, key: &str, policy: &Policy, delta: i64) {
-        let scaled = self.scaled(policy, delta.unsigned_abs().min(policy.max_cost()));
+        // A refund of `c` goes to the share its check of `c` was decided
+        // under; a charge to the share as it is (never raised by it).
+        let cost = if delta < 0 {
+            delta.unsigned_abs().min(policy.max_cost())
+        } else {
+            0
+        };
+        let scaled = self.scaled(policy, cost);
         self.adjust_scaled(key, &scaled, delta);
     }
 

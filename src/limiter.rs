@@ -357,53 +357,60 @@ impl RateLimiter {
     }
 
     /// Gives `cost` tokens back to `key`'s buckets: a request admitted
-    /// earlier that should not count after all (a successful login under a
-    /// limit of failed ones). Each bucket is filled up to its capacity at
-    /// most, so the bucket admits no more than if that request had never
-    /// come. On a [`RedisStore`](crate::RedisStore) it is one script call,
-    /// batched with the checks in flight; a failed one leaves the tokens spent
-    /// (limiting more, never less). While the store fails, a
-    /// [`fallback`](Self::fallback) that is deciding takes the refund instead,
-    /// as it takes the checks.
-    pub async fn refund(&self, key: &str, cost: u64) -> Result<(), Error> {
+    /// earlier, by `decision`, that should not count after all (a successful
+    /// login under a limit of failed ones). Each bucket is filled up to its
+    /// capacity at most, so the bucket admits no more than if that request
+    /// had never come.
+    ///
+    /// The refund goes where `decision` was made: the store, or the
+    /// [`fallback`](Self::fallback) that admitted it while the store failed
+    /// ([`Decision::is_fallback`]); never to a bucket that was not charged.
+    /// On a [`RedisStore`](crate::RedisStore) it is one script call, batched
+    /// with the checks in flight. A refund the store fails to make leaves the
+    /// tokens spent (limiting more, never less) and returns the error.
+    pub async fn refund(&self, key: &str, cost: u64, decision: &Decision) -> Result<(), Error> {
         if cost == 0 {
             return Ok(());
         }
         // Never more than a request may cost: a larger refund is no more
         // than that.
         let cost = cost.min(self.policy.max_cost());
-        self.adjust(&self.named(key), &self.policy, -signed(cost))
+        self.adjust(&self.named(key), &self.policy, -signed(cost), decision)
             .await
     }
 
-    /// Spends `cost` more tokens from `key`'s buckets, whatever they hold: a
-    /// cost known only once the work is done (a query's real price). A
-    /// bucket may go into debt, down to minus its capacity at most (the most
-    /// one request may cost); later checks wait until the debt is refilled.
-    /// One store call, batched like [`refund`](Self::refund), and taken by a
-    /// deciding fallback the same way.
-    pub async fn charge(&self, key: &str, cost: u64) -> Result<(), Error> {
+    /// Spends `cost` more tokens from `key`'s buckets, whatever they hold,
+    /// for a request admitted by `decision`: a cost known only once the work
+    /// is done (a query's real price). A bucket may go into debt, down to
+    /// minus its capacity at most (the most one request may cost); later
+    /// checks wait until the debt is refilled. Made where `decision` was
+    /// made, in one store call, as [`refund`](Self::refund) is.
+    pub async fn charge(&self, key: &str, cost: u64, decision: &Decision) -> Result<(), Error> {
         if cost == 0 {
             return Ok(());
         }
         let cost = cost.min(crate::quota::MAX_EXACT);
-        self.adjust(&self.named(key), &self.policy, signed(cost))
+        self.adjust(&self.named(key), &self.policy, signed(cost), decision)
             .await
     }
 
     /// `delta` tokens spent from (or, negative, given back to) `key`'s
-    /// buckets under `policy`, in the store; while the store fails, in the
-    /// fallback if it is deciding.
-    pub(crate) async fn adjust(&self, key: &str, policy: &Policy, delta: i64) -> Result<(), Error> {
-        match self.store.adjust(key, policy, delta).await {
-            Ok(()) => Ok(()),
-            Err(error) => match &self.fallback {
-                Some(fallback) if error.is_store_error() && fallback.is_active() => {
-                    fallback.adjust(key, policy, delta);
-                    Ok(())
-                }
-                _ => Err(error),
-            },
+    /// buckets under `policy`, where `decision` was made.
+    async fn adjust(
+        &self,
+        key: &str,
+        policy: &Policy,
+        delta: i64,
+        decision: &Decision,
+    ) -> Result<(), Error> {
+        let settlement = if delta < 0 { "refund" } else { "charge" };
+        observe::settled(policy.name(), settlement, delta.unsigned_abs());
+        match (&self.fallback, decision.is_fallback()) {
+            (Some(fallback), true) => {
+                fallback.adjust(key, policy, delta);
+                Ok(())
+            }
+            _ => self.store.adjust(key, policy, delta).await,
         }
     }
 
@@ -527,23 +534,57 @@ mod tests {
     async fn refunds_fill_up_to_capacity_and_charges_take_debt() {
         // 10 a second: one token every 100 ms.
         let limiter = RateLimiter::new(MemoryStore::new(), Quota::per_second(10).unwrap());
-        assert_eq!(limiter.check("k", 4).await.unwrap().remaining(), 6);
-        limiter.refund("k", 3).await.unwrap();
+        let d = limiter.check("k", 4).await.unwrap();
+        assert_eq!(d.remaining(), 6);
+        limiter.refund("k", 3, &d).await.unwrap();
         assert_eq!(limiter.peek("k").await.unwrap().remaining(), 9);
         // Never above the capacity, however much is refunded.
-        limiter.refund("k", 1_000).await.unwrap();
+        limiter.refund("k", 1_000, &d).await.unwrap();
         assert_eq!(limiter.peek("k").await.unwrap().remaining(), 10);
         // A charge beyond what is left goes into debt: 5 tokens owed, so
         // the next token is 600 ms away.
-        limiter.charge("k", 15).await.unwrap();
-        let d = limiter.check("k", 1).await.unwrap();
-        assert!(!d.allowed());
-        assert_eq!(d.retry_after(), Duration::from_millis(600));
+        limiter.charge("k", 15, &d).await.unwrap();
+        let denied = limiter.check("k", 1).await.unwrap();
+        assert!(!denied.allowed());
+        assert_eq!(denied.retry_after(), Duration::from_millis(600));
         // At most one bucket of debt (10 tokens owed): the next token is
         // 1.1 s away.
-        limiter.charge("k", 1_000_000).await.unwrap();
-        let d = limiter.check("k", 1).await.unwrap();
-        assert_eq!(d.retry_after(), Duration::from_millis(1_100));
+        limiter.charge("k", 1_000_000, &d).await.unwrap();
+        let denied = limiter.check("k", 1).await.unwrap();
+        assert_eq!(denied.retry_after(), Duration::from_millis(1_100));
+    }
+
+    /// A refund goes where its decision was made: one the fallback admitted
+    /// while the store failed goes to the fallback's bucket, never to the
+    /// store's, which was not charged.
+    #[tokio::test]
+    async fn a_refund_goes_where_its_decision_was_made() {
+        let fallback_store = MemoryStore::new();
+        let store = MemoryStore::new();
+        let quota = Quota::per_hour(10).unwrap();
+        let limiter = RateLimiter::new(store.clone(), quota)
+            .fallback(Fallback::with_store(fallback_store.clone()));
+        let by_store = limiter.check("k", 3).await.unwrap();
+        assert!(!by_store.is_fallback());
+        // A decision the fallback made (as it would while the store fails).
+        let by_fallback = limiter
+            .fallback_store()
+            .unwrap()
+            .check(
+                "default:k",
+                limiter.policy(),
+                2,
+                &Error::Timeout(Duration::ZERO),
+            )
+            .unwrap()
+            .0;
+        assert!(by_fallback.is_fallback());
+        limiter.refund("k", 2, &by_fallback).await.unwrap();
+        let policy = limiter.policy().clone();
+        let left = |s: &MemoryStore| s.check_now("default:k", &policy, 0).unwrap().remaining();
+        assert_eq!((left(&store), left(&fallback_store)), (7, 10));
+        limiter.refund("k", 3, &by_store).await.unwrap();
+        assert_eq!((left(&store), left(&fallback_store)), (10, 10));
     }
 
     #[tokio::test]

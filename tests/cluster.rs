@@ -95,9 +95,10 @@ async fn refunds_and_charges_batched_per_node_are_exact(cluster: &RedisCluster) 
             let limiter = limiter.clone();
             tokio::spawn(async move {
                 let key = format!("client-{i}");
-                assert!(limiter.check(&key, 3).await.unwrap().allowed());
-                limiter.refund(&key, 2).await.unwrap();
-                limiter.charge(&key, 1).await.unwrap();
+                let decision = limiter.check(&key, 3).await.unwrap();
+                assert!(decision.allowed());
+                limiter.refund(&key, 2, &decision).await.unwrap();
+                limiter.charge(&key, 1, &decision).await.unwrap();
             })
         })
         .collect();

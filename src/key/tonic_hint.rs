@@ -44,20 +44,25 @@ fn is_grpc(parts: &Parts) -> bool {
 
 #[cfg(test)]
 mod tests {
-    // The hint exists only without the feature.
-    #![cfg(not(feature = "tonic"))]
-
+    // The hint exists only without the feature: each item says so.
+    #[cfg(not(feature = "tonic"))]
     use std::net::SocketAddr;
+    #[cfg(not(feature = "tonic"))]
     use std::sync::atomic::{AtomicUsize, Ordering};
 
+    #[cfg(not(feature = "tonic"))]
     use http::Request;
 
+    #[cfg(not(feature = "tonic"))]
     use super::*;
+    #[cfg(not(feature = "tonic"))]
     use crate::key::{ClientIp, KeyExtractor, PeerIp};
 
     /// How many times the hint was given in this test process.
+    #[cfg(not(feature = "tonic"))]
     pub(super) static FIRED: AtomicUsize = AtomicUsize::new(0);
 
+    #[cfg(not(feature = "tonic"))]
     fn request(content_type: &str) -> Parts {
         Request::post("/pkg.Service/Method")
             .header("content-type", content_type)
@@ -67,6 +72,7 @@ mod tests {
             .0
     }
 
+    #[cfg(not(feature = "tonic"))]
     #[test]
     fn grpc_content_types_are_told_apart() {
         for grpc in [
@@ -82,6 +88,7 @@ mod tests {
         }
     }
 
+    #[cfg(not(feature = "tonic"))]
     #[tokio::test]
     async fn a_grpc_request_without_a_peer_is_hinted_at_once_a_process() {
         let grpc = request("application/grpc");

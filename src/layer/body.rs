@@ -54,6 +54,9 @@ impl<B> ResponseBody<B> {
     }
 
     /// The inner service's body, or `None` for an answer the layer gave itself.
+    /// A gRPC response still waiting for its status to
+    /// [settle](super::RateLimitLayer::settle) its cost keeps the cost as it
+    /// stands: the layer no longer sees the trailers.
     pub fn into_inner(self) -> Option<B> {
         match self.kind {
             Kind::Inner { body, .. } => Some(body),
@@ -88,15 +91,18 @@ where
         match self.project().kind.project() {
             KindProj::Inner { body, trailing } => {
                 let frame = ready!(body.poll_frame(cx));
-                if let Some(waiting) = trailing {
+                if trailing.is_some() {
                     match &frame {
                         Some(Ok(frame)) => {
-                            if let Some(trailers) = frame.trailers_ref() {
-                                waiting.finish(Some(trailers));
+                            if let Some(trailers) = frame.trailers_ref()
+                                && let Some(waiting) = trailing.take()
+                            {
+                                waiting.finish(trailers);
                             }
                         }
-                        // The end, or an error: no status will come.
-                        _ => waiting.finish(None),
+                        // The end without trailers, or an error: no status
+                        // will come, and the cost stands.
+                        _ => *trailing = None,
                     }
                 }
                 Poll::Ready(frame)

@@ -64,21 +64,21 @@ impl<'a> ResponseHead<'a> {
         self.headers
     }
 
-    /// The trailers, for a gRPC response settled when its body ended (`None`
-    /// otherwise, and when the body ended without trailers).
+    /// The trailers, for a gRPC response settled when they came after its
+    /// body (`None` otherwise).
     pub fn trailers(&self) -> Option<&HeaderMap> {
         self.trailers
     }
 
     /// Whether the response is a gRPC one (`content-type: application/grpc`,
-    /// with or without a suffix).
+    /// with or without a suffix, or gRPC-Web).
     pub fn is_grpc(&self) -> bool {
         self.grpc
     }
 
     /// The gRPC status code (`0` is `OK`), from the trailers or, for a
     /// trailers-only answer, the headers. `None` for a response that is not
-    /// gRPC, or whose body ended (or was dropped) before a valid status came.
+    /// gRPC or whose status is not a valid code.
     pub fn grpc_status(&self) -> Option<u16> {
         if !self.grpc {
             return None;
@@ -91,8 +91,7 @@ impl<'a> ResponseHead<'a> {
     }
 
     /// Whether the request succeeded: a gRPC status of `OK`, or an HTTP
-    /// status below 400. A gRPC call whose status never came (the client went
-    /// away, the stream broke) did not succeed.
+    /// status below 400.
     pub fn is_success(&self) -> bool {
         if self.grpc {
             self.grpc_status() == Some(0)
@@ -114,13 +113,27 @@ fn grpc_code(value: &HeaderValue) -> Option<u16> {
 }
 
 fn is_grpc_response(headers: &HeaderMap) -> bool {
-    headers
-        .get(http::header::CONTENT_TYPE)
-        .map(HeaderValue::as_bytes)
-        .is_some_and(|ct| {
-            ct.strip_prefix(b"application/grpc")
-                .is_some_and(|rest| matches!(rest.first(), None | Some(b'+' | b';')))
-        })
+    grpc_kind(headers).is_some()
+}
+
+/// gRPC over HTTP/2, or gRPC-Web.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum GrpcKind {
+    Grpc,
+    Web,
+}
+
+/// The gRPC kind of a response, by its `content-type`: `application/grpc`
+/// with an optional `+codec` or parameters, or `application/grpc-web` (and
+/// `-web-text`).
+fn grpc_kind(headers: &HeaderMap) -> Option<GrpcKind> {
+    let ct = headers.get(http::header::CONTENT_TYPE)?.as_bytes();
+    let rest = ct.strip_prefix(b"application/grpc")?;
+    match rest.first() {
+        None | Some(b'+' | b';') => Some(GrpcKind::Grpc),
+        Some(b'-') if rest.starts_with(b"-web") => Some(GrpcKind::Web),
+        _ => None,
+    }
 }
 
 /// The settling function of a layer.
@@ -229,10 +242,12 @@ impl Ticket {
     }
 }
 
-/// A gRPC response's settlement, waiting for the status in the trailers. A
-/// body dropped or ended without one settles with no status.
+/// A gRPC response's settlement, waiting for the status in the trailers.
+/// Settled only when they come: a body that ends without them, fails, or is
+/// dropped first (a client that reset the stream) leaves the cost as it
+/// stands, whatever `settle` would have said.
 pub(crate) struct Trailing {
-    ticket: Option<Box<Ticket>>,
+    ticket: Box<Ticket>,
     status: StatusCode,
     headers: HeaderMap,
 }
@@ -240,36 +255,39 @@ pub(crate) struct Trailing {
 impl Trailing {
     pub(crate) fn new(ticket: Box<Ticket>, status: StatusCode, headers: HeaderMap) -> Box<Self> {
         Box::new(Trailing {
-            ticket: Some(ticket),
+            ticket,
             status,
             headers,
         })
     }
 
-    /// Settles with `trailers` (`None`: the body ended without them).
-    pub(crate) fn finish(&mut self, trailers: Option<&HeaderMap>) {
-        if let Some(ticket) = self.ticket.take() {
-            (*ticket).settle(&ResponseHead::new(self.status, &self.headers, trailers));
-        }
-    }
-}
-
-impl Drop for Trailing {
-    fn drop(&mut self) {
-        self.finish(None);
+    /// Settles by `trailers`, the end of the response.
+    pub(crate) fn finish(self, trailers: &HeaderMap) {
+        let Trailing {
+            ticket,
+            status,
+            headers,
+        } = self;
+        (*ticket).settle(&ResponseHead::new(status, &headers, Some(trailers)));
     }
 }
 
 /// Settles `ticket` by the response `status` and `headers` now, or, for a
 /// gRPC response whose status comes in the trailers, hands back what waits
-/// for them in the body.
+/// for them in the body. A gRPC-Web response without its status in the
+/// headers keeps its cost: its trailers are a frame of the body, which the
+/// layer does not parse.
 pub(crate) fn settle_now(
     ticket: Box<Ticket>,
     status: StatusCode,
     headers: &HeaderMap,
 ) -> Option<Box<Trailing>> {
-    if is_grpc_response(headers) && !headers.contains_key("grpc-status") {
-        return Some(Trailing::new(ticket, status, headers.clone()));
+    if !headers.contains_key("grpc-status") {
+        match grpc_kind(headers) {
+            Some(GrpcKind::Grpc) => return Some(Trailing::new(ticket, status, headers.clone())),
+            Some(GrpcKind::Web) => return None,
+            None => {}
+        }
     }
     (*ticket).settle(&ResponseHead::new(status, headers, None));
     None
@@ -301,7 +319,7 @@ mod tests {
         assert_eq!((r.grpc_status(), r.is_success()), (Some(0), true));
         let r = ResponseHead::new(StatusCode::OK, &grpc, Some(&denied));
         assert_eq!((r.grpc_status(), r.is_success()), (Some(16), false));
-        // No status (the body ended without trailers): not a success.
+        // No status: not a success.
         let r = ResponseHead::new(StatusCode::OK, &grpc, None);
         assert_eq!((r.grpc_status(), r.is_success()), (None, false));
         // Trailers-only: the status is in the headers.
@@ -334,5 +352,140 @@ mod tests {
             200,
             &[("content-type", "application/grpc;x=y")]
         )));
+    }
+
+    mod through_the_layer {
+        use std::collections::VecDeque;
+        use std::convert::Infallible;
+        use std::pin::Pin;
+        use std::task::{Context, Poll};
+
+        use bytes::Bytes;
+        use http::{HeaderMap, HeaderValue, Request, Response};
+        use http_body::{Body, Frame};
+        use http_body_util::BodyExt;
+        use tower::{Layer, ServiceExt};
+
+        use crate::key::Global;
+        use crate::layer::RateLimitLayer;
+        use crate::quota::Quota;
+        use crate::store::MemoryStore;
+
+        /// A response body of the given frames, in order.
+        struct Frames(VecDeque<Frame<Bytes>>);
+
+        impl Body for Frames {
+            type Data = Bytes;
+            type Error = Infallible;
+
+            fn poll_frame(
+                mut self: Pin<&mut Self>,
+                _: &mut Context<'_>,
+            ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+                Poll::Ready(self.0.pop_front().map(Ok))
+            }
+        }
+
+        fn trailers(status: &'static str) -> Frame<Bytes> {
+            let mut map = HeaderMap::new();
+            map.insert("grpc-status", HeaderValue::from_static(status));
+            Frame::trailers(map)
+        }
+
+        /// A gRPC answer: `content_type`, `head` headers, then the frames.
+        fn answer(
+            content_type: &'static str,
+            head: Option<&'static str>,
+            frames: Vec<Frame<Bytes>>,
+        ) -> Response<Frames> {
+            let mut res = Response::new(Frames(frames.into()));
+            res.headers_mut()
+                .insert("content-type", HeaderValue::from_static(content_type));
+            if let Some(status) = head {
+                res.headers_mut()
+                    .insert("grpc-status", HeaderValue::from_static(status));
+            }
+            res
+        }
+
+        /// Remaining tokens of a 10-a-day global bucket after one call whose
+        /// answer is `make()`, settled by `layer`, with the body read by
+        /// `read` (`false`: dropped after its first frame).
+        async fn left_after(
+            layer: fn(RateLimitLayer) -> RateLimitLayer,
+            make: fn() -> Response<Frames>,
+            read: bool,
+        ) -> u64 {
+            let store = MemoryStore::new();
+            let quota = Quota::new(10, std::time::Duration::from_secs(86_400)).unwrap();
+            let svc = layer(RateLimitLayer::new(store.clone(), quota).key(Global)).layer(
+                tower::service_fn(move |_: Request<()>| async move { Ok::<_, Infallible>(make()) }),
+            );
+            let res = svc.oneshot(Request::new(())).await.unwrap();
+            let mut body = res.into_body();
+            if read {
+                while let Some(frame) = body.frame().await {
+                    frame.unwrap();
+                }
+            } else {
+                let _ = body.frame().await;
+                drop(body);
+            }
+            let policy = crate::policy::Policy::from(quota);
+            store
+                .check_now("default:global:global", &policy, 0)
+                .unwrap()
+                .remaining()
+        }
+
+        fn data() -> Frame<Bytes> {
+            Frame::data(Bytes::from_static(b"reply"))
+        }
+
+        #[tokio::test]
+        async fn a_status_in_the_trailers_settles_when_they_come() {
+            let ok = || answer("application/grpc", None, vec![data(), trailers("0")]);
+            let denied = || answer("application/grpc", None, vec![data(), trailers("7")]);
+            let failures = |l: RateLimitLayer| l.count_only_failures();
+            let successes = |l: RateLimitLayer| l.count_only_successes();
+            assert_eq!(left_after(failures, ok, true).await, 10);
+            assert_eq!(left_after(failures, denied, true).await, 9);
+            assert_eq!(left_after(successes, ok, true).await, 9);
+            assert_eq!(left_after(successes, denied, true).await, 10);
+        }
+
+        #[tokio::test]
+        async fn a_trailers_only_answer_settles_by_its_headers() {
+            let missing = || answer("application/grpc+proto", Some("5"), vec![]);
+            let successes = |l: RateLimitLayer| l.count_only_successes();
+            let failures = |l: RateLimitLayer| l.count_only_failures();
+            assert_eq!(left_after(successes, missing, true).await, 10);
+            assert_eq!(left_after(failures, missing, true).await, 9);
+        }
+
+        /// A client that resets the stream before the status cannot have its
+        /// call refunded: the cost stands, whatever `settle` says.
+        #[tokio::test]
+        async fn a_body_dropped_before_its_status_keeps_the_cost() {
+            let ok = || answer("application/grpc", None, vec![data(), trailers("0")]);
+            let ended = || answer("application/grpc", None, vec![data()]);
+            let refund_all = |l: RateLimitLayer| l.settle(|_, _| super::super::Settle::Refund);
+            assert_eq!(left_after(refund_all, ok, false).await, 9);
+            assert_eq!(left_after(refund_all, ended, true).await, 9);
+            assert_eq!(left_after(refund_all, ok, true).await, 10);
+        }
+
+        /// gRPC-Web carries its trailers in the body, which the layer does not
+        /// parse: a status in the headers settles, none keeps the cost.
+        #[tokio::test]
+        async fn grpc_web_settles_by_a_status_in_its_headers_only() {
+            let in_head = || answer("application/grpc-web+proto", Some("0"), vec![data()]);
+            let in_body = || answer("application/grpc-web", None, vec![data()]);
+            let failures = |l: RateLimitLayer| l.count_only_failures();
+            let successes = |l: RateLimitLayer| l.count_only_successes();
+            assert_eq!(left_after(failures, in_head, true).await, 10);
+            assert_eq!(left_after(successes, in_body, true).await, 9);
+            assert_eq!(left_after(failures, in_body, true).await, 9);
+        }
     }
 }

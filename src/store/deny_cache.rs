@@ -12,9 +12,17 @@
 //!   store decided: they may overstate by the reply's travel time, never
 //!   understate.
 //! - **It denies only what the store would deny, while the store's clock
-//!   runs at most 0.1 % faster than this process's monotonic clock.** Other
-//!   instances can only spend tokens from a bucket, never add them, so a
-//!   bucket that lacked the cost until some time lacks it at least as long.
+//!   runs at most 0.1 % faster than this process's monotonic clock, and no
+//!   other instance refunds tokens.** Checks of other instances can only
+//!   spend tokens from a bucket, never add them, so a bucket that lacked the
+//!   cost until some time lacks it at least as long. A refund (a layer's
+//!   [`settle`](crate::layer::RateLimitLayer::settle),
+//!   [`RateLimiter::refund`](crate::RateLimiter::refund)) made on this
+//!   instance forgets the denials it remembered for those buckets; one made
+//!   on another instance is not seen here, so this instance may go on
+//!   denying until the wait it remembered is over: it limits more, never
+//!   less. Set the deny cache off (`deny_cache(0)`) for limits whose
+//!   refunds matter to the second.
 //!   But the store's waits are counted by its clock (Redis `TIME`, the wall
 //!   clock of the Redis host) and this cache counts them down by the local
 //!   monotonic clock, so a denial is kept for the store's wait less 0.1 %
@@ -44,11 +52,12 @@
 //! the cached wait then misses that admission's tokens until the next answer
 //! from the store, as it misses spends on other instances. It never admits
 //! because of it.) Spends on other instances are not seen, and
-//! lengthen the true wait beyond any told, Redis's own answers included. Two
-//! events add tokens and the cache does not see them on other instances: a
-//! `reset` (seen at once on the instance that made it), and the store losing
-//! its data (a Redis restart or failover without the key). Either way a
-//! denied client waits at most the wait it was told.
+//! lengthen the true wait beyond any told, Redis's own answers included. A
+//! charge made here forgets the cached denial too. Three events add tokens
+//! and the cache does not see them on other instances: a `reset` and a
+//! refund (each seen at once on the instance that made it), and the store
+//! losing its data (a Redis restart or failover without the key). Either
+//! way a denied client waits at most the wait it was told.
 //!
 //! Memory is bounded: at most `capacity` entries, spread over shards by a
 //! hash seeded at random per cache, each behind its own short-held lock; when

@@ -392,7 +392,7 @@ impl MemoryStore {
         };
         // A denial or a peek changes nothing, and a peek at an unknown key
         // stores nothing.
-        Ok(self.update_at(key, policy, now_us, |quotas, levels| {
+        Ok(self.update_at(key, policy, now_us, |quotas, levels, _| {
             let (decision, wait) = spend(quotas, levels, cost, now_us, &debts);
             let write = decision.allowed() && cost != 0;
             ((decision, wait), write)
@@ -400,26 +400,32 @@ impl MemoryStore {
     }
 
     /// [`adjust`]s `key`'s buckets by `delta` tokens at `now_us` (a charge,
-    /// or when negative a refund). Buckets it leaves full are stored too, and
-    /// forgotten first when the store is full, as any refilled key.
+    /// or when negative a refund).
     pub(crate) fn adjust_on(&self, key: &str, policy: &Policy, delta: i64, now_us: u64) {
         if delta == 0 {
             return;
         }
-        self.update_at(key, policy, now_us, |quotas, levels| {
+        self.update_at(key, policy, now_us, |quotas, levels, known| {
             adjust(quotas, levels, delta);
-            ((), true)
+            // A key not stored (never spent from, or forgotten full) that
+            // ends full changes nothing: storing it could only make room by
+            // forgetting another client.
+            let full = quotas
+                .iter()
+                .zip(levels.iter())
+                .all(|(q, l)| l.until_full_us(q) == 0);
+            ((), known || !full)
         });
     }
 
-    /// Runs `update` on `key`'s buckets brought up to `now_us`, and stores
-    /// them if it says so.
+    /// Runs `update` on `key`'s buckets brought up to `now_us` (and whether
+    /// the key is stored), and stores them if it says so.
     fn update_at<T>(
         &self,
         key: &str,
         policy: &Policy,
         now_us: u64,
-        update: impl FnOnce(&[Quota], &mut [Level]) -> (T, bool),
+        update: impl FnOnce(&[Quota], &mut [Level], bool) -> (T, bool),
     ) -> T {
         let quotas = policy.quotas();
         let key = safe_key(key);
@@ -443,7 +449,7 @@ impl MemoryStore {
                 None => Level::full(q, now_us),
             };
         }
-        let (out, write) = update(quotas, levels);
+        let (out, write) = update(quotas, levels, known);
         if !write {
             return out;
         }
@@ -658,6 +664,23 @@ mod tests {
         let d = store.decide_at("x", &q, 0, 0).unwrap();
         assert_eq!(d.remaining(), 3);
         assert!(store.is_empty());
+    }
+
+    /// A refund of a key not stored (forgotten full, or never spent from)
+    /// stores nothing: it could only make room by forgetting another
+    /// client. A charge stores the debt; a refund of a stored key updates it.
+    #[test]
+    fn a_refund_of_an_unknown_key_stores_nothing() {
+        let store = MemoryStore::new();
+        let q = Policy::from(Quota::per_second(3).unwrap());
+        store.adjust_on("x", &q, -2, 0);
+        assert!(store.is_empty());
+        store.adjust_on("x", &q, 5, 0);
+        assert_eq!(store.len(), 1);
+        let d = store.decide_at("x", &q, 0, 0).unwrap();
+        assert_eq!((d.allowed(), d.remaining()), (false, 0));
+        store.adjust_on("x", &q, -3, 0);
+        assert_eq!(store.decide_at("x", &q, 0, 0).unwrap().remaining(), 1);
     }
 
     #[test]

@@ -220,9 +220,9 @@ pub(crate) fn answer(
 }
 
 /// What the deny cache learns from `decision`, the answer to `spend` on
-/// `keys` sent at `sent`: a denied check is remembered, spending forgets
-/// what was, and so does a refund (tokens came back). A charge leaves the
-/// cache as it is: a remembered denial only grows truer.
+/// `keys` sent at `sent`: a denied check is remembered; spending forgets
+/// what was, and so do a refund (tokens came back) and a charge (the wait
+/// it remembered is now longer).
 pub(crate) fn remember(
     cache: &DenyCache,
     keys: Vec<String>,
@@ -231,8 +231,10 @@ pub(crate) fn remember(
     sent: Instant,
 ) {
     match spend {
+        // A refund: tokens came back, a remembered denial may be wrong now.
         Spend::Adjust(delta) if delta < 0 => cache.forget(&keys),
-        Spend::Adjust(_) => {}
+        // A charge: a remembered wait would understate the new one.
+        Spend::Adjust(_) => cache.spent(&keys),
         Spend::Take { cost, .. } if decision.allowed() => {
             if cost > 0 {
                 cache.spent(&keys);

@@ -2,6 +2,8 @@
 //! decisions, the command they make, and how it is sent (`EVALSHA`, and
 //! `EVAL` when the server has not cached the script).
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use redis::aio::ConnectionLike;
 use redis::{RedisError, ServerErrorKind};
 
@@ -66,6 +68,11 @@ pub(crate) struct Batch {
     /// Whether every decision is a check (no debt) of one quota, the same
     /// for all: then the call takes the script's compact form.
     compact: bool,
+    /// Whether a decision gives tokens back (a refund): such a call is never
+    /// sent twice (see [`run`](Self::run)).
+    refunds: bool,
+    /// Whether [`run`](Self::run) sent it already.
+    sent: AtomicBool,
 }
 
 impl Batch {
@@ -80,6 +87,8 @@ impl Batch {
             shapes: Vec::new(),
             args: Vec::new(),
             compact: true,
+            refunds: false,
+            sent: AtomicBool::new(false),
         }
     }
 
@@ -97,6 +106,8 @@ impl Batch {
             shapes: Vec::with_capacity(n),
             args: Vec::with_capacity(4 * n),
             compact: true,
+            refunds: false,
+            sent: AtomicBool::new(false),
         }
     }
 
@@ -116,7 +127,10 @@ impl Batch {
         // Every number is below 2^53 (costs and debts are kept exact).
         let (cost, max_wait_us) = match spend {
             Spend::Take { cost, max_wait_us } => (exact(cost), max_wait_us),
-            Spend::Adjust(delta) => (delta, 0),
+            Spend::Adjust(delta) => {
+                self.refunds |= delta < 0;
+                (delta, 0)
+            }
         };
         self.args.push(quotas.len() as i64);
         self.args.push(cost);
@@ -158,11 +172,24 @@ impl Batch {
     /// (after a restart, a failover or `SCRIPT FLUSH`; in a cluster, each node
     /// has its own cache) gets it with `EVAL` on the same keys, which also
     /// caches it on that very node.
+    ///
+    /// A call that gives tokens back runs once at most: the store resends a
+    /// call whose connection broke, and Redis may have run it before the
+    /// reply was lost, so a refund sent again could be made twice (a check
+    /// sent again only spends twice, which limits more). Such a call fails
+    /// instead, and its tokens stay spent.
     pub(crate) async fn run<C: ConnectionLike>(
         &self,
         conn: &mut C,
         script: &Script,
     ) -> Result<Vec<i64>, RedisError> {
+        if self.refunds && self.sent.swap(true, Ordering::Relaxed) {
+            return Err(RedisError::from((
+                redis::ErrorKind::Client,
+                "not sent again",
+                "a script call giving tokens back is never resent: it may have run".to_owned(),
+            )));
+        }
         let reply = match self.command("EVALSHA", &script.sha).query_async(conn).await {
             Err(e) if e.kind() == redis::ErrorKind::Server(ServerErrorKind::NoScript) => {
                 self.command("EVAL", &script.source).query_async(conn).await
