@@ -84,8 +84,8 @@ for q = 1, nq do
   a = a + 3
 end
 
--- The bucket stored at key, refilled up to now: level and stamp (a missing or
--- unreadable value is a full bucket).
+-- The bucket stored at key, refilled up to now: level, stamp, and whether it
+-- was stored (a missing or unreadable value is a full bucket).
 local function stored_bucket(key, full, num)
   local stored = call("GET", key) -- tollgate:get
   if stored then
@@ -113,10 +113,10 @@ local function stored_bucket(key, full, num)
         stamp = now
       end
       -- A clock behind the stamp (failover) refills nothing and keeps it.
-      return level, stamp
+      return level, stamp, true
     end
   end
-  return full, now
+  return full, now, false
 end
 
 local reply, r, k = {}, 0, 1
@@ -196,10 +196,11 @@ end
 -- never come; a charge takes it into debt down to -full at most (one
 -- bucket's worth, the most one request may cost), which the next admission
 -- waits to see refilled. Always applied; the reply is that of an admitted
--- check of nothing.
+-- check of nothing. A bucket not stored that ends full is not written: it
+-- stays as it was.
 local function adjust(key, q, cost)
   local full, num, den = fulls[q], nums[q], dens[q]
-  local level, stamp = stored_bucket(key, full, num)
+  local level, stamp, stored = stored_bucket(key, full, num)
   -- Exact wherever the clamps do not apply: both operands are below 2^53.
   level = level - cost * den
   if level > full then
@@ -207,7 +208,11 @@ local function adjust(key, q, cost)
   elseif level < -full then
     level = -full
   end
-  finish(key, q, level, stamp, 0, true, 1)
+  if stored or level < full then
+    finish(key, q, level, stamp, 0, true, 1)
+  else
+    finish(key, q, level, stamp, 0, true, 0)
+  end
 end
 
 local nd = ARGV[a] + 0

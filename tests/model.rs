@@ -174,7 +174,8 @@ impl Model {
     /// An adjustment after the fact at `now`: `delta` tokens spent from
     /// every bucket (a charge) or, negative, given back (a refund), whatever
     /// they hold; each bucket stays between minus its capacity and its
-    /// capacity. The stamps move to the time it counts from.
+    /// capacity. The stamps move to the time it counts from, except on a
+    /// bucket never spent from that ends full (nothing is stored).
     #[cfg_attr(not(feature = "test-util"), allow(dead_code))]
     fn adjust(&mut self, now: u64, delta: i64) {
         // Nothing to settle: nothing is written.
@@ -185,7 +186,12 @@ impl Model {
         for b in &mut self.buckets {
             let t = b.time(now);
             let level = b.level(t) - i128::from(delta) * b.q.period_us as i128;
-            b.scaled = level.clamp(-b.cap(), b.cap());
+            let level = level.clamp(-b.cap(), b.cap());
+            // A bucket never spent from that ends full stays as it was.
+            if b.stamp.is_none() && level == b.cap() {
+                continue;
+            }
+            b.scaled = level;
             b.stamp = Some(t);
         }
     }
