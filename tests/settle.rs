@@ -208,6 +208,7 @@ async fn a_refund_or_charge_is_one_call_and_a_kept_cost_none() {
         assert_eq!(settled_at(90).await, 90, "refund {n}");
     }
     let by_requests = script_calls(&redis) - peeks.load(Ordering::Relaxed) as u64;
+    eprintln!("script calls for 10 refunded requests: {by_requests}");
     assert!(
         (10..=20).contains(&by_requests),
         "{by_requests} calls for 10 checks and 10 refunds"
@@ -219,6 +220,7 @@ async fn a_refund_or_charge_is_one_call_and_a_kept_cost_none() {
     assert_eq!(client.get(&server.url("/charge")).await.status, 402);
     assert_eq!(settled_at(87).await, 87);
     let by_request = script_calls(&redis) - peeks.load(Ordering::Relaxed) as u64;
+    eprintln!("script calls for a charged request: {by_request}");
     assert!(
         by_request <= 2,
         "{by_request} calls for a check and its charge"
