@@ -391,7 +391,7 @@ mod explicit_clock {
     /// bucket. Such a case is rejected (and regenerated) rather than failed, at
     /// most one in 20 (see [`runner`]); the keys are deleted after every case so
     /// no earlier case's key can expire during a later one.
-    fn run_case(stores: &Stores, quotas: &[Quota], steps: &[(i64, u64)]) -> Result<(), Failure> {
+    fn run_case(stores: &Stores, quotas: &[Quota], steps: &[(i64, Step)]) -> Result<(), Failure> {
         let expired = stores.server.expired_keys();
         let outcome = compare_stores(stores, quotas, steps);
         let perturbed = stores.server.expired_keys() != expired;
@@ -402,44 +402,22 @@ mod explicit_clock {
         }
     }
 
-    fn compare_stores(
-        stores: &Stores,
-        quotas: &[Quota],
-        steps: &[(i64, u64)],
-    ) -> Result<(), String> {
-        let policy = Policy::new("model", quotas.iter().copied()).map_err(|e| e.to_string())?;
-        let id = stores.next_key.fetch_add(1, Ordering::Relaxed);
-        let key = format!("model:{id}");
-        let memory = MemoryStore::new();
-        let mut model = Model::new(quotas);
-        let mut now = EPOCH_US;
-        for (step, &(elapsed, cost)) in steps.iter().enumerate() {
-            now = now.checked_add_signed(elapsed).expect("clock in range");
-            let want = model.check(now, cost);
-            let mem = memory
-                .check_at(&key, &policy, cost, now)
-                .map_err(|e| format!("memory, step {step}: {e}"))?;
-            compare("memory", step, &mem, &want)?;
-            let red = stores
-                .runtime
-                .block_on(stores.redis.check_at(&key, &policy, cost, now))
-                .map_err(|e| format!("redis, step {step}: {e}"))?;
-            compare("redis", step, &red, &want)?;
-        }
-        Ok(())
-    }
-
-    #[test]
-    fn both_stores_agree_with_the_model() {
+    fn stores() -> Stores {
         let server = RedisServer::start();
-        let stores = Stores {
+        Stores {
             redis: server.store(),
             server,
             runtime: runtime(),
             next_key: AtomicU64::new(0),
-        };
+        }
+    }
+
+    /// Runs `cases` on fresh stores; a case a real-time expiry disturbed is
+    /// rejected (see [`run_case`]).
+    fn run_cases(cases: impl Strategy<Value = (Vec<Quota>, Vec<(i64, Step)>)>) {
+        let stores = stores();
         // About 200 cases of up to 40 steps: a few seconds even on a busy machine.
-        let result = scaled_runner(200).run(&case(), |(quotas, steps)| {
+        let result = scaled_runner(200).run(&cases, |(quotas, steps)| {
             run_case(&stores, &quotas, &steps).map_err(|f| match f {
                 Failure::Mismatch(why) => TestCaseError::fail(why),
                 Failure::Perturbed => TestCaseError::reject("a key expired in real time"),
@@ -450,36 +428,25 @@ mod explicit_clock {
         }
     }
 
+    #[test]
+    fn both_stores_agree_with_the_model() {
+        run_cases(case().prop_map(|(quotas, steps)| {
+            let steps = steps.into_iter().map(|(e, cost)| (e, Step::Check(cost)));
+            (quotas, steps.collect())
+        }));
+    }
+
     /// Checks interleaved with refunds and charges (the layer's `settle`,
     /// `RateLimiter::refund` and `charge`): after every adjustment both
     /// stores' buckets, peeked, are the model's, and every check after it is
     /// decided as the model decides, debt included.
     #[test]
     fn both_stores_agree_with_the_model_through_refunds_and_charges() {
-        let server = RedisServer::start();
-        let stores = Stores {
-            redis: server.store(),
-            server,
-            runtime: runtime(),
-            next_key: AtomicU64::new(0),
-        };
-        let result = scaled_runner(200).run(&adjusted_case(), |(quotas, steps)| {
-            let expired = stores.server.expired_keys();
-            let outcome = compare_adjusted(&stores, &quotas, &steps);
-            let perturbed = stores.server.expired_keys() != expired;
-            let _: () = stores.server.cmd(&["FLUSHALL"]);
-            match outcome {
-                Err(_) if perturbed => Err(TestCaseError::reject("a key expired in real time")),
-                Err(why) => Err(TestCaseError::fail(why)),
-                Ok(()) => Ok(()),
-            }
-        });
-        if let Err(e) = result {
-            panic!("{e}");
-        }
+        run_cases(adjusted_case());
     }
 
-    fn compare_adjusted(
+    /// Runs `steps` on both stores and the model, comparing every decision.
+    fn compare_stores(
         stores: &Stores,
         quotas: &[Quota],
         steps: &[(i64, Step)],
