@@ -7,23 +7,25 @@
 //!   made from the lines the Lua files mark.
 //! - `decode.rs`: the script's reply: its packed numbers, and the decisions
 //!   they make.
-//! - `encode.rs`: one script call (`Batch`): its keys and arguments, its
-//!   command, and how it is sent (`EVALSHA`, then `EVAL`).
+//! - `encode.rs`: one script call (`Batch`): what each decision asks
+//!   (`Spend`: take tokens, or adjust after the fact), its keys and
+//!   arguments, its command, and how it is sent (`EVALSHA`, then `EVAL`).
 //! - `window.rs`: how many calls of a queue may be in flight at once.
 //! - `batch.rs`: the queue of checks waiting for the next script call.
 //! - `probe.rs`: the circuit breaker's probe, in a task of its own.
 //! - `connection.rs`: the held connection and its lifecycle, for one
 //!   server, a cluster or the primary that sentinels name.
-//! - `store.rs`: the store: what it is made of, and check, reserve, reset
-//!   and ping; `PerNode`, what a cluster adds to batching.
+//! - `store.rs`: the store: what it is made of, and check, reserve,
+//!   adjust (refunds and charges), reset and ping; `PerNode`, what a
+//!   cluster adds to batching.
 //! - `call.rs`: how one call runs: timeout, one retry on a fresh
 //!   connection, the breaker (and its probe), reports.
 //! - `drain.rs`: a check queued for a call, and the drain that sends the
 //!   queue and hands every check its answer.
 //! - `sending.rs`: where a check goes (batched or alone), and the future of
 //!   a check on its way.
-//! - `test_clock.rs`: `check_at`, `reserve_at` and `check_batch_at`
-//!   (cargo feature `test-util`).
+//! - `test_clock.rs`: `check_at`, `reserve_at`, `adjust_at` and
+//!   `check_batch_at` (cargo feature `test-util`).
 //! - `target.rs`: where connections come from (a URL, a pool, or a
 //!   `Topology`: a cluster or sentinels), TLS, checked at build time.
 //! - `builder.rs`: configuration.
