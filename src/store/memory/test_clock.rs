@@ -1,5 +1,5 @@
-//! The test-clock API of [`MemoryStore`] (cargo feature `test-util`): checks
-//! and reservations at a microsecond clock the test chooses.
+//! The test-clock API of [`MemoryStore`] (cargo feature `test-util`): checks,
+//! reservations and adjustments at a microsecond clock the test chooses.
 
 use std::time::Duration;
 

@@ -1,6 +1,6 @@
-//! The test-clock API of [`RedisStore`] (cargo feature `test-util`): checks
-//! and reservations at a microsecond clock the test chooses, run by a
-//! variant of the script that production calls never run.
+//! The test-clock API of [`RedisStore`] (cargo feature `test-util`): checks,
+//! reservations and adjustments at a microsecond clock the test chooses, run
+//! by a variant of the script that production calls never run.
 
 use std::time::Duration;
 
