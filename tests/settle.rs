@@ -339,3 +339,34 @@ async fn grpc_calls_settle_by_their_status_on_redis() {
     let redis = RedisServer::start();
     grpc_calls_settle_by_their_status(redis.store().into()).await;
 }
+
+/// Redis runs a refund's call and the reply is lost with its connection: the
+/// store resends a call whose connection broke, but never one that gives
+/// tokens back, so the refund is made once, not twice.
+#[tokio::test]
+async fn a_refund_whose_reply_is_lost_is_made_once() {
+    let redis = RedisServer::start();
+    let proxy = support::Proxy::start(redis.port());
+    let store = tollgate::RedisStore::builder()
+        .url(proxy.url())
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let limiter = RateLimiter::new(
+        store,
+        Policy::new(
+            "lost",
+            [Quota::new(10, Duration::from_secs(86_400)).unwrap()],
+        )
+        .unwrap(),
+    );
+    let decision = limiter.check("k", 5).await.unwrap();
+    assert_eq!(decision.remaining(), 5);
+    let calls = script_calls(&redis);
+    proxy.lose_script_replies(true);
+    let lost = limiter.refund("k", 2, &decision).await;
+    proxy.lose_script_replies(false);
+    assert!(lost.is_err(), "{lost:?}");
+    assert_eq!(script_calls(&redis) - calls, 1, "the refund was sent once");
+    assert_eq!(limiter.peek("k").await.unwrap().remaining(), 7);
+}

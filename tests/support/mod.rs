@@ -282,6 +282,7 @@ pub struct Proxy {
     delay_ms: std::sync::Arc<std::sync::atomic::AtomicU64>,
     accepted: std::sync::Arc<std::sync::atomic::AtomicU64>,
     corrupt: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    cut: std::sync::Arc<std::sync::atomic::AtomicBool>,
     chunk_delay_us: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
@@ -315,6 +316,8 @@ impl Proxy {
         let accepted = Arc::new(AtomicU64::new(0));
         let corrupt = Arc::new(AtomicBool::new(false));
         let corrupt_accept = Arc::clone(&corrupt);
+        let cut = Arc::new(AtomicBool::new(false));
+        let cut_accept = Arc::clone(&cut);
         let chunk_delay_us = Arc::new(AtomicU64::new(0));
         let chunk_delay_accept = Arc::clone(&chunk_delay_us);
         let (upstream_accept, gen_accept, stop_accept) = (
@@ -334,6 +337,7 @@ impl Proxy {
                 let delay = Duration::from_millis(delay_accept.load(Ordering::SeqCst));
                 let generation = Arc::clone(&gen_accept);
                 let corrupt = Arc::clone(&corrupt_accept);
+                let cut = Arc::clone(&cut_accept);
                 let chunk_delay = Arc::clone(&chunk_delay_accept);
                 std::thread::spawn(move || {
                     std::thread::sleep(delay);
@@ -355,6 +359,7 @@ impl Proxy {
                         };
                         let generation = Arc::clone(&generation);
                         let corrupt = Arc::clone(&corrupt);
+                        let cut = Arc::clone(&cut);
                         let chunk_delay = Arc::clone(&chunk_delay);
                         // The delay line: the reader stamps each chunk with
                         // when it may go on; the writer, alone on `to`,
@@ -375,6 +380,12 @@ impl Proxy {
                                 }
                                 if replies && corrupt.load(Ordering::SeqCst) {
                                     corrupt_script_reply(&mut buf[..n]);
+                                }
+                                // A script's reply (a bulk string) lost: the
+                                // connection closes after Redis ran the call.
+                                if replies && cut.load(Ordering::SeqCst) && buf[0] == b'$' {
+                                    let _ = from.shutdown(std::net::Shutdown::Both);
+                                    break;
                                 }
                                 let delay =
                                     Duration::from_micros(chunk_delay.load(Ordering::SeqCst));
@@ -409,8 +420,17 @@ impl Proxy {
             delay_ms,
             accepted,
             corrupt,
+            cut,
             chunk_delay_us,
         }
+    }
+
+    /// While `on`, the reply of every script call (a bulk string) is lost:
+    /// the proxy closes the connection instead of passing it on, after Redis
+    /// ran the call. Other replies (connection set-up, errors) pass.
+    #[allow(dead_code)]
+    pub fn lose_script_replies(&self, on: bool) {
+        self.cut.store(on, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// From now on, the reply of a script call deciding one check of one
