@@ -14,6 +14,7 @@ use crate::fallback::Fallback;
 use crate::observe::{self, Outcome};
 use crate::policy::Policy;
 use crate::quota::Quota;
+use crate::store::bucket::signed;
 use crate::store::{AnyStore, Store, Unsent};
 /// Checks keys against a [`Policy`] (one quota or several) in a store.
 ///
@@ -468,11 +469,6 @@ where
             *this.cost,
         ))
     }
-}
-
-/// A cost as a signed count of tokens (costs are below 2^53).
-pub(crate) fn signed(cost: u64) -> i64 {
-    i64::try_from(cost).unwrap_or(i64::MAX)
 }
 
 /// Reports a decision to tracing and metrics.

@@ -141,7 +141,7 @@ where
                         // With nested layers the innermost (most specific) decision
                         // is kept, as the handler saw it in the request.
                         if let Some(decision) = after.decision
-                            && res.extensions().get::<crate::Decision>().is_none()
+                            && res.extensions().get::<crate::decision::Decision>().is_none()
                         {
                             res.extensions_mut().insert(decision);
                         }

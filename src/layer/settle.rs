@@ -9,10 +9,10 @@ use http::{HeaderMap, HeaderValue, StatusCode};
 
 use crate::decision::Decision;
 use crate::limiter::RateLimiter;
-use crate::limiter::signed;
 use crate::observe;
 use crate::policy::Policy;
 use crate::quota::MAX_EXACT;
+use crate::store::bucket::signed;
 /// What a response does to the cost its request was charged (see
 /// [`RateLimitLayer::settle`](super::RateLimitLayer::settle)).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -18,8 +18,9 @@ pub(crate) struct Level {
     pub(crate) stamp: u64,
 }
 
-/// `v` as a signed level: quotas keep every level within 2^52 of zero.
-fn signed(v: u64) -> i64 {
+/// `v` as a signed number: quotas keep every level, cost and debt within
+/// 2^52 of zero (saturating, should one ever not be).
+pub(crate) fn signed(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
 

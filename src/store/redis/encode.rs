@@ -13,7 +13,7 @@ use crate::decision::Decision;
 use crate::error::Error;
 use crate::policy::Policy;
 use crate::quota::Quota;
-use crate::store::bucket::debt_for;
+use crate::store::bucket::{debt_for, signed};
 /// What one decision of a script call asks of its buckets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Spend {
@@ -34,11 +34,6 @@ impl Spend {
             max_wait_us: 0,
         }
     }
-}
-
-/// `n` as an argument: costs and debts are at most 2^52.
-fn exact(n: u64) -> i64 {
-    i64::try_from(n).unwrap_or(i64::MAX)
 }
 
 /// How a spread batch finds a key's hash slot: the cluster's CRC16
@@ -126,7 +121,7 @@ impl Batch {
         self.keys.push(keys);
         // Every number is below 2^53 (costs and debts are kept exact).
         let (cost, max_wait_us) = match spend {
-            Spend::Take { cost, max_wait_us } => (exact(cost), max_wait_us),
+            Spend::Take { cost, max_wait_us } => (signed(cost), max_wait_us),
             Spend::Adjust(delta) => {
                 self.refunds |= delta < 0;
                 (delta, 0)
@@ -146,7 +141,7 @@ impl Batch {
             self.args.push(match spend {
                 Spend::Adjust(_) => -1,
                 Spend::Take { .. } if max_wait_us == 0 => 0,
-                Spend::Take { .. } => exact(debt_for(q, max_wait_us)),
+                Spend::Take { .. } => signed(debt_for(q, max_wait_us)),
             });
         }
         self.compact &= quotas.len() == 1
