@@ -15,6 +15,7 @@ use super::dyn_key::BoxFuture;
 use super::outcome::After;
 use super::report::add_report;
 use super::settle::settle_now;
+use crate::decision::Decision;
 
 pin_project! {
     /// The response future of [`RateLimit`](super::RateLimit): the inner
@@ -141,7 +142,7 @@ where
                         // With nested layers the innermost (most specific) decision
                         // is kept, as the handler saw it in the request.
                         if let Some(decision) = after.decision
-                            && res.extensions().get::<crate::decision::Decision>().is_none()
+                            && res.extensions().get::<Decision>().is_none()
                         {
                             res.extensions_mut().insert(decision);
                         }
