@@ -18,7 +18,12 @@
 --             per quota: its index in the quota list, and the debt the bucket may
 --             take on (0 for a check; for a reservation, the level may go that
 --             many units below zero: the reserved tokens are due later; -1 on
---             every quota for an adjustment after the fact, see `adjust`).
+--             every quota for an adjustment after the fact, see `adjust`;
+--             -2 on every quota for a lease, then five more arguments: the
+--             hold's id, the most tokens wanted, its lifetime in
+--             microseconds, and a report it carries: a hold's id ("0":
+--             none) and what it spent; -3 on every quota for a lease's report, then the
+--             hold's id, the cost being the tokens it spent. See "Leases").
 --             Compact form, when every decision is a check (no debt) of the
 --             first quota alone: -D, then per decision only its cost. It
 --             decides exactly as the long form (n = 1, cost, 1, 0) would, with
@@ -31,8 +36,27 @@
 -- owed) with a TTL that lasts until it is full again, plus a margin of 1 ms, so
 -- an idle client's key disappears exactly when forgetting it changes nothing.
 --
+-- Leases: a bucket may carry holds, each "id,h,e" (h units of the level set
+-- aside for one instance until e, a microsecond of this clock), stored after
+-- the stamp: "<level>:<stamp>:<id,h,e>;<id,h,e>". The level refills as ever,
+-- capped at full with the holds inside it; a check may spend only what is
+-- not held (level - held). A lease spends its cost like a check and, if
+-- admitted, sets aside a hold of at most half of what is then left, and at
+-- most what it asks for (a grant of 0 when that is under one token, or when
+-- the bucket has MAX_HOLDS holds). Its holder spends the held tokens in
+-- process and reports what it spent: the report debits the spent tokens
+-- (never more than the hold) and releases the rest. A hold whose expiry
+-- passed before its report is debited whole, when the bucket is next read
+-- (refilled first, then debited). A lease whose id the bucket already holds
+-- was run before (a resent call): it is answered as admitted with that
+-- hold, and spends nothing again; a report of an id it does not hold does
+-- nothing. Every admission in process is backed by a token of the level
+-- that nobody else can spend, so the bucket's bound holds as without leases.
+--
 -- Reply, per decision: allowed (1/0), then per quota: remaining, wait_us,
--- reset_after_us; all integers below 2^53, sent as one string of
+-- reset_after_us, then, for a lease, the tokens granted (0: none) and
+-- whether the hold it reports was there, and, for a report, 1 if the hold
+-- was there (0: it expired, or was reported before); all integers below 2^53, sent as one string of
 -- little-endian doubles (struct.pack "<d" each; see the end), which loses
 -- nothing.
 -- wait_us is, for a denied decision, the time until this bucket would hold the
@@ -63,6 +87,10 @@ now = now[1] * 1000000 + now[2]
 -- 1 s longer: src/store/redis/script.rs.)
 local MARGIN_MS = 1 -- tollgate:margin
 
+-- The most holds one bucket carries (leases of several instances, and an
+-- instance's next lease asked for before its current one runs out).
+local MAX_HOLDS = 16
+
 -- Integers (all below 2^53) are written with %d where a C long holds them
 -- (every 64-bit build: exact, and much cheaper than %.0f), else with %.0f.
 local INT = "%.0f"
@@ -84,14 +112,37 @@ for q = 1, nq do
   a = a + 3
 end
 
--- The bucket stored at key, refilled up to now: level, stamp, and whether it
--- was stored (a missing or unreadable value is a full bucket).
+-- The holds written after a bucket's stamp ("id,h,e;..."), as a list of
+-- {id, h, e}; entries that do not read are dropped.
+local function read_holds(text)
+  local holds = {}
+  for id, h, e in string.gmatch(text, "([^;,]+),(%d+),(%d+)") do
+    holds[#holds + 1] = { id, h + 0, e + 0 }
+  end
+  return holds
+end
+
+-- The units of a bucket's level that its holds set aside.
+local function held_in(holds)
+  local sum = 0
+  if holds then
+    for i = 1, #holds do
+      sum = sum + holds[i][2]
+    end
+  end
+  return sum
+end
+
+-- The bucket stored at key, refilled up to now: level, stamp, whether it
+-- was stored (a missing or unreadable value is a full bucket) and its holds
+-- (nil when it has none), every hold whose expiry has passed debited whole.
 local function stored_bucket(key, full, num)
   local stored = call("GET", key) -- tollgate:get
   if stored then
     local sep = find(stored, ":", 1, true)
     local level = sep and tonumber(sub(stored, 1, sep - 1))
-    local stamp = sep and tonumber(sub(stored, sep + 1))
+    local sep2 = sep and find(stored, ":", sep + 1, true)
+    local stamp = sep and tonumber(sub(stored, sep + 1, sep2 and sep2 - 1))
     -- tonumber also reads "nan" and "inf": x - x is 0 only for a finite x.
     if level and stamp and level - level == 0 and stamp - stamp == 0 then
       if level > full then
@@ -112,11 +163,25 @@ local function stored_bucket(key, full, num)
         end
         stamp = now
       end
+      local holds
+      if sep2 then
+        holds = {}
+        for _, hold in ipairs(read_holds(sub(stored, sep2 + 1))) do
+          if hold[3] <= now then
+            level = level - hold[2]
+          else
+            holds[#holds + 1] = hold
+          end
+        end
+        if #holds == 0 then
+          holds = nil
+        end
+      end
       -- A clock behind the stamp (failover) refills nothing and keeps it.
-      return level, stamp, true
+      return level, stamp, true, holds
     end
   end
-  return full, now, false
+  return full, now, false, nil
 end
 
 local reply, r, k = {}, 0, 1
@@ -135,55 +200,71 @@ local function debt_at(debt, stamp, num)
   return debt
 end
 
--- Spends from one bucket of a decision (if it is admitted and costs
--- something), writes it back with its TTL, and appends its figures to the
--- reply: remaining, wait_us, reset_after_us.
-local function finish(key, q, level, stamp, need, allowed, cost)
+-- Spends from one bucket of a decision (if it is admitted), writes it back
+-- with its TTL (if `write`), and appends its figures to the
+-- reply: remaining, wait_us, reset_after_us. Its holds (nil: none) are
+-- written after its stamp, and only what they leave counts as remaining.
+local function finish(key, q, level, stamp, need, allowed, write, holds)
   local full, num, den = fulls[q], nums[q], dens[q]
   -- A clock behind the stamp refills nothing until it reaches the stamp, so
   -- waits start from the stamp.
   local ahead = stamp - now
   local wait = 0
   if allowed then
-    if cost > 0 then
-      level = level - need
-    end
-    if level < 0 then
-      local t = floor(-level / num)
-      if t * num < -level then
+    level = level - need
+  end
+  local free = level - held_in(holds)
+  if allowed then
+    if free < 0 then
+      local t = floor(-free / num)
+      if t * num < -free then
         t = t + 1
       end
       wait = ahead + t
     end
-  elseif level < need then
-    local x = need - level
+  elseif free < need then
+    local x = need - free
     local t = floor(x / num)
     if t * num < x then
       t = t + 1
     end
     wait = ahead + t
   end
-  -- ceil((full - level) / num): when the bucket is full again, counted from
-  -- the stamp; the key lives that long plus MARGIN_MS.
-  local missing = full - level
+  -- ceil((full - free) / num): when the bucket is full again, counted from
+  -- the stamp (with holds: once they are debited whole, from the last
+  -- expiry); the key lives that long plus MARGIN_MS.
+  local missing = full - free
   local reset = floor(missing / num)
   if reset * num < missing then
     reset = reset + 1
   end
-  if allowed and cost > 0 then
+  if write then
     local ms = reset + ahead
+    local value = format(VALUE, level, stamp)
+    if holds then
+      local last, parts = now, {}
+      for i = 1, #holds do
+        local hold = holds[i]
+        parts[i] = hold[1] .. "," .. format(INT, hold[2]) .. "," .. format(INT, hold[3])
+        if hold[3] > last then
+          last = hold[3]
+        end
+      end
+      value = value .. ":" .. table.concat(parts, ";")
+      ms = ms + (last - now)
+    end
     local ttl = floor(ms / 1000)
     if ttl * 1000 < ms then
       ttl = ttl + 1
     end
-    call("SET", key, format(VALUE, level, stamp), "PX", format(INT, ttl + MARGIN_MS)) -- tollgate:set
+    call("SET", key, value, "PX", format(INT, ttl + MARGIN_MS)) -- tollgate:set
   end
   if reset > 0 then
     reset = reset + ahead
   end
   local remaining = 0
-  if level > 0 then
-    remaining = floor(level / den)
+  if free > 0 then
+    remaining = floor(free / den)
   end
   reply[r + 1], reply[r + 2], reply[r + 3] = remaining, wait, reset
   r = r + 3
@@ -200,7 +281,7 @@ end
 -- stays as it was.
 local function adjust(key, q, cost)
   local full, num, den = fulls[q], nums[q], dens[q]
-  local level, stamp, stored = stored_bucket(key, full, num)
+  local level, stamp, stored, holds = stored_bucket(key, full, num)
   -- Exact wherever the clamps do not apply: both operands are below 2^53.
   level = level - cost * den
   if level > full then
@@ -208,11 +289,19 @@ local function adjust(key, q, cost)
   elseif level < -full then
     level = -full
   end
-  if stored or level < full then
-    finish(key, q, level, stamp, 0, true, 1)
-  else
-    finish(key, q, level, stamp, 0, true, 0)
+  finish(key, q, level, stamp, 0, true, stored or level < full, holds)
+end
+
+-- The hold of `holds` (nil: none) whose id is `id`, and its place.
+local function hold_of(holds, id)
+  if holds then
+    for i = 1, #holds do
+      if holds[i][1] == id then
+        return holds[i], i
+      end
+    end
   end
+  return nil
 end
 
 local nd = ARGV[a] + 0
@@ -239,7 +328,7 @@ if nd < 0 then
     end
     local key = KEYS[i]
     -- stored_bucket
-    local level, stamp = full, now
+    local level, stamp, leased = full, now, false
     local stored = call("GET", key) -- tollgate:compact-get
     if stored then
       local sep = find(stored, ":", 1, true)
@@ -263,89 +352,95 @@ if nd < 0 then
           end
           stamp = now
         end
+      elseif sep and find(stored, ":", sep + 1, true) then
+        leased = true
       end
     end
-    -- finish
-    local ahead = stamp - now
-    local wait, allowed = 0, level >= need
-    if allowed then
-      level = level - need
+    if leased then
+      -- A bucket with holds (leases): the general steps.
+      local level, stamp, _, holds = stored_bucket(key, full, num)
+      local allowed = level - held_in(holds) >= need
+      r = r + 1
+      reply[r] = allowed and 1 or 0
+      finish(key, 1, level, stamp, need, allowed, allowed and cost > 0, holds)
     else
-      local x = need - level
-      local t = floor(x / num)
-      if t * num < x then
-        t = t + 1
-      end
-      wait = ahead + t
-    end
-    local missing = full - level
-    local reset = floor(missing / num)
-    if reset * num < missing then
-      reset = reset + 1
-    end
-    if allowed and cost > 0 then
-      local ms = reset + ahead
-      local ttl = floor(ms / 1000)
-      if ttl * 1000 < ms then
-        ttl = ttl + 1
-      end
-      local value
-      if stamp == now then
-        value = at_now[level]
-        if not value then
-          value = format(VALUE, level, stamp)
-          at_now[level] = value
-        end
+      -- finish
+      local ahead = stamp - now
+      local wait, allowed = 0, level >= need
+      if allowed then
+        level = level - need
       else
-        value = format(VALUE, level, stamp)
+        local x = need - level
+        local t = floor(x / num)
+        if t * num < x then
+          t = t + 1
+        end
+        wait = ahead + t
       end
-      local px = ttls[ttl]
-      if not px then
-        px = format(INT, ttl + MARGIN_MS)
-        ttls[ttl] = px
+      local missing = full - level
+      local reset = floor(missing / num)
+      if reset * num < missing then
+        reset = reset + 1
       end
-      call("SET", key, value, "PX", px) -- tollgate:compact-set
+      if allowed and cost > 0 then
+        local ms = reset + ahead
+        local ttl = floor(ms / 1000)
+        if ttl * 1000 < ms then
+          ttl = ttl + 1
+        end
+        local value
+        if stamp == now then
+          value = at_now[level]
+          if not value then
+            value = format(VALUE, level, stamp)
+            at_now[level] = value
+          end
+        else
+          value = format(VALUE, level, stamp)
+        end
+        local px = ttls[ttl]
+        if not px then
+          px = format(INT, ttl + MARGIN_MS)
+          ttls[ttl] = px
+        end
+        call("SET", key, value, "PX", px) -- tollgate:compact-set
+      end
+      if reset > 0 then
+        reset = reset + ahead
+      end
+      local remaining = 0
+      if level > 0 then
+        remaining = floor(level / den)
+      end
+      reply[r + 1], reply[r + 2], reply[r + 3], reply[r + 4] =
+        allowed and 1 or 0, remaining, wait, reset
+      r = r + 4
     end
-    if reset > 0 then
-      reset = reset + ahead
-    end
-    local remaining = 0
-    if level > 0 then
-      remaining = floor(level / den)
-    end
-    reply[r + 1], reply[r + 2], reply[r + 3], reply[r + 4] =
-      allowed and 1 or 0, remaining, wait, reset
-    r = r + 4
   end
 else
   -- A decision over one quota (the common case) is decided at once; one over
   -- several reads all its buckets first, since it is admitted only if every
   -- bucket holds the cost. Per quota of such a decision: index, level, stamp.
-  local qs, lv, st = {}, {}, {}
+  local qs, lv, st, hs = {}, {}, {}, {}
   for _ = 1, nd do
     local n, cost = known[ARGV[a]] or ARGV[a] + 0, known[ARGV[a + 1]] or ARGV[a + 1] + 0
-    if n == 1 then
-      local q, debt = known[ARGV[a + 2]] or ARGV[a + 2] + 0, known[ARGV[a + 3]] or ARGV[a + 3] + 0
+    local marker = known[ARGV[a + 3]] or ARGV[a + 3] + 0
+    if n == 1 and marker >= 0 then
+      local q, debt = known[ARGV[a + 2]] or ARGV[a + 2] + 0, marker
       a = a + 4
       local full, need = fulls[q], cost * dens[q]
-      if debt < 0 then
-        r = r + 1
-        reply[r] = 1
-        adjust(KEYS[k], q, cost)
-      else
-        if need > full then
-          return redis.error_reply("ERR tollgate: cost exceeds capacity")
-        end
-        local key = KEYS[k]
-        local level, stamp = stored_bucket(key, full, nums[q])
-        local allowed = level - need >= -debt_at(debt, stamp, nums[q])
-        r = r + 1
-        reply[r] = allowed and 1 or 0
-        finish(key, q, level, stamp, need, allowed, cost)
+      if need > full then
+        return redis.error_reply("ERR tollgate: cost exceeds capacity")
       end
+      local key = KEYS[k]
+      local level, stamp, _, holds = stored_bucket(key, full, nums[q])
+      local allowed = level - held_in(holds) - need >= -debt_at(debt, stamp, nums[q])
+      r = r + 1
+      reply[r] = allowed and 1 or 0
+      finish(key, q, level, stamp, need, allowed, allowed and cost > 0, holds)
       k = k + 1
-    elseif (known[ARGV[a + 3]] or ARGV[a + 3] + 0) < 0 then
-      -- An adjustment of several quotas: each bucket on its own.
+    elseif marker == -1 then
+      -- An adjustment: each bucket on its own.
       a = a + 2
       r = r + 1
       reply[r] = 1
@@ -353,6 +448,114 @@ else
         adjust(KEYS[k + i - 1], known[ARGV[a]] or ARGV[a] + 0, cost)
         a = a + 2
       end
+      k = k + n
+    elseif marker == -2 then
+      -- A lease: a check of cost and, if admitted, a hold on every bucket.
+      a = a + 2
+      local id, want, life = ARGV[a + 2 * n], ARGV[a + 2 * n + 1] + 0, ARGV[a + 2 * n + 2] + 0
+      local rid, rspent = ARGV[a + 2 * n + 3], ARGV[a + 2 * n + 4] + 0
+      local allowed, grant, again, found = true, want, nil, 0
+      for i = 1, n do
+        local q = known[ARGV[a]] or ARGV[a] + 0
+        a = a + 2
+        local full, num, den = fulls[q], nums[q], dens[q]
+        local need = cost * den
+        if need > full then
+          return redis.error_reply("ERR tollgate: cost exceeds capacity")
+        end
+        local level, stamp, _, holds = stored_bucket(KEYS[k + i - 1], full, num)
+        -- The report it carries (rid "0": none) first.
+        local done, at = hold_of(holds, rid)
+        if done then
+          found = 1
+          local spent = rspent * den
+          if spent > done[2] then
+            spent = done[2]
+          end
+          level = level - spent
+          table.remove(holds, at)
+          if #holds == 0 then
+            holds = nil
+          end
+        end
+        qs[i], lv[i], st[i], hs[i] = q, level, stamp, holds
+        local hold = hold_of(holds, id)
+        if hold then
+          again = hold[2] / den
+        end
+        local free = level - held_in(holds) - need
+        if free < 0 then
+          allowed = false
+        end
+        -- At most half of what the cost leaves, in whole tokens.
+        local share = 0
+        if free > 0 and (holds == nil or #holds < MAX_HOLDS) then
+          share = floor(free / (2 * den))
+        end
+        if share < grant then
+          grant = share
+        end
+      end
+      a = a + 5
+      r = r + 1
+      if again then
+        -- Resent: it was admitted and granted; answered as it was, with
+        -- nothing spent again.
+        reply[r] = 1
+        for i = 1, n do
+          finish(KEYS[k + i - 1], qs[i], lv[i], st[i], 0, true, found == 1, hs[i])
+        end
+        grant = again
+      else
+        reply[r] = allowed and 1 or 0
+        if not allowed or grant < 1 then
+          grant = 0
+        end
+        for i = 1, n do
+          local q = qs[i]
+          local holds = hs[i]
+          if grant > 0 then
+            holds = holds or {}
+            holds[#holds + 1] = { id, grant * dens[q], now + life }
+          end
+          local write = (allowed and (cost > 0 or grant > 0)) or found == 1
+          finish(KEYS[k + i - 1], q, lv[i], st[i], cost * dens[q], allowed, write, holds)
+        end
+      end
+      reply[r + 1], reply[r + 2] = grant, found
+      r = r + 2
+      k = k + n
+    elseif marker == -3 then
+      -- A lease's report: cost is what the hold's holder spent of it.
+      a = a + 2
+      local id = ARGV[a + 2 * n]
+      local found = 0
+      r = r + 1
+      reply[r] = 1
+      for i = 1, n do
+        local q = known[ARGV[a]] or ARGV[a] + 0
+        a = a + 2
+        local full, den = fulls[q], dens[q]
+        local key = KEYS[k + i - 1]
+        local level, stamp, _, holds = stored_bucket(key, full, nums[q])
+        local hold, at = hold_of(holds, id)
+        if hold then
+          found = 1
+          local spent = cost * den
+          if spent > hold[2] then
+            spent = hold[2]
+          end
+          level = level - spent
+          table.remove(holds, at)
+          if #holds == 0 then
+            holds = nil
+          end
+        end
+        finish(key, q, level, stamp, 0, true, hold ~= nil, holds)
+      end
+      a = a + 1
+      r = r + 1
+      reply[r] = found
       k = k + n
     else
       a = a + 2
@@ -364,9 +567,9 @@ else
         if need > full then
           return redis.error_reply("ERR tollgate: cost exceeds capacity")
         end
-        local level, stamp = stored_bucket(KEYS[k + i - 1], full, nums[q])
-        qs[i], lv[i], st[i] = q, level, stamp
-        if level - need < -debt_at(debt, stamp, nums[q]) then
+        local level, stamp, _, holds = stored_bucket(KEYS[k + i - 1], full, nums[q])
+        qs[i], lv[i], st[i], hs[i] = q, level, stamp, holds
+        if level - held_in(holds) - need < -debt_at(debt, stamp, nums[q]) then
           allowed = false
         end
       end
@@ -374,7 +577,7 @@ else
       reply[r] = allowed and 1 or 0
       for i = 1, n do
         local q = qs[i]
-        finish(KEYS[k + i - 1], q, lv[i], st[i], cost * dens[q], allowed, cost)
+        finish(KEYS[k + i - 1], q, lv[i], st[i], cost * dens[q], allowed, allowed and cost > 0, hs[i])
       end
       k = k + n
     end

@@ -121,6 +121,25 @@ pub(crate) fn settled(policy: &str, settlement: &'static str, tokens: u64) {
     let _ = (policy, settlement, tokens);
 }
 
+/// Held tokens that ended unspent (`how`: `returned` by a report, or
+/// `expired`): a counter of the tokens.
+pub(crate) fn lease_tokens(store: &'static str, how: &'static str, tokens: u64) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!("tollgate_lease_tokens_total", "store" => store, "end" => how)
+        .increment(tokens);
+    #[cfg(not(feature = "metrics"))]
+    let _ = (store, how, tokens);
+}
+
+/// Tokens in a store's holds not yet reported.
+pub(crate) fn lease_held(store: &'static str, tokens: u64) {
+    #[cfg(feature = "metrics")]
+    #[expect(clippy::cast_precision_loss, reason = "a gauge")]
+    metrics::gauge!("tollgate_lease_held_tokens", "store" => store).set(tokens as f64);
+    #[cfg(not(feature = "metrics"))]
+    let _ = (store, tokens);
+}
+
 /// One call to a store (a check or a reset), however it ended.
 pub(crate) fn store_call(store: &'static str, elapsed: Duration, error: Option<ErrorKind>) {
     #[cfg(feature = "metrics")]

@@ -87,6 +87,6 @@ pub use key::{MAX_RAW_KEY_LEN, hashed_key, safe_key, safe_key_bytes};
 pub use memory::{DEFAULT_MAX_KEYS, MemoryStore};
 #[cfg(feature = "redis")]
 pub use redis::{
-    DEFAULT_CONNECT_TIMEOUT, DEFAULT_MAX_BATCH, DEFAULT_PREFIX, DEFAULT_TIMEOUT, RedisStore,
-    RedisStoreBuilder,
+    DEFAULT_CONNECT_TIMEOUT, DEFAULT_LEASE_KEYS, DEFAULT_LEASE_PERIOD, DEFAULT_MAX_BATCH,
+    DEFAULT_PREFIX, DEFAULT_TIMEOUT, LeaseStats, RedisStore, RedisStoreBuilder,
 };

@@ -7,6 +7,7 @@ use std::time::Duration;
 use deadpool_redis::Pool;
 
 use super::connection::Link;
+use super::lease::{DEFAULT_LEASE_KEYS, DEFAULT_LEASE_PERIOD, LeaseConfig};
 use super::store::{Parts, RedisStore};
 #[cfg(feature = "sentinel")]
 use super::target::Credentials;
@@ -40,6 +41,9 @@ pub struct RedisStoreBuilder {
     breaker: CircuitBreaker,
     max_batch: usize,
     deny_cache: usize,
+    leases: bool,
+    lease_period: Duration,
+    lease_keys: usize,
     #[cfg(feature = "tls")]
     root_certificates: Option<Vec<u8>>,
     #[cfg(feature = "sentinel")]
@@ -55,7 +59,10 @@ impl fmt::Debug for RedisStoreBuilder {
             .field("connect_timeout", &self.connect_timeout)
             .field("breaker", &self.breaker)
             .field("max_batch", &self.max_batch)
-            .field("deny_cache", &self.deny_cache);
+            .field("deny_cache", &self.deny_cache)
+            .field("leases", &self.leases)
+            .field("lease_period", &self.lease_period)
+            .field("lease_keys", &self.lease_keys);
         #[cfg(feature = "tls")]
         f.field("root_certificates", &self.root_certificates.is_some());
         #[cfg(feature = "sentinel")]
@@ -100,6 +107,9 @@ impl RedisStore {
             breaker: CircuitBreaker::new(),
             max_batch: DEFAULT_MAX_BATCH,
             deny_cache: DEFAULT_DENY_CACHE,
+            leases: false,
+            lease_period: DEFAULT_LEASE_PERIOD,
+            lease_keys: DEFAULT_LEASE_KEYS,
             #[cfg(feature = "tls")]
             root_certificates: None,
             #[cfg(feature = "sentinel")]
@@ -202,6 +212,47 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// Turns leases on (off by default): plain checks with room to spare are
+    /// decided in this process, exactly, from tokens of the shared bucket
+    /// that Redis holds for this instance. A key in steady use then costs
+    /// Redis about one call per lease period instead of one per check; a
+    /// key near its limit gets no lease and is decided in Redis check by
+    /// check. The bucket's bound holds in every window, as without leases:
+    /// every admission made here spends a token that is in the bucket and
+    /// that no other instance can take. What leases cost is
+    /// under-admission: tokens held by one instance and not spent are lost
+    /// to the others until reported (or, if the report never comes, until
+    /// the hold expires, after two lease periods). See the
+    /// [Redis store docs](crate::store#leases).
+    ///
+    /// Only plain checks of a cost above 0 use leases; peeks, reservations,
+    /// refunds and charges always go to Redis. A decision made here reports
+    /// as remaining what this instance can still spend for sure (never more
+    /// than the bucket holds). Every instance sharing a prefix must run a
+    /// version of tollgate that knows leases: an older one would read a
+    /// bucket with holds as full.
+    pub fn leases(mut self, on: bool) -> Self {
+        self.leases = on;
+        self
+    }
+
+    /// With leases on: a lease holds about this long's worth of a key's
+    /// local demand, and lives twice as long ([`DEFAULT_LEASE_PERIOD`]
+    /// otherwise; 10 ms to 60 s). Longer periods cost Redis fewer calls and
+    /// hold more tokens unspent.
+    pub fn lease_period(mut self, period: Duration) -> Self {
+        self.lease_period = period;
+        self
+    }
+
+    /// With leases on: how many keys' demand and holds to keep
+    /// ([`DEFAULT_LEASE_KEYS`] otherwise; at least 1). A key evicted to make
+    /// room reports its holds.
+    pub fn lease_keys(mut self, keys: usize) -> Self {
+        self.lease_keys = keys;
+        self
+    }
+
     /// The circuit breaker ([`CircuitBreaker::new`] otherwise).
     pub fn circuit_breaker(mut self, breaker: CircuitBreaker) -> Self {
         self.breaker = breaker;
@@ -244,6 +295,17 @@ impl RedisStoreBuilder {
                 self.max_batch
             )));
         }
+        if self.lease_period < Duration::from_millis(10)
+            || self.lease_period > Duration::from_secs(60)
+        {
+            return Err(ConfigError::store(format!(
+                "lease period {:?} must be between 10ms and 60s",
+                self.lease_period
+            )));
+        }
+        if self.lease_keys == 0 {
+            return Err(ConfigError::store("lease_keys must be at least 1"));
+        }
         let Some(target) = self.target else {
             return Err(ConfigError::store(
                 "RedisStore needs a URL or a pool: call .url(..) or .pool(..) (or .cluster(..), .sentinel(..))",
@@ -275,6 +337,10 @@ impl RedisStoreBuilder {
             max_batch: self.max_batch,
             per_node,
             deny_cache: self.deny_cache,
+            leases: self.leases.then_some(LeaseConfig {
+                period: self.lease_period,
+                max_keys: self.lease_keys,
+            }),
         }))
     }
 }

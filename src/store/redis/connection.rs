@@ -194,6 +194,7 @@ pub(crate) struct Held {
 
 /// The held connection and what is being done about it; shared by the clones
 /// of one store.
+#[derive(Clone)]
 pub(crate) struct Link {
     inner: Arc<Inner>,
 }

@@ -10,14 +10,28 @@ use crate::quota::Quota;
 /// What `reply` says of each decision of a call, whose policies are
 /// `shapes`, in order: the decision and, for an admitted reservation, the
 /// wait until its tokens are due.
-pub(crate) fn outcomes(shapes: &[Policy], reply: &[i64]) -> Result<Vec<(Decision, u64)>, Error> {
+///
+/// A decision with numbers in `extra` (a lease: 2, a report: 1) has them
+/// after its quotas' figures, and they take the wait's place: a report's
+/// one as it is, a lease's two as twice the first plus the second (a 0 or
+/// a 1).
+pub(crate) fn outcomes(
+    shapes: &[Policy],
+    extra: &[u8],
+    reply: &[i64],
+) -> Result<Vec<(Decision, u64)>, Error> {
     let malformed = || {
         Error::store(
             ErrorKind::Server,
             format!("unexpected reply from the rate limit script: {reply:?}"),
         )
     };
-    let expected: usize = shapes.iter().map(|s| 1 + 3 * s.quotas().len()).sum();
+    let more = |i: usize| usize::from(extra.get(i).copied().unwrap_or(0));
+    let expected: usize = shapes
+        .iter()
+        .enumerate()
+        .map(|(i, s)| 1 + 3 * s.quotas().len() + more(i))
+        .sum();
     if reply.len() != expected {
         return Err(malformed());
     }
@@ -45,7 +59,7 @@ pub(crate) fn outcomes(shapes: &[Policy], reply: &[i64]) -> Result<Vec<(Decision
     };
     let mut rest = reply;
     let mut out = Vec::with_capacity(shapes.len());
-    for policy in shapes {
+    for (i, policy) in shapes.iter().enumerate() {
         let quotas = policy.quotas();
         let (allowed, tail) = rest.split_first().ok_or_else(malformed)?;
         let allowed = match *allowed {
@@ -67,6 +81,22 @@ pub(crate) fn outcomes(shapes: &[Policy], reply: &[i64]) -> Result<Vec<(Decision
                 Decision::new(allowed, states)
             }
         };
+        match *rest {
+            [first, second, ref tail @ ..] if more(i) == 2 => {
+                let flag = number(second)?;
+                if flag > 1 {
+                    return Err(malformed());
+                }
+                wait = number(first)?.checked_mul(2).ok_or_else(malformed)? + flag;
+                rest = tail;
+            }
+            [first, ref tail @ ..] if more(i) == 1 => {
+                wait = number(first)?;
+                rest = tail;
+            }
+            _ if more(i) > 0 => return Err(malformed()),
+            _ => {}
+        }
         out.push((decision, wait));
     }
     Ok(out)
@@ -155,16 +185,16 @@ mod tests {
         assert_eq!(odd, [0, i64::MIN]);
         let shapes = [Policy::from(Quota::per_second(1).unwrap())];
         let nan = read(Value::BulkString(packed(&[1.0, 0.0, 0.0, f64::NAN]))).unwrap();
-        let err = outcomes(&shapes, &nan).unwrap_err();
+        let err = outcomes(&shapes, &[], &nan).unwrap_err();
         assert_eq!(err.kind(), ErrorKind::Server, "{err:?}");
     }
 
     #[test]
     fn replies_of_the_wrong_shape_are_store_errors() {
         let shapes = [Quota::per_second(1).unwrap().into()];
-        assert!(outcomes(&shapes, &[1, 0, 0, 0]).is_ok());
+        assert!(outcomes(&shapes, &[], &[1, 0, 0, 0]).is_ok());
         for bad in [&[][..], &[1, 0, 0], &[1, -1, 0, 0], &[1, 0, 0, 0, 0]] {
-            let err = outcomes(&shapes, bad).unwrap_err();
+            let err = outcomes(&shapes, &[], bad).unwrap_err();
             assert!(err.is_store_error(), "{err:?}");
         }
     }

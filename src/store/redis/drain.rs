@@ -245,6 +245,11 @@ pub(crate) fn remember(
                 cache.insert(keys, cost, decision, sent);
             }
         }
+        // A lease is a check that may also hold tokens.
+        Spend::Lease { .. } if decision.allowed() => cache.spent(&keys),
+        Spend::Lease { cost, .. } => cache.insert(keys, cost, decision, sent),
+        // Held tokens released: a remembered denial may be wrong now.
+        Spend::Report { .. } => cache.forget(&keys),
     }
 }
 

@@ -24,6 +24,21 @@ pub(crate) enum Spend {
     /// Spend `delta` tokens whatever the buckets hold, or give them back
     /// when negative: a settlement after the fact (the script's `adjust`).
     Adjust(i64),
+    /// A check of `cost` that, admitted, also sets aside a hold of at most
+    /// `want` tokens on every bucket for this instance, named `id`, for
+    /// `life_us` microseconds of Redis time (see [`super::lease`]). Sent
+    /// again, it is answered as it was the first time. It may carry the
+    /// report of an earlier hold of the same buckets (`report`: its id and
+    /// what it spent), made first.
+    Lease {
+        cost: u64,
+        want: u64,
+        life_us: u64,
+        id: u64,
+        report: Option<(u64, u64)>,
+    },
+    /// Hold `id` spent `spent` tokens: debit them and release the rest.
+    Report { spent: u64, id: u64 },
 }
 
 impl Spend {
@@ -57,6 +72,10 @@ pub(crate) struct Batch {
     key_count: usize,
     /// Per decision: its policy, whose quotas read the reply back.
     shapes: Vec<Policy>,
+    /// Per decision: how many numbers its reply has after its quotas'
+    /// figures (a lease: its grant and whether its report found its hold;
+    /// a report: whether it found its hold).
+    extra: Vec<u8>,
     /// Per decision: n, cost, then per quota: 1-based quota index, debt
     /// (-1 on every quota of an adjustment, whose cost is signed).
     args: Vec<i64>,
@@ -80,6 +99,7 @@ impl Batch {
             keys: Vec::new(),
             key_count: 0,
             shapes: Vec::new(),
+            extra: Vec::new(),
             args: Vec::new(),
             compact: true,
             refunds: false,
@@ -99,6 +119,7 @@ impl Batch {
             keys: Vec::with_capacity(n),
             key_count: 0,
             shapes: Vec::with_capacity(n),
+            extra: Vec::with_capacity(n),
             args: Vec::with_capacity(4 * n),
             compact: true,
             refunds: false,
@@ -120,12 +141,14 @@ impl Batch {
         self.key_count += keys.len();
         self.keys.push(keys);
         // Every number is below 2^53 (costs and debts are kept exact).
-        let (cost, max_wait_us) = match spend {
-            Spend::Take { cost, max_wait_us } => (signed(cost), max_wait_us),
+        let (cost, marker, max_wait_us) = match spend {
+            Spend::Take { cost, max_wait_us } => (signed(cost), 0, max_wait_us),
             Spend::Adjust(delta) => {
                 self.refunds |= delta < 0;
-                (delta, 0)
+                (delta, -1, 0)
             }
+            Spend::Lease { cost, .. } => (signed(cost), -2, 0),
+            Spend::Report { spent, .. } => (signed(spent), -3, 0),
         };
         self.args.push(quotas.len() as i64);
         self.args.push(cost);
@@ -139,11 +162,35 @@ impl Batch {
             };
             self.args.push(index as i64 + 1);
             self.args.push(match spend {
-                Spend::Adjust(_) => -1,
-                Spend::Take { .. } if max_wait_us == 0 => 0,
-                Spend::Take { .. } => signed(debt_for(q, max_wait_us)),
+                Spend::Take { .. } if max_wait_us > 0 => signed(debt_for(q, max_wait_us)),
+                _ => marker,
             });
         }
+        match spend {
+            Spend::Lease {
+                want,
+                life_us,
+                id,
+                report,
+                ..
+            } => {
+                let (rid, rspent) = report.unwrap_or((0, 0));
+                self.args.extend([
+                    signed(id),
+                    signed(want),
+                    signed(life_us),
+                    signed(rid),
+                    signed(rspent),
+                ]);
+            }
+            Spend::Report { id, .. } => self.args.push(signed(id)),
+            _ => {}
+        }
+        self.extra.push(match spend {
+            Spend::Lease { .. } => 2,
+            Spend::Report { .. } => 1,
+            _ => 0,
+        });
         self.compact &= quotas.len() == 1
             && matches!(spend, Spend::Take { max_wait_us: 0, .. })
             && self.quotas.len() == 1;
@@ -266,9 +313,11 @@ impl Batch {
     }
 
     /// What the reply says of each decision, in order: the decision and, for
-    /// an admitted reservation, the wait until its tokens are due.
+    /// an admitted reservation, the wait until its tokens are due (for a
+    /// lease: twice the tokens granted, plus 1 if the hold it reports was
+    /// there; for a report: 1 if its hold was there).
     pub(crate) fn outcomes(&self, reply: &[i64]) -> Result<Vec<(Decision, u64)>, Error> {
-        decode::outcomes(&self.shapes, reply)
+        decode::outcomes(&self.shapes, &self.extra, reply)
     }
 }
 

@@ -12,6 +12,8 @@
 //!   arguments, its command, and how it is sent (`EVALSHA`, then `EVAL`).
 //! - `window.rs`: how many calls of a queue may be in flight at once.
 //! - `batch.rs`: the queue of checks waiting for the next script call.
+//! - `lease.rs`: leases, tokens held for this instance and spent in
+//!   process: the demand, the holds, what to ask for and to report.
 //! - `probe.rs`: the circuit breaker's probe, in a task of its own.
 //! - `connection.rs`: the held connection and its lifecycle, for one
 //!   server, a cluster or the primary that sentinels name.
@@ -22,6 +24,8 @@
 //!   connection, the breaker (and its probe), reports.
 //! - `drain.rs`: a check queued for a call, and the drain that sends the
 //!   queue and hands every check its answer.
+//! - `leasing.rs`: the store's side of leases: a check decided from a
+//!   hold, and the lease requests and reports sent in the background.
 //! - `sending.rs`: where a check goes (batched or alone), and the future of
 //!   a check on its way.
 //! - `test_clock.rs`: `check_at`, `reserve_at`, `adjust_at` and
@@ -44,6 +48,8 @@ mod decode;
 mod drain;
 mod encode;
 mod failure;
+mod lease;
+mod leasing;
 mod probe;
 mod script;
 mod sending;
@@ -59,5 +65,6 @@ pub use builder::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_MAX_BATCH, DEFAULT_PREFIX, DEFAULT_TIMEOUT, RedisStoreBuilder,
 };
 pub(crate) use encode::Spend;
+pub use lease::{DEFAULT_LEASE_KEYS, DEFAULT_LEASE_PERIOD, LeaseStats};
 pub(crate) use sending::Sending;
 pub use store::RedisStore;

@@ -45,7 +45,7 @@ pub(crate) fn marked(source: &str, name: &str, replacement: &str) -> String {
 }
 
 /// A script and its SHA-1, as `EVALSHA` needs it.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct Script {
     pub(crate) source: String,
     pub(crate) sha: String,

@@ -14,6 +14,7 @@ use super::batch::{Batcher, Pending};
 use super::connection::Link;
 use super::encode::{SlotOf, Spend};
 use super::failure::{classify, is_connection_error};
+use super::lease::{Errand, LeaseConfig, Leases};
 use super::script::Script;
 use crate::decision::Decision;
 use crate::decision::Reservation;
@@ -101,6 +102,41 @@ pub(super) struct Inner {
     pub(super) nodes: Option<Box<dyn PerNode>>,
     /// `None` when every check asks Redis.
     pub(super) denials: Option<DenyCache>,
+    /// `None` when leases are off.
+    pub(super) leases: Option<Leases>,
+}
+
+impl Drop for Inner {
+    /// Reports every hold still here (in the background, if a runtime
+    /// runs): its unspent tokens go back to the bucket instead of waiting
+    /// for the hold's expiry. One call per hold, so a cluster routes each.
+    fn drop(&mut self) {
+        let Some(leases) = &self.leases else { return };
+        let reports = leases.drain();
+        if reports.is_empty() {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let link = self.link.clone();
+        let script = self.script.clone();
+        let limit = self.timeout * 2;
+        runtime.spawn(async move {
+            let send = async {
+                for report in &reports {
+                    let (keys, policy, spend) = report.spend();
+                    let mut batch = super::encode::Batch::new(None);
+                    batch.push(keys, policy, spend);
+                    if let Ok(held) = link.get(false).await {
+                        let mut conn = held.conn.clone();
+                        let _ = batch.run(&mut conn, &script).await;
+                    }
+                }
+            };
+            let _ = tokio::time::timeout(limit, send).await;
+        });
+    }
 }
 
 impl fmt::Debug for RedisStore {
@@ -128,6 +164,8 @@ pub(crate) struct Parts {
     pub(crate) per_node: Option<MakePerNode>,
     /// Denials kept in process; 0 turns the deny cache off.
     pub(crate) deny_cache: usize,
+    /// `None`: leases off.
+    pub(crate) leases: Option<LeaseConfig>,
 }
 
 impl RedisStore {
@@ -150,6 +188,7 @@ impl RedisStore {
                     .filter(|_| parts.max_batch > 1)
                     .map(|make| make(parts.max_batch)),
                 denials: (parts.deny_cache > 0).then(|| DenyCache::new(parts.deny_cache)),
+                leases: parts.leases.map(|config| Leases::new(config, STORE)),
             }),
         }
     }
@@ -252,6 +291,9 @@ impl RedisStore {
         validate(policy, cost)?;
         let keys = self.keys_of(key, policy);
         let cacheable = clock.is_none() && max_wait_us == 0 && cost > 0;
+        if cacheable && let Some(decision) = self.leased(&keys, policy, cost) {
+            return Ok((decision, 0));
+        }
         if cacheable && let Some(decision) = self.cached_denial(&keys, cost) {
             return Ok((decision, 0));
         }
@@ -310,6 +352,11 @@ impl RedisStore {
     ) -> Result<Result<Decision, Vec<String>>, Error> {
         validate(policy, cost)?;
         let keys = self.keys_of(key, policy);
+        if cost > 0
+            && let Some(decision) = self.leased(&keys, policy, cost)
+        {
+            return Ok(Ok(decision));
+        }
         if cost > 0
             && let Some(decision) = self.cached_denial(&keys, cost)
         {
@@ -393,6 +440,11 @@ impl Store for RedisStore {
         let keys = self.keys_of(key, policy);
         if let Some(cache) = &self.inner.denials {
             cache.forget(&keys);
+        }
+        // Held tokens of a reset bucket are gone with it: forgotten here,
+        // not reported (their reports would find nothing).
+        if let Some(leases) = &self.inner.leases {
+            leases.forget(&keys, &mut Errand::default());
         }
         let mut del = redis::cmd("DEL");
         del.arg(&keys);

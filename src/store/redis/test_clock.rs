@@ -89,4 +89,65 @@ impl RedisStore {
     ) -> Result<(), Error> {
         self.adjust_inner(key, policy, delta, Some(now_us)).await
     }
+
+    /// One lease request as the store's leases send it, at an explicit
+    /// microsecond clock (cargo feature `test-util`): a check of `cost` on
+    /// `key`'s buckets that, admitted, also holds at most `want` tokens for
+    /// the hold named `id` for `life`, first reporting `report` (a hold's
+    /// id and the tokens it spent), if any. Returns the decision, the
+    /// tokens granted, and whether the reported hold was there. Ids are
+    /// the caller's to keep unique, below 2^63 (the store's own leases
+    /// count up from a random point).
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "a test tool mirroring the script call"
+    )]
+    pub async fn lease_at(
+        &self,
+        key: &str,
+        policy: &Policy,
+        cost: u64,
+        want: u64,
+        life: Duration,
+        id: u64,
+        report: Option<(u64, u64)>,
+        now_us: u64,
+    ) -> Result<(Decision, u64, bool), Error> {
+        validate(policy, cost)?;
+        let keys = policy
+            .quotas()
+            .iter()
+            .map(|q| self.bucket_key(key, q))
+            .collect();
+        let spend = Spend::Lease {
+            cost,
+            want,
+            life_us: micros(life),
+            id,
+            report,
+        };
+        let (decision, packed) = self.send(keys, policy, spend, Some(now_us)).await?;
+        Ok((decision, packed / 2, packed % 2 == 1))
+    }
+
+    /// The report of hold `id` of `key`'s buckets, which spent `spent`
+    /// tokens, at an explicit microsecond clock (cargo feature
+    /// `test-util`): whether the hold was there.
+    pub async fn report_at(
+        &self,
+        key: &str,
+        policy: &Policy,
+        id: u64,
+        spent: u64,
+        now_us: u64,
+    ) -> Result<bool, Error> {
+        let keys = policy
+            .quotas()
+            .iter()
+            .map(|q| self.bucket_key(key, q))
+            .collect();
+        let spend = Spend::Report { spent, id };
+        let (_, found) = self.send(keys, policy, spend, Some(now_us)).await?;
+        Ok(found == 1)
+    }
 }

@@ -47,8 +47,7 @@ fn spread_source(body: &str) -> String {
     let body = marked(
         &body,
         "set",
-        "local value = format(VALUE, level, stamp)\nheld[key] = value\n\
-         call(\"SET\", key, value, \"PX\", format(INT, ttl + MARGIN_MS))",
+        "held[key] = value\ncall(\"SET\", key, value, \"PX\", format(INT, ttl + MARGIN_MS))",
     );
     let body = marked(
         &body,

@@ -1,0 +1,497 @@
+//! Leases ([`Leases`]): tokens of a shared bucket held for this instance, so
+//! that checks with room to spare are decided in process, exactly.
+//!
+//! A lease is a hold on the bucket in Redis, not a debit: the script sets
+//! `h` tokens of the bucket's level aside for this instance until an expiry
+//! (Redis time), and other instances may spend only what is not held. This
+//! instance spends its held tokens here, one admission at a time, and
+//! reports what it spent (batched with the checks in flight); the report
+//! debits the spent tokens and releases the rest. A hold that expires
+//! unreported is debited whole. Every admission made here is backed by a
+//! token that is in the bucket at that moment and that nobody else can
+//! take, so the bucket's bound holds in every window, as without leases.
+//! What leases cost is under-admission, bounded by the holds outstanding.
+//!
+//! - **Size:** a decayed count of the key's local demand (tokens asked for
+//!   over about one lease period), minus what is still held; the script
+//!   grants at most half of what the bucket has free, so a key near its
+//!   limit gets no lease and is decided in Redis, exactly, check by check.
+//! - **Renewal:** the next lease is asked for (in the background) when
+//!   what is held falls under half a period's demand, or the newest hold
+//!   is in the last quarter of its life.
+//! - **Expiry:** a hold is used here until its life, counted from when its
+//!   request was *sent*, less a margin; Redis counts it from when it ran
+//!   the call, later.
+//! - **Retries:** every lease has an id unique to this instance; a lease
+//!   sent again is answered as the first time, a report sent again does
+//!   nothing.
+//! - **Bounded:** the map holds at most a fixed number of keys; an evicted
+//!   key's holds are reported, and so are all holds when the store is
+//!   dropped.
+//! - **Outages:** held tokens are spent until their expiry whatever the
+//!   breaker says; then checks go to Redis, and to the fallback.
+
+use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasher, RandomState};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::encode::Spend;
+use crate::decision::{Decision, QuotaState, States};
+use crate::observe;
+use crate::policy::Policy;
+use crate::quota::ceil_div;
+
+/// The default lease period: a lease holds about this long's worth of a
+/// key's local demand.
+pub const DEFAULT_LEASE_PERIOD: Duration = Duration::from_secs(1);
+
+/// The keys whose leases a store keeps by default.
+pub const DEFAULT_LEASE_KEYS: usize = 100_000;
+
+/// The fewest tokens worth a lease: below it, checks go to Redis.
+const MIN_LEASE: u64 = 2;
+
+/// Holds a key has at once, at most: the one in use and the next.
+const MAX_HOLDS: usize = 2;
+
+/// What a report of a hold spent whole says it spent: more than any hold
+/// (the script debits at most the hold), and below 2^53.
+pub(crate) const WHOLE: u64 = 1 << 52;
+
+/// What a store's leases have done so far (all counts since the store was
+/// built): see [`RedisStore::lease_stats`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LeaseStats {
+    /// Checks decided in process from held tokens.
+    pub local_decisions: u64,
+    /// Leases asked for (each one decision of a script call).
+    pub requests: u64,
+    /// Tokens granted in holds.
+    pub granted: u64,
+    /// Held tokens spent in process.
+    pub spent: u64,
+    /// Held tokens given back unspent by a report that found its hold.
+    pub returned: u64,
+    /// Held tokens that were not spent before their hold expired here, or
+    /// whose report came too late (Redis debited them).
+    pub expired: u64,
+    /// Held tokens not yet spent, now.
+    pub outstanding: u64,
+    /// Tokens in holds not yet reported (spent or not), now: what this
+    /// instance keeps from the others at most.
+    pub held: u64,
+}
+
+#[derive(Default)]
+pub(crate) struct Counters {
+    local: AtomicU64,
+    pub(crate) requests: AtomicU64,
+    granted: AtomicU64,
+    spent: AtomicU64,
+    returned: AtomicU64,
+    expired: AtomicU64,
+    outstanding: AtomicU64,
+    held: AtomicU64,
+}
+
+/// How a store's leases are sized.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct LeaseConfig {
+    /// A lease holds about this long's worth of local demand.
+    pub(crate) period: Duration,
+    /// The most keys with leases (or demand counts) kept.
+    pub(crate) max_keys: usize,
+}
+
+/// One hold of this instance on a key's buckets.
+struct Hold {
+    id: u64,
+    granted: u64,
+    left: u64,
+    /// Used here until then (Redis debits it some time after).
+    until: Instant,
+}
+
+/// One key: its demand, its holds, and whether a lease is being asked for.
+struct Entry {
+    policy: Policy,
+    /// Tokens asked for, decayed by `exp(-age / period)`.
+    demand: f64,
+    seen: Instant,
+    /// When the key was first seen: a young key's count covers less than
+    /// a period, and is scaled up (4x at most).
+    born: Instant,
+    holds: VecDeque<Hold>,
+    /// Holds spent whole, whose reports wait to ride with the next lease
+    /// request (a report of a hold spent whole changes only when Redis
+    /// debits it: now, or at its expiry).
+    spent: VecDeque<u64>,
+    asking: bool,
+    /// No lease is asked for before then (after a grant of nothing).
+    quiet_until: Option<Instant>,
+}
+
+type Shard = HashMap<Vec<String>, Entry>;
+
+/// A hold to report: the keys and policy of its buckets, its id, what was
+/// spent of it and what it held.
+pub(crate) struct Report {
+    pub(crate) keys: Vec<String>,
+    pub(crate) policy: Policy,
+    pub(crate) id: u64,
+    pub(crate) spent: u64,
+    left: u64,
+    expired: bool,
+}
+
+/// What the in-process path asks to be sent after a check, in the
+/// background.
+#[derive(Default)]
+pub(crate) struct Errand {
+    /// Keys, policy, tokens wanted, and the id of a hold spent whole to
+    /// report with it.
+    pub(crate) lease: Option<(Vec<String>, Policy, u64, Option<u64>)>,
+    pub(crate) reports: Vec<Report>,
+}
+
+/// The leases of one store (see the module docs).
+pub(crate) struct Leases {
+    shards: Box<[Mutex<Shard>]>,
+    per_shard: usize,
+    hasher: RandomState,
+    config: LeaseConfig,
+    /// Where this instance's lease ids start.
+    instance: u64,
+    next_id: AtomicU64,
+    pub(crate) counters: Counters,
+    /// The `store` label of the metrics.
+    label: &'static str,
+}
+
+impl Leases {
+    pub(crate) fn new(config: LeaseConfig, label: &'static str) -> Self {
+        let shards = config.max_keys.clamp(1, 16);
+        let hasher = RandomState::new();
+        // Ids start at a random point of [0, 2^63) (a fresh random seed per
+        // map) and count up: two instances' ids meet only if their starting
+        // points are closer than the leases they take.
+        let instance = hasher.hash_one(std::process::id()) >> 1;
+        Leases {
+            shards: (0..shards).map(|_| Mutex::new(HashMap::new())).collect(),
+            per_shard: config.max_keys.div_ceil(shards).max(1),
+            hasher,
+            config,
+            instance,
+            next_id: AtomicU64::new(1),
+            counters: Counters::default(),
+            label,
+        }
+    }
+
+    fn shard(&self, keys: &[String]) -> MutexGuard<'_, Shard> {
+        let hash = self.hasher.hash_one(keys);
+        // `shards` is never empty; the modulo keeps the index in range.
+        let i = usize::try_from((hash >> 32) % self.shards.len() as u64).unwrap_or(0);
+        let shard = self.shards.get(i).or(self.shards.first());
+        match shard {
+            Some(shard) => shard.lock().unwrap_or_else(|e| e.into_inner()),
+            None => unreachable!("a lease map has at least one shard"),
+        }
+    }
+
+    pub(crate) fn life(&self) -> Duration {
+        2 * self.config.period
+    }
+
+    /// Used here until `sent + life - margin`; the margin (a tenth of the
+    /// life) covers a Redis clock that runs a little faster than ours.
+    fn until(&self, sent: Instant) -> Instant {
+        sent + self.life() - self.life() / 10
+    }
+
+    /// A plain check of `cost` on `keys`: decided here from a hold when one
+    /// has the tokens (`Some`), else `None` (ask Redis). Either way, what
+    /// to send in the background is added to `errand`.
+    pub(crate) fn check(
+        &self,
+        keys: &[String],
+        policy: &Policy,
+        cost: u64,
+        errand: &mut Errand,
+    ) -> Option<Decision> {
+        let now = Instant::now();
+        let period = self.config.period.as_secs_f64();
+        let mut shard = self.shard(keys);
+        let entry = match shard.get_mut(keys) {
+            Some(entry) => entry,
+            None => {
+                if shard.len() >= self.per_shard {
+                    self.evict(&mut shard, errand);
+                }
+                shard.insert(
+                    keys.to_vec(),
+                    Entry {
+                        policy: policy.clone(),
+                        demand: 0.0,
+                        seen: now,
+                        born: now,
+                        holds: VecDeque::new(),
+                        spent: VecDeque::new(),
+                        asking: false,
+                        quiet_until: None,
+                    },
+                );
+                shard.get_mut(keys)?
+            }
+        };
+        let age = now.saturating_duration_since(entry.seen).as_secs_f64();
+        entry.demand = entry.demand * (-age / period).exp() + cost as f64;
+        entry.seen = now;
+        // Holds used up or past their time here are reported: one spent
+        // whole with the next lease request, others at once.
+        while let Some(front) = entry.holds.front() {
+            if front.left > 0 && now < front.until {
+                break;
+            }
+            let hold = entry.holds.pop_front()?;
+            let report = self.report(keys, &entry.policy, hold, now);
+            if report.left == 0 && !report.expired && entry.spent.len() < MAX_HOLDS {
+                entry.spent.push_back(report.id);
+            } else {
+                errand.reports.push(report);
+            }
+        }
+        let mut decided = None;
+        if let Some(hold) = entry
+            .holds
+            .iter_mut()
+            .find(|h| h.left >= cost && now < h.until)
+        {
+            hold.left -= cost;
+            self.counters.local.fetch_add(1, Ordering::Relaxed);
+            self.counters.spent.fetch_add(cost, Ordering::Relaxed);
+            self.counters.outstanding.fetch_sub(cost, Ordering::Relaxed);
+            decided = Some(local_decision(policy, hold.left));
+        }
+        // Ask for the next lease when what is held is under half a
+        // period's demand, or the newest hold is in its last quarter.
+        let held: u64 = entry.holds.iter().map(|h| h.left).sum();
+        #[expect(
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss,
+            reason = "a decayed count of tokens, non-negative and far below 2^64"
+        )]
+        let wanted = {
+            // A steady rate r since `born` counts r x period x (1 - e^-x),
+            // x the age in periods.
+            let x = now.saturating_duration_since(entry.born).as_secs_f64() / period;
+            (entry.demand / (1.0 - (-x).exp()).max(0.25)).ceil() as u64
+        };
+        let aging = entry
+            .holds
+            .back()
+            .is_none_or(|h| h.until.saturating_duration_since(now) < self.life() / 4);
+        // Enough for a period and a half, less what is still held: asked
+        // for when under half a period is left, a lease lasts about a
+        // period.
+        let want = (wanted + wanted / 2).saturating_sub(held);
+        if !entry.asking
+            && entry.holds.len() < MAX_HOLDS
+            && want >= MIN_LEASE
+            && (2 * held < wanted || aging)
+            && entry.quiet_until.is_none_or(|t| now >= t)
+        {
+            entry.asking = true;
+            let carried = entry.spent.pop_front();
+            errand.lease = Some((keys.to_vec(), entry.policy.clone(), want, carried));
+        }
+        decided
+    }
+
+    /// A key's entry goes to make room: one without holds if the first few
+    /// looked at have one, else the first.
+    fn evict(&self, shard: &mut Shard, errand: &mut Errand) {
+        let victim = shard
+            .iter()
+            .take(8)
+            .find(|(_, e)| e.holds.is_empty() && !e.asking)
+            .or_else(|| shard.iter().next())
+            .map(|(k, _)| k.clone());
+        if let Some(keys) = victim
+            && let Some(entry) = shard.remove(&keys)
+        {
+            errand.reports.extend(self.leaving(&keys, entry));
+        }
+    }
+
+    /// The reports of a key leaving the map: its holds, and those spent
+    /// whole that wait for a lease request.
+    fn leaving(&self, keys: &[String], entry: Entry) -> Vec<Report> {
+        let now = Instant::now();
+        let mut out: Vec<Report> = entry
+            .spent
+            .iter()
+            .map(|&id| Report {
+                keys: keys.to_vec(),
+                policy: entry.policy.clone(),
+                id,
+                spent: WHOLE,
+                left: 0,
+                expired: false,
+            })
+            .collect();
+        for hold in entry.holds {
+            out.push(self.report(keys, &entry.policy, hold, now));
+        }
+        out
+    }
+
+    fn report(&self, keys: &[String], policy: &Policy, hold: Hold, now: Instant) -> Report {
+        self.counters
+            .outstanding
+            .fetch_sub(hold.left, Ordering::Relaxed);
+        let held = self
+            .counters
+            .held
+            .fetch_sub(hold.granted, Ordering::Relaxed);
+        observe::lease_held(self.label, held.saturating_sub(hold.granted));
+        Report {
+            keys: keys.to_vec(),
+            policy: policy.clone(),
+            id: hold.id,
+            spent: hold.granted - hold.left,
+            left: hold.left,
+            expired: now >= hold.until,
+        }
+    }
+
+    /// A fresh lease id.
+    pub(crate) fn id(&self) -> u64 {
+        let n = self.next_id.fetch_add(1, Ordering::Relaxed);
+        self.instance.wrapping_add(n) & (u64::MAX >> 1)
+    }
+
+    /// A lease on `keys` for `policy` answered: `granted` tokens (0: none)
+    /// held from a request sent at `sent`, or `None` when the call failed.
+    /// A hold whose key was evicted meanwhile comes back to be reported.
+    pub(crate) fn answered(
+        &self,
+        keys: &[String],
+        policy: &Policy,
+        id: u64,
+        granted: Option<u64>,
+        sent: Instant,
+    ) -> Option<Report> {
+        let mut shard = self.shard(keys);
+        let Some(entry) = shard.get_mut(keys) else {
+            let granted = granted.filter(|&g| g > 0)?;
+            return Some(Report {
+                keys: keys.to_vec(),
+                policy: policy.clone(),
+                id,
+                spent: 0,
+                left: granted,
+                expired: false,
+            });
+        };
+        entry.asking = false;
+        match granted {
+            Some(granted) if granted > 0 => {
+                self.counters.granted.fetch_add(granted, Ordering::Relaxed);
+                self.counters
+                    .outstanding
+                    .fetch_add(granted, Ordering::Relaxed);
+                let held = self.counters.held.fetch_add(granted, Ordering::Relaxed);
+                observe::lease_held(self.label, held + granted);
+                entry.holds.push_back(Hold {
+                    id,
+                    granted,
+                    left: granted,
+                    until: self.until(sent),
+                });
+            }
+            // Nothing to spare (or no answer): not asked again for a period.
+            _ => entry.quiet_until = Some(Instant::now() + self.config.period),
+        }
+        None
+    }
+
+    /// Forgets `keys`' holds (the key was reset), to report them.
+    pub(crate) fn forget(&self, keys: &[String], errand: &mut Errand) {
+        let mut shard = self.shard(keys);
+        if let Some(entry) = shard.remove(keys) {
+            errand.reports.extend(self.leaving(keys, entry));
+        }
+    }
+
+    /// Every hold, to report (the store is going away).
+    pub(crate) fn drain(&self) -> Vec<Report> {
+        let mut out = Vec::new();
+        for shard in &self.shards {
+            let mut shard = shard.lock().unwrap_or_else(|e| e.into_inner());
+            for (keys, entry) in shard.drain() {
+                out.extend(self.leaving(&keys, entry));
+            }
+        }
+        out
+    }
+
+    pub(crate) fn stats(&self) -> LeaseStats {
+        let c = &self.counters;
+        LeaseStats {
+            local_decisions: c.local.load(Ordering::Relaxed),
+            requests: c.requests.load(Ordering::Relaxed),
+            granted: c.granted.load(Ordering::Relaxed),
+            spent: c.spent.load(Ordering::Relaxed),
+            returned: c.returned.load(Ordering::Relaxed),
+            expired: c.expired.load(Ordering::Relaxed),
+            outstanding: c.outstanding.load(Ordering::Relaxed),
+            held: c.held.load(Ordering::Relaxed),
+        }
+    }
+
+    /// A report answered: whether its hold was still there.
+    pub(crate) fn reported(&self, report: &Report, found: Option<bool>) {
+        let c = &self.counters;
+        if found == Some(true) && !report.expired {
+            c.returned.fetch_add(report.left, Ordering::Relaxed);
+            observe::lease_tokens(self.label, "returned", report.left);
+        } else {
+            c.expired.fetch_add(report.left, Ordering::Relaxed);
+            observe::lease_tokens(self.label, "expired", report.left);
+        }
+    }
+}
+
+/// A decision made from a hold with `left` tokens left after it: admitted,
+/// and what remains is what this instance can still spend for sure (never
+/// more than the bucket holds).
+fn local_decision(policy: &Policy, left: u64) -> Decision {
+    let state = |q: &crate::quota::Quota| {
+        let missing = q.capacity().saturating_sub(left).saturating_mul(q.den());
+        QuotaState::new(*q, left, 0, ceil_div(missing, q.num()))
+    };
+    match policy.quotas() {
+        [q] => Decision::new(true, States::One(state(q))),
+        quotas => Decision::new(true, quotas.iter().map(state).collect::<Vec<_>>()),
+    }
+}
+
+impl Report {
+    /// The decision that reports this hold, and its keys and policy.
+    pub(crate) fn spend(&self) -> (Vec<String>, &Policy, Spend) {
+        (
+            self.keys.clone(),
+            &self.policy,
+            Spend::Report {
+                spent: self.spent,
+                id: self.id,
+            },
+        )
+    }
+}

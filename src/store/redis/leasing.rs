@@ -1,0 +1,130 @@
+//! The store's side of leases (`lease.rs`): a check decided from a hold,
+//! and the lease requests and reports sent in the background, each a
+//! decision batched with the checks in flight.
+
+use std::sync::atomic::Ordering;
+
+use tokio::time::Instant;
+
+use super::encode::Spend;
+use super::lease::{Errand, LeaseStats, Leases, WHOLE};
+use super::store::RedisStore;
+use crate::decision::Decision;
+use crate::policy::Policy;
+use crate::quota::micros;
+
+impl RedisStore {
+    /// A check decided in process from a hold (leases on), and what it
+    /// leaves to send in the background.
+    pub(super) fn leased(&self, keys: &[String], policy: &Policy, cost: u64) -> Option<Decision> {
+        let leases = self.inner.leases.as_ref()?;
+        let mut errand = Errand::default();
+        let decision = leases.check(keys, policy, cost, &mut errand);
+        self.run_errand(errand);
+        decision
+    }
+
+    /// Sends what the in-process path left to do, in the background: a
+    /// lease request and reports, each a decision batched with the checks
+    /// in flight.
+    pub(crate) fn run_errand(&self, errand: Errand) {
+        if errand.lease.is_none() && errand.reports.is_empty() {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let Some(leases) = self.inner.leases.as_ref() else {
+            return;
+        };
+        if let Some((keys, policy, want, carried)) = errand.lease {
+            let id = leases.id();
+            leases.counters.requests.fetch_add(1, Ordering::Relaxed);
+            let store = self.clone();
+            // The guard answers "no lease" if the task is dropped unfinished
+            // (a runtime shutting down), so the key is not left asking.
+            let guard = Asking {
+                store: self.clone(),
+                keys: Some(keys),
+                policy: policy.clone(),
+                id,
+            };
+            let life_us = micros(leases.life());
+            runtime.spawn(async move {
+                let mut guard = guard;
+                let keys = guard.keys.clone().unwrap_or_default();
+                let sent = Instant::now();
+                // A hold spent whole is reported as spending "everything":
+                // the script debits no more than the hold.
+                let spend = Spend::Lease {
+                    cost: 0,
+                    want,
+                    life_us,
+                    id,
+                    report: carried.map(|id| (id, WHOLE)),
+                };
+                let granted = store
+                    .send(keys, &policy, spend, None)
+                    .await
+                    .ok()
+                    .map(|(_, packed)| packed / 2);
+                let orphan = match (guard.keys.take(), &store.inner.leases) {
+                    (Some(keys), Some(leases)) => {
+                        leases.answered(&keys, &policy, id, granted, sent)
+                    }
+                    _ => None,
+                };
+                if let Some(report) = orphan {
+                    store.run_errand(Errand {
+                        lease: None,
+                        reports: vec![report],
+                    });
+                }
+            });
+        }
+        for report in errand.reports {
+            let store = self.clone();
+            runtime.spawn(async move {
+                let spend = Spend::Report {
+                    spent: report.spent,
+                    id: report.id,
+                };
+                let keys = report.keys.clone();
+                let found = store
+                    .send(keys, &report.policy, spend, None)
+                    .await
+                    .ok()
+                    .map(|(_, found)| found == 1);
+                if let Some(leases) = &store.inner.leases {
+                    leases.reported(&report, found);
+                }
+            });
+        }
+    }
+
+    /// What this store's leases have done so far; all zero when leases are
+    /// off (see [`RedisStoreBuilder::leases`](crate::RedisStoreBuilder::leases)).
+    pub fn lease_stats(&self) -> LeaseStats {
+        self.inner
+            .leases
+            .as_ref()
+            .map(Leases::stats)
+            .unwrap_or_default()
+    }
+}
+
+/// A lease request under way; dropped unanswered, it answers "none".
+struct Asking {
+    store: RedisStore,
+    keys: Option<Vec<String>>,
+    policy: Policy,
+    id: u64,
+}
+
+impl Drop for Asking {
+    fn drop(&mut self) {
+        if let (Some(keys), Some(leases)) = (self.keys.take(), &self.store.inner.leases) {
+            leases.answered(&keys, &self.policy, self.id, None, Instant::now());
+        }
+    }
+}

@@ -1,0 +1,271 @@
+//! Leases against a real Redis, in real time: several stores (instances)
+//! sharing keys decide most checks in process, never admit more than the
+//! bucket allows between two readings of Redis's clock, keep spending held
+//! tokens through an outage until the holds expire, and give held tokens
+//! back when a key is evicted or the store dropped. The exact arithmetic,
+//! expiries, lost reports and resent leases are in `tests/lease_model.rs`.
+#![cfg(feature = "redis")]
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use support::RedisServer;
+use tollgate::{Policy, Quota, RedisStore, Store};
+
+fn leased(server: &RedisServer, period: Duration) -> RedisStore {
+    RedisStore::builder()
+        .pool(server.pool())
+        .timeout(Duration::from_secs(5))
+        .leases(true)
+        .lease_period(period)
+        .build()
+        .unwrap()
+}
+
+/// The holds written in `key`'s bucket (the part after the stamp), if any.
+fn holds(server: &RedisServer, key: &str) -> Option<String> {
+    let value: Option<String> = server.cmd(&["GET", key]);
+    let value = value?;
+    value.splitn(3, ':').nth(2).map(str::to_owned)
+}
+
+/// 4 stores offer one key twice its rate for about 2 s: together they never
+/// admit more than capacity + rate x the Redis time between a clock reading
+/// before the first check and one after the last, and most admissions are
+/// made in process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_instances_never_admit_more_than_the_bucket_allows() {
+    let server = RedisServer::start();
+    let stores: Vec<RedisStore> = (0..4)
+        .map(|_| leased(&server, Duration::from_millis(200)))
+        .collect();
+    let quota = Quota::per_second(400).unwrap();
+    let policy = Arc::new(Policy::from(quota));
+    let admitted = Arc::new(AtomicU64::new(0));
+    let t0 = server.time_us();
+    let mut tasks = Vec::new();
+    for store in &stores {
+        let (store, policy, admitted) = (store.clone(), Arc::clone(&policy), Arc::clone(&admitted));
+        // 200 checks a second each (800 against 400): one every 5 ms.
+        tasks.push(tokio::spawn(async move {
+            let start = Instant::now();
+            let mut next = start;
+            while start.elapsed() < Duration::from_secs(2) {
+                if store.check("shared", &policy, 1).await.unwrap().allowed() {
+                    admitted.fetch_add(1, Ordering::Relaxed);
+                }
+                next += Duration::from_millis(5);
+                tokio::time::sleep_until(next.into()).await;
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let t1 = server.time_us();
+    let admitted = admitted.load(Ordering::Relaxed);
+    let bound = quota.capacity() + (t1 - t0) * 400 / 1_000_000;
+    let local: u64 = stores.iter().map(|s| s.lease_stats().local_decisions).sum();
+    eprintln!("admitted {admitted} of at most {bound}; {local} in process");
+    assert!(
+        admitted <= bound,
+        "{admitted} admitted, over the bound {bound}"
+    );
+    // The demand is twice the rate: the bucket runs dry, and it is the
+    // scarce key's checks that go to Redis; what was held while it had
+    // room was spent.
+    assert!(local > 0, "no admission was made in process");
+}
+
+/// 4 stores at half a key's rate: nearly every check is decided in
+/// process, and Redis sees a few calls per hundred checks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_instances_at_half_the_rate_rarely_call_redis() {
+    let server = RedisServer::start();
+    let stores: Vec<RedisStore> = (0..4)
+        .map(|_| leased(&server, Duration::from_secs(1)))
+        .collect();
+    let quota = Quota::per_second(1_600).unwrap();
+    let policy = Arc::new(Policy::from(quota));
+    server.reset_stats();
+    let mut tasks = Vec::new();
+    for store in &stores {
+        let (store, policy) = (store.clone(), Arc::clone(&policy));
+        // 200 checks a second each: 800 against 1600.
+        tasks.push(tokio::spawn(async move {
+            let start = Instant::now();
+            let mut next = start;
+            let mut decided = 0u64;
+            while start.elapsed() < Duration::from_secs(3) {
+                assert!(store.check("half", &policy, 1).await.unwrap().allowed());
+                decided += 1;
+                next += Duration::from_millis(5);
+                tokio::time::sleep_until(next.into()).await;
+            }
+            decided
+        }));
+    }
+    let mut decided = 0;
+    for task in tasks {
+        decided += task.await.unwrap();
+    }
+    let calls = server.calls("evalsha") + server.calls("eval");
+    let local: u64 = stores.iter().map(|s| s.lease_stats().local_decisions).sum();
+    eprintln!("{decided} checks, {local} in process, {calls} script calls");
+    for store in &stores {
+        eprintln!("{:?}", store.lease_stats());
+    }
+    assert!(
+        calls * 20 < decided,
+        "{calls} script calls for {decided} checks: leases saved little"
+    );
+}
+
+/// Redis frozen (SIGSTOP): held tokens are still spent, exactly; once they
+/// are spent, checks go to Redis and fail within the timeout.
+#[tokio::test]
+async fn held_tokens_are_spent_through_an_outage_then_checks_fail() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder()
+        .pool(server.pool())
+        .timeout(Duration::from_millis(100))
+        .leases(true)
+        .lease_period(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let policy = Policy::from(Quota::per_minute(1_000).unwrap());
+    // Demand builds, a lease comes.
+    for _ in 0..200 {
+        assert!(store.check("k", &policy, 1).await.unwrap().allowed());
+        if store.lease_stats().outstanding > 20 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    // Lease requests still in flight land first.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let held = store.lease_stats().outstanding;
+    assert!(held > 20, "no lease came: {:?}", store.lease_stats());
+    server.freeze();
+    let mut spent = 0;
+    let started = Instant::now();
+    let outcome = loop {
+        match store.check("k", &policy, 1).await {
+            Ok(d) => {
+                assert!(d.allowed());
+                spent += 1;
+            }
+            Err(e) => break e,
+        }
+        assert!(
+            spent <= held,
+            "spent {spent} of {held} held while Redis was frozen"
+        );
+    };
+    server.thaw();
+    eprintln!("spent {spent} of {held} held during the outage, then: {outcome}");
+    assert_eq!(
+        spent, held,
+        "every held token is spent before Redis is asked"
+    );
+    assert!(outcome.is_store_error(), "{outcome:?}");
+    assert!(started.elapsed() < Duration::from_secs(4));
+}
+
+/// A dropped store reports its holds: what it held goes back to the
+/// bucket instead of waiting for the holds' expiry.
+#[tokio::test]
+async fn a_dropped_store_gives_its_holds_back() {
+    let server = RedisServer::start();
+    let store = leased(&server, Duration::from_secs(10));
+    let policy = Policy::from(Quota::per_minute(6_000).unwrap());
+    let key = store.bucket_key("k", &policy.quotas()[0]);
+    for _ in 0..100 {
+        assert!(store.check("k", &policy, 1).await.unwrap().allowed());
+        if store.lease_stats().outstanding > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert!(store.lease_stats().outstanding > 0, "no lease came");
+    assert!(holds(&server, &key).is_some(), "the bucket has no holds");
+    drop(store);
+    let started = Instant::now();
+    while holds(&server, &key).is_some() {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the holds were not given back"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// With room for one key, a second key evicts the first, whose holds are
+/// reported.
+#[tokio::test]
+async fn an_evicted_key_gives_its_holds_back() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder()
+        .pool(server.pool())
+        .timeout(Duration::from_secs(5))
+        .leases(true)
+        .lease_period(Duration::from_secs(10))
+        .lease_keys(1)
+        .build()
+        .unwrap();
+    let policy = Policy::from(Quota::per_minute(6_000).unwrap());
+    let first = store.bucket_key("first", &policy.quotas()[0]);
+    for _ in 0..100 {
+        assert!(store.check("first", &policy, 1).await.unwrap().allowed());
+        if store.lease_stats().outstanding > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert!(holds(&server, &first).is_some(), "no lease came");
+    assert!(store.check("second", &policy, 1).await.unwrap().allowed());
+    let started = Instant::now();
+    // Gone from the bucket, and counted as returned once the report's
+    // reply is read.
+    while holds(&server, &first).is_some() || store.lease_stats().returned == 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the evicted key's holds were not given back: {:?}",
+            store.lease_stats()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A decision made in process never says more remains than this instance
+/// can still spend from its hold, and never more than Redis has.
+#[tokio::test]
+async fn a_local_decision_never_overstates_what_remains() {
+    let server = RedisServer::start();
+    let store = leased(&server, Duration::from_secs(1));
+    let plain = RedisStore::builder().pool(server.pool()).build().unwrap();
+    let policy = Policy::from(Quota::per_minute(600).unwrap());
+    let mut local = 0;
+    for _ in 0..300 {
+        let before = store.lease_stats().local_decisions;
+        let d = store.check("k", &policy, 1).await.unwrap();
+        assert!(d.allowed());
+        if store.lease_stats().local_decisions > before {
+            local += 1;
+            let held = store.lease_stats().outstanding;
+            assert!(
+                d.remaining() <= held,
+                "{} remaining, {held} held",
+                d.remaining()
+            );
+            let redis = plain.check("k", &policy, 0).await.unwrap();
+            // What Redis has free, plus what this instance holds unspent.
+            assert!(d.remaining() <= redis.remaining() + held);
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert!(local > 0, "no decision was made in process");
+}
