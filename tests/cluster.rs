@@ -37,6 +37,69 @@ async fn cluster_scenarios_on_one_shared_cluster() {
     #[cfg(feature = "test-util")]
     refunds_and_charges_decide_as_in_memory_on_every_node(&cluster).await;
     refunds_and_charges_batched_per_node_are_exact(&cluster).await;
+    leases_on_every_primary_keep_the_bound(&cluster).await;
+}
+
+/// Leases on a cluster: 4 stores (instances) offer 6 keys, spread over the
+/// primaries, twice their rate for 2 s. Lease requests and reports go in
+/// each node's batches; per key, the admissions stay within capacity + rate
+/// x the Redis time of the key's primary between a reading before the first
+/// check and one after the last, and most are made in process.
+async fn leases_on_every_primary_keep_the_bound(cluster: &RedisCluster) {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    const KEYS: usize = 6;
+    let stores: Vec<RedisStore> = (0..4)
+        .map(|_| {
+            cluster
+                .store_builder("leased:")
+                .leases(true)
+                .lease_period(Duration::from_millis(200))
+                .build()
+                .unwrap()
+        })
+        .collect();
+    let quota = Quota::per_second(400).unwrap();
+    let policy = Arc::new(Policy::from(quota));
+    let owners: Vec<_> = (0..KEYS)
+        .map(|k| cluster.primary_for_key(&stores[0].bucket_key(&format!("k{k}"), &quota)))
+        .collect();
+    let ports: std::collections::BTreeSet<u16> = owners.iter().map(|o| o.port()).collect();
+    assert!(ports.len() > 1, "all keys on one primary: pick others");
+    let before: Vec<u64> = owners.iter().map(|o| o.time_us()).collect();
+    let admitted: Arc<Vec<AtomicU64>> = Arc::new((0..KEYS).map(|_| AtomicU64::new(0)).collect());
+    let mut tasks = Vec::new();
+    for store in &stores {
+        for k in 0..KEYS {
+            let (store, policy, admitted) =
+                (store.clone(), Arc::clone(&policy), Arc::clone(&admitted));
+            // 200 checks a second per store and key: 800 against 400.
+            tasks.push(tokio::spawn(async move {
+                let start = tokio::time::Instant::now();
+                let mut next = start;
+                while start.elapsed() < Duration::from_secs(2) {
+                    let d = store.check(&format!("k{k}"), &policy, 1).await.unwrap();
+                    if d.allowed() {
+                        admitted[k].fetch_add(1, Ordering::Relaxed);
+                    }
+                    next += Duration::from_millis(5);
+                    tokio::time::sleep_until(next).await;
+                }
+            }));
+        }
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    for (k, owner) in owners.iter().enumerate() {
+        let after = owner.time_us();
+        let n = admitted[k].load(Ordering::Relaxed);
+        let bound = quota.capacity() + (after - before[k]) * 400 / 1_000_000;
+        assert!(n <= bound, "key k{k}: {n} admitted, over the bound {bound}");
+    }
+    let local: u64 = stores.iter().map(|s| s.lease_stats().local_decisions).sum();
+    let requests: u64 = stores.iter().map(|s| s.lease_stats().requests).sum();
+    println!("cluster leases: {local} decisions in process, {requests} lease requests");
+    assert!(local > 0, "no decision was made in process");
 }
 
 /// Checks, refunds and charges on 60 clients spread over the primaries, at

@@ -77,8 +77,8 @@ pub struct LeaseStats {
     pub spent: u64,
     /// Held tokens given back unspent by a report that found its hold.
     pub returned: u64,
-    /// Held tokens that were not spent before their hold expired here, or
-    /// whose report came too late (Redis debited them).
+    /// Held tokens not spent whose report found no hold (Redis had debited
+    /// it whole at its expiry) or got no answer.
     pub expired: u64,
     /// Held tokens not yet spent, now.
     pub outstanding: u64,
@@ -458,7 +458,7 @@ impl Leases {
     /// A report answered: whether its hold was still there.
     pub(crate) fn reported(&self, report: &Report, found: Option<bool>) {
         let c = &self.counters;
-        if found == Some(true) && !report.expired {
+        if found == Some(true) {
             c.returned.fetch_add(report.left, Ordering::Relaxed);
             observe::lease_tokens(self.label, "returned", report.left);
         } else {

@@ -31,10 +31,14 @@ impl RedisStore {
         if errand.lease.is_none() && errand.reports.is_empty() {
             return;
         }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        let Some(leases) = self.inner.leases.as_ref() else {
             return;
         };
-        let Some(leases) = self.inner.leases.as_ref() else {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            // Nothing can be sent: the key must not stay asking.
+            if let Some((keys, policy, ..)) = &errand.lease {
+                let _ = leases.answered(keys, policy, 0, None, Instant::now());
+            }
             return;
         };
         if let Some((keys, policy, want, carried)) = errand.lease {

@@ -69,8 +69,7 @@ mod tests {
     #[cfg(feature = "test-util")]
     const MARGIN_LINE: &str = "local MARGIN_MS = 1 -- tollgate:margin";
     const GET_LINE: &str = "local stored = call(\"GET\", key)";
-    const SET_LINE: &str =
-        "call(\"SET\", key, format(VALUE, level, stamp), \"PX\", format(INT, ttl + MARGIN_MS))";
+    const SET_LINE: &str = "call(\"SET\", key, value, \"PX\", format(INT, ttl + MARGIN_MS))";
     const COMPACT_SET_LINE: &str = "call(\"SET\", key, value, \"PX\", px)";
 
     /// The clock's one line of the batch prologue is marked as the script's
@@ -151,19 +150,24 @@ mod tests {
         assert_eq!(
             spread
                 .source
-                .matches("local value = format(VALUE, level, stamp)\n    held[key] = value")
+                .matches(
+                    "held[key] = value\n    \
+                     call(\"SET\", key, value, \"PX\", format(INT, ttl + MARGIN_MS))"
+                )
                 .count(),
             1
         );
         assert_eq!(
             spread
                 .source
-                .matches("held[key] = value\n      call(\"SET\", key, value, \"PX\", px)")
+                .matches("held[key] = value\n        call(\"SET\", key, value, \"PX\", px)")
                 .count(),
             1
         );
         assert!(!spread.source.contains(GET_LINE));
-        assert!(!spread.source.contains(SET_LINE));
+        // Every write line of the body is rewritten (its marker is gone).
+        assert!(!spread.source.contains("-- tollgate:set"));
+        assert_eq!(spread.source.matches(SET_LINE).count(), 1);
         assert!(spread.source.contains("local stored = held[key]"));
         assert!(spread.source.contains("held[key] = value"));
         assert!(!spread.source.contains("setmetatable"));
