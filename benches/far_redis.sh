@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Batching against a far Redis and a near one: tollgate-redis against
-# tower-rate-limit-redis (trlr), both as benches/http_peers builds them, with
-# Redis behind a proxy that holds every chunk DELAY_MS each way ("far") and
-# on loopback ("near").
+# Batching and leases against a far Redis and a near one: tollgate-redis
+# against tower-rate-limit-redis (trlr), and tollgate-redis-leased (leases on)
+# against the same server without a limiter (none), all as benches/http_peers
+# builds them, with Redis behind a proxy that holds every chunk DELAY_MS each
+# way ("far") and on loopback ("near").
 #
-#   bash benches/far_redis.sh                        # 2 rounds of 8 s, ~6 minutes
+#   bash benches/far_redis.sh                        # 2 rounds of 8 s, ~12 minutes
 #   ROUNDS=1 DURATION=4 WARMUP=1 bash benches/far_redis.sh   # quick trial
 #
 # Environment (defaults in brackets):
@@ -19,14 +20,26 @@
 #   MODES ["far near"]
 #   OUT [a temp dir]  raw results, logs and wrk outputs
 #
+# Variants: tollgate-redis, trlr, tollgate-redis-leased (as tollgate-redis,
+# over a RedisStore with leases on: a key in steady use is decided in
+# process from tokens Redis holds for this instance, lease requests and
+# reports go to Redis in the background) and none (no limiter, so no Redis:
+# its far and near runs are the same server, run in both modes so that each
+# row has its own baseline from the same rounds).
+#
 # Each run: FLUSHALL, start peer-server VARIANT open with REDIS_URL at the
 # proxy (far) or at Redis (near), probe it, WARMUP s of wrk, CONFIG RESETSTAT,
 # DURATION s of wrk -t1 -cN (benches/http_peers/wrk.lua), INFO commandstats.
 # Nothing is pinned: the far case is bound by the round trip, not by CPU.
 # Reported per run: p50 (wrk), req/s, and script calls per request
 # ((EVALSHA + EVAL calls) / wrk's requests; slightly above the truth, as
-# Redis also sees the requests in flight when wrk stops). Ratios are
-# tollgate-redis / trlr of the medians over the rounds.
+# Redis also sees the requests in flight when wrk stops; for the leased
+# variant, the calls its lease requests and reports took), and for the
+# leased variant the lease stats its server logs when stopped (since
+# start-up, warm-up included). Ratios are tollgate-redis / trlr of the
+# medians over the rounds; the latency a limiter adds to an admitted request
+# is p50(variant) - p50(none) of the medians, for tollgate-redis and
+# tollgate-redis-leased (target for the leased one: at most 0.05 ms).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -40,7 +53,7 @@ conns_list=${CONNS:-1 4 16}
 nkeys=${KEYS:-1000}
 delay_ms=${DELAY_MS:-0.5}
 modes=${MODES:-far near}
-variants="tollgate-redis trlr"
+variants="tollgate-redis trlr tollgate-redis-leased none"
 
 die() { echo "far_redis.sh: $*" >&2; exit 1; }
 for tool in cargo wrk curl redis-server redis-cli python3 ss timeout; do
@@ -121,6 +134,11 @@ run_one() { # mode variant conns round
   cli info commandstats | tr -d '\r' >"$out/$tag.commandstats.txt"
   stop_pid "$server_pid"
   server_pid=""
+  # The lease stats line peer-server logs on SIGTERM (leased variant only).
+  local leases
+  leases=$(sed -n 's/^peer-server: leases: //p' "$out/$tag.server.log" |
+    awk '{ for (i = 1; i <= NF; i++) { split($i, p, "="); s[p[1]] = p[2] }
+      printf "  leases since start: %d local decisions, %d lease requests", s["local_decisions"], s["requests"] }')
   local line kv r_requests=0 r_duration_us=1 r_non2xx=0 r_p50_us=0
   line=$(grep '^RESULT ' "$out/$tag.wrk.txt") || die "no RESULT line ($tag)"
   for kv in ${line#RESULT }; do
@@ -132,8 +150,8 @@ run_one() { # mode variant conns round
   rps=$(awk -v n="$r_requests" -v us="$r_duration_us" 'BEGIN { printf "%.0f", n / (us / 1e6) }')
   per_req=$(awk -v s="$scripts" -v n="$r_requests" 'BEGIN { printf "%.3f", (n > 0) ? s / n : 0 }')
   echo "$mode $c $v $round $r_p50_us $rps $per_req $r_non2xx" >>"$results"
-  printf '  %-4s c=%-3s %-15s round %d: p50 %7.2f ms  %7s req/s  %s script calls/req  non-2xx %s\n' \
-    "$mode" "$c" "$v" "$round" "$(awk -v u="$r_p50_us" 'BEGIN { print u / 1000 }')" "$rps" "$per_req" "$r_non2xx" >&2
+  printf '  %-4s c=%-3s %-21s round %d: p50 %7.3f ms  %7s req/s  %s script calls/req  non-2xx %s%s\n' \
+    "$mode" "$c" "$v" "$round" "$(awk -v u="$r_p50_us" 'BEGIN { print u / 1000 }')" "$rps" "$per_req" "$r_non2xx" "$leases" >&2
 }
 
 runs=()
@@ -172,6 +190,15 @@ awk '
       split(order[i], mc, " "); t = order[i] " tollgate-redis"; r = order[i] " trlr"
       tp = median(p50[t]) / 1000; rp = median(p50[r]) / 1000; tr = median(rps[t]); rr = median(rps[r])
       printf "%-4s %5s | %8.2f %8.0f %10.3f | %8.2f %8.0f %10.3f | %7.2f %7.2f\n", mc[1], mc[2], tp, tr, median(per[t]), rp, rr, median(per[r]), (rp > 0) ? tp / rp : 0, (rr > 0) ? tr / rr : 0
+    }
+
+    printf "\nlatency a limiter adds to an admitted request: p50(variant) - p50(none), ms (target for leases: <= 0.05 ms)\n"
+    printf "%-4s %5s | %-28s | %-17s | %s\n", "", "", "tollgate-redis-leased", "none", "added p50, ms"
+    printf "%-4s %5s | %8s %8s %10s | %8s %8s | %14s %14s\n", "mode", "conns", "p50 ms", "req/s", "calls/req", "p50 ms", "req/s", "tollgate-redis", "leased"
+    for (i = 1; i <= n; i++) {
+      split(order[i], mc, " "); l = order[i] " tollgate-redis-leased"; z = order[i] " none"; t = order[i] " tollgate-redis"
+      lp = median(p50[l]) / 1000; zp = median(p50[z]) / 1000; tp = median(p50[t]) / 1000
+      printf "%-4s %5s | %8.3f %8.0f %10.3f | %8.3f %8.0f | %14.3f %14.3f\n", mc[1], mc[2], lp, median(rps[l]), median(per[l]), zp, median(rps[z]), tp - zp, lp - zp
     }
     printf "(medians over the rounds; every run in %s)\n", FILENAME
   }' "$results"

@@ -3,7 +3,7 @@
 # machine, reported as ratios (benches/http_peers/README.md describes each peer's
 # algorithm and configuration).
 #
-#   bash benches/http_peers.sh                          # 3 rounds of 8 s, ~6 minutes
+#   bash benches/http_peers.sh                          # 3 rounds of 8 s, ~8 minutes
 #   ROUNDS=5 DURATION=15 bash benches/http_peers.sh
 #   ROUNDS=2 DURATION=4 WARMUP=1 bash benches/http_peers.sh   # quick trial
 #
@@ -14,7 +14,8 @@
 #   CONNS [64]         wrk connections;  THREADS [2] wrk threads
 #   KEYS [10000]       client keys in the open case (x-client: c1..cN, random)
 #   VARIANTS           open case  ["none governor trlr tollgate-memory tollgate-memory-bare
-#                      tollgate-redis tollgate-redis-bare"]
+#                      tollgate-redis tollgate-redis-bare tollgate-redis-leased
+#                      tollgate-redis-leased-bare"]
 #   HOT_VARIANTS       hot case   ["governor trlr tollgate-memory tollgate-redis"] ("" skips it)
 #   PORT, REDIS_PORT   fixed ports, failing if busy (default: free ports below the
 #                      ephemeral range are picked, and picked again if taken)
@@ -32,6 +33,13 @@
 #   *-bare: tollgate without rate limit headers (HeaderStyle::None). The peers
 #         send none on admitted responses, so the -bare variants compare the
 #         limiters alone; the others include the cost of tollgate's headers.
+#   tollgate-redis-leased[-bare]: as tollgate-redis[-bare], over a RedisStore
+#         with leases on (RedisStore::builder().url(..).leases(true), default
+#         lease period and keys): a key in steady use is decided in process
+#         from tokens Redis holds for this instance, and costs Redis about one
+#         call per lease period instead of one per request. On SIGTERM the
+#         server logs its lease stats since start-up (warm-up and probe
+#         included); the run's line shows local decisions and lease requests.
 #
 # Each run: start peer-server (axum 0.8, tokio multi-thread runtime with 2
 # workers for every variant; Redis FLUSHALL first for the Redis variants),
@@ -59,7 +67,10 @@
 #     time calls must equal evalsha+eval calls minus their failed calls
 #     (NOSCRIPT); the output flags any run where they differ. Expect slightly
 #     above 1.000 for one call per request: Redis also sees the up to CONNS
-#     requests in flight when wrk stops, which wrk does not count.
+#     requests in flight when wrk stops, which wrk does not count. The leased
+#     variants run the same script (lease requests and reports are decisions
+#     of it, batched into EVALSHA calls like checks), so the same count and
+#     check apply; there it counts the EVALSHA calls the leases still cost.
 #   - Redis µs per script call: usec_per_call of EVALSHA (Redis-side time
 #     inside the command, script included). It is wall time: with Redis sharing
 #     core 0 with the server, a preempted call counts its wait too, so prefer
@@ -89,7 +100,7 @@ warmup=${WARMUP:-2}
 conns=${CONNS:-64}
 threads=${THREADS:-2}
 nkeys=${KEYS:-10000}
-variants=${VARIANTS-none governor trlr tollgate-memory tollgate-memory-bare tollgate-redis tollgate-redis-bare}
+variants=${VARIANTS-none governor trlr tollgate-memory tollgate-memory-bare tollgate-redis tollgate-redis-bare tollgate-redis-leased tollgate-redis-leased-bare}
 hot_variants=${HOT_VARIANTS-governor trlr tollgate-memory tollgate-redis}
 pin=${PIN:-1}
 
@@ -101,7 +112,9 @@ for n in "$rounds" "$duration" "$warmup" "$conns" "$threads" "$nkeys"; do
   [[ $n =~ ^[0-9]+$ && $n -gt 0 ]] || die "ROUNDS, DURATION, WARMUP, CONNS, THREADS and KEYS must be positive integers"
 done
 for v in $variants $hot_variants; do
-  case $v in none | governor | trlr | tollgate-memory | tollgate-memory-bare | tollgate-redis | tollgate-redis-bare) ;;
+  case $v in
+    none | governor | trlr | tollgate-memory | tollgate-memory-bare | tollgate-redis | tollgate-redis-bare) ;;
+    tollgate-redis-leased | tollgate-redis-leased-bare) ;;
     *) die "unknown variant $v" ;;
   esac
 done
@@ -214,7 +227,8 @@ done
 redis_url="redis://127.0.0.1:$redis_port"
 
 # --- one run -----------------------------------------------------------------
-is_redis() { [ "$1" = trlr ] || [ "$1" = tollgate-redis ] || [ "$1" = tollgate-redis-bare ]; }
+is_redis() { [ "$1" = trlr ] || [ "$1" = tollgate-redis ] || [ "$1" = tollgate-redis-bare ] || is_leased "$1"; }
+is_leased() { [ "$1" = tollgate-redis-leased ] || [ "$1" = tollgate-redis-leased-bare ]; }
 
 # cmdstat lines and two INFO cpu snapshots -> "cmds_per_req usec_per_call cpu_us_per_req check"
 redis_figures() { # stats_file cpu_before cpu_after requests
@@ -291,12 +305,23 @@ run_one() { # case variant round
   fi
   kill -0 "$server_pid" 2>/dev/null || { cat "$out/$tag.server.log" >&2; die "$v ($case) died during the run"; }
   stop_server
+  if is_leased "$v"; then
+    # The stats line the server logs on SIGTERM: since start-up, warm-up included.
+    local leases
+    leases=$(sed -n 's/^peer-server: leases: //p' "$out/$tag.server.log")
+    if [ -n "$leases" ]; then
+      shown="$shown$(awk '{ for (i = 1; i <= NF; i++) { split($i, p, "="); s[p[1]] = p[2] }
+        printf "  leases since start: %d local decisions, %d lease requests", s["local_decisions"], s["requests"] }' <<<"$leases")"
+    else
+      shown="$shown  (no lease stats in $out/$tag.server.log)"
+    fi
+  fi
   local errors=$((r_connect + r_read + r_write + r_timeout))
   local rps
   rps=$(awk -v n="$r_requests" -v us="$r_duration_us" 'BEGIN { printf "%.0f", n / (us / 1e6) }')
   # case variant round rps non2xx socket_errors p50_us p99_us cmds/req usec/call cpu_us/req check
   echo "$case $v $round $rps $r_non2xx $errors $r_p50_us $r_p99_us $redis" >>"$results"
-  printf '  %-4s %-20s round %d: %8s req/s  non-2xx %-8s p99 %6.2f ms%s\n' \
+  printf '  %-4s %-26s round %d: %8s req/s  non-2xx %-8s p99 %6.2f ms%s\n' \
     "$case" "$v" "$round" "$rps" "$r_non2xx" "$(awk -v u="$r_p99_us" 'BEGIN { print u / 1000 }')" "$shown" >&2
 }
 
@@ -348,7 +373,7 @@ awk -v order="$variants" -v hot_order="$hot_variants" '
     if (!(k in rps)) return
     m = median(rps[k]); minmax(rps[k]); spread = (m > 0) ? (MAX - MIN) / m * 100 : 0
     MED[k] = m; SPREAD[k] = spread
-    printf "%-4s %-20s %9.0f  %8.0f-%-8.0f %5.1f%%  %9s  %6.2f %6.2f", c, v, m, MIN, MAX, spread, median(non2xx[k]), median(p50[k]) / 1000, median(p99[k]) / 1000
+    printf "%-4s %-26s %9.0f  %8.0f-%-8.0f %5.1f%%  %9s  %6.2f %6.2f", c, v, m, MIN, MAX, spread, median(non2xx[k]), median(p50[k]) / 1000, median(p99[k]) / 1000
     if (k in cmds) {
       CMDS[k] = median(cmds[k]); CPU[k] = median(cpu[k])
       printf "  %9.3f %9.2f %9.2f", CMDS[k], median(upc[k]), CPU[k]
@@ -360,29 +385,33 @@ awk -v order="$variants" -v hot_order="$hot_variants" '
   function rounds(label, a, b,    na, nb, xa, xb, i, list, known, x) {
     if (!(a in rps) || !(b in rps)) return
     na = split(rps[a], xa, " "); nb = split(rps[b], xb, " ")
-    if (na != nb) { printf "  %-52s n/a (%d and %d rounds)\n", label, na, nb; return }
+    if (na != nb) { printf "  %-64s n/a (%d and %d rounds)\n", label, na, nb; return }
     list = ""; known = ""
     for (i = 1; i <= na; i++) {
       if (xb[i] > 0) { x = sprintf("%.3f", xa[i] / xb[i]); list = list " " x; known = known " " x }
       else list = list " n/a"
     }
-    if (known == "") { printf "  %-52s %s   (median n/a)\n", label, list; return }
-    printf "  %-52s %s   (median %.3f%s)\n", label, list, median(known), (list == known) ? "" : " of the others"
+    if (known == "") { printf "  %-64s %s   (median n/a)\n", label, list; return }
+    printf "  %-64s %s   (median %.3f%s)\n", label, list, median(known), (list == known) ? "" : " of the others"
   }
-  function ratio(label, a, b, arr,    x) {
-    if (!(a in arr) || !(b in arr) || arr[b] == 0) { printf "  %-52s n/a\n", label; return }
-    printf "  %-52s %6.3f   (%s vs %s)\n", label, arr[a] / arr[b], arr[a], arr[b]
+  # target, when given: shown after the figures (the target the issue sets for them)
+  function ratio(label, a, b, arr, target,    x) {
+    if (!(a in arr) || !(b in arr) || arr[b] == 0) { printf "  %-64s n/a\n", label; return }
+    printf "  %-64s %6.3f   (%s vs %s)%s\n", label, arr[a] / arr[b], arr[a], arr[b], (target == "") ? "" : "   target " target
+  }
+  function figure(label, k, arr, target) {
+    if (k in arr) printf "  %-64s %6.3f%s\n", label, arr[k], (target == "") ? "" : "   target " target
   }
   END {
     printf "\nmedians (min-max and spread = (max-min)/median of req/s over the rounds)\n"
-    printf "%-4s %-20s %9s  %-17s %6s  %9s  %6s %6s  %9s %9s %9s\n", "case", "variant", "req/s", "min-max", "spread", "non-2xx", "p50ms", "p99ms", "redis/req", "us/EVALSHA", "redisCPU/req"
+    printf "%-4s %-26s %9s  %-17s %6s  %9s  %6s %6s  %9s %9s %9s\n", "case", "variant", "req/s", "min-max", "spread", "non-2xx", "p50ms", "p99ms", "redis/req", "us/EVALSHA", "redisCPU/req"
     n = split(order, vs, " "); for (i = 1; i <= n; i++) row("open", vs[i])
     n = split(hot_order, vs, " "); for (i = 1; i <= n; i++) row("hot", vs[i])
     printf "(redis/req: Redis commands sent by the client per HTTP request; us/EVALSHA: usec_per_call; redisCPU/req: Redis user+sys CPU us per request)\n"
 
     printf "\nall rounds, req/s (in round order)\n"
-    n = split(order, vs, " "); for (i = 1; i <= n; i++) if (("open " vs[i]) in rps) printf "  open %-20s %s\n", vs[i], rps["open " vs[i]]
-    n = split(hot_order, vs, " "); for (i = 1; i <= n; i++) if (("hot " vs[i]) in rps) printf "  hot  %-20s %s\n", vs[i], rps["hot " vs[i]]
+    n = split(order, vs, " "); for (i = 1; i <= n; i++) if (("open " vs[i]) in rps) printf "  open %-26s %s\n", vs[i], rps["open " vs[i]]
+    n = split(hot_order, vs, " "); for (i = 1; i <= n; i++) if (("hot " vs[i]) in rps) printf "  hot  %-26s %s\n", vs[i], rps["hot " vs[i]]
 
     printf "\nratios of medians (same run, same machine)\n"
     ratio("open: tollgate-redis / trlr, req/s", "open tollgate-redis", "open trlr", MED)
@@ -393,17 +422,30 @@ awk -v order="$variants" -v hot_order="$hot_variants" '
     ratio("open: tollgate-memory-bare / governor, req/s", "open tollgate-memory-bare", "open governor", MED)
     ratio("open: tollgate-memory / none, req/s", "open tollgate-memory", "open none", MED)
     ratio("open: tollgate-redis / none, req/s", "open tollgate-redis", "open none", MED)
+    ratio("open: tollgate-redis-leased / trlr, req/s", "open tollgate-redis-leased", "open trlr", MED, ">= 1.5")
+    ratio("open: tollgate-redis-leased / tollgate-memory, req/s", "open tollgate-redis-leased", "open tollgate-memory", MED, ">= 0.9")
+    ratio("open: tollgate-redis-leased-bare / trlr, req/s", "open tollgate-redis-leased-bare", "open trlr", MED)
+    ratio("open: tollgate-redis-leased-bare / tollgate-memory-bare, req/s", "open tollgate-redis-leased-bare", "open tollgate-memory-bare", MED)
+    ratio("open: tollgate-redis-leased / tollgate-redis, req/s", "open tollgate-redis-leased", "open tollgate-redis", MED)
+    figure("open: tollgate-redis-leased Redis commands per request", "open tollgate-redis-leased", CMDS, "<= 0.02")
+    figure("open: tollgate-redis-leased-bare Redis commands per request", "open tollgate-redis-leased-bare", CMDS)
+    figure("open: tollgate-redis-leased Redis CPU us per request", "open tollgate-redis-leased", CPU)
     ratio("hot: tollgate-redis / tollgate-memory, req/s", "hot tollgate-redis", "hot tollgate-memory", MED)
     ratio("hot: tollgate-redis / trlr, req/s", "hot tollgate-redis", "hot trlr", MED)
     ratio("hot: tollgate-memory / governor, req/s", "hot tollgate-memory", "hot governor", MED)
-    if ("hot tollgate-redis" in CMDS) printf "  %-52s %6.3f\n", "hot: tollgate-redis Redis commands per request", CMDS["hot tollgate-redis"]
-    if ("hot trlr" in CMDS) printf "  %-52s %6.3f\n", "hot: trlr Redis commands per request", CMDS["hot trlr"]
+    figure("hot: tollgate-redis Redis commands per request", "hot tollgate-redis", CMDS)
+    figure("hot: trlr Redis commands per request", "hot trlr", CMDS)
+    figure("hot: tollgate-redis-leased Redis commands per request", "hot tollgate-redis-leased", CMDS)
 
     printf "\nround by round (a round runs every variant once; the order rotates each round)\n"
     rounds("open: tollgate-redis / trlr, req/s", "open tollgate-redis", "open trlr")
     rounds("open: tollgate-redis-bare / trlr, req/s", "open tollgate-redis-bare", "open trlr")
     rounds("open: tollgate-memory / governor, req/s", "open tollgate-memory", "open governor")
     rounds("open: tollgate-memory-bare / governor, req/s", "open tollgate-memory-bare", "open governor")
+    rounds("open: tollgate-redis-leased / trlr, req/s", "open tollgate-redis-leased", "open trlr")
+    rounds("open: tollgate-redis-leased / tollgate-memory, req/s", "open tollgate-redis-leased", "open tollgate-memory")
+    rounds("open: tollgate-redis-leased-bare / trlr, req/s", "open tollgate-redis-leased-bare", "open trlr")
+    rounds("open: tollgate-redis-leased-bare / tollgate-memory-bare, req/s", "open tollgate-redis-leased-bare", "open tollgate-memory-bare")
     rounds("open: none / governor, req/s", "open none", "open governor")
     rounds("hot: tollgate-redis / tollgate-memory, req/s", "hot tollgate-redis", "hot tollgate-memory")
 

@@ -6,7 +6,10 @@
 //!   (tower-rate-limit-redis), `tollgate-memory`, `tollgate-redis`, the same
 //!   two without rate limit headers (`tollgate-memory-bare`,
 //!   `tollgate-redis-bare`: `HeaderStyle::None`, as the peers send none on
-//!   admitted responses), or
+//!   admitted responses), `tollgate-redis-leased` and
+//!   `tollgate-redis-leased-bare` (as `tollgate-redis` and
+//!   `tollgate-redis-bare`, over a RedisStore with leases on; on SIGTERM they
+//!   print the store's lease stats to stderr and exit), or
 //!   `tollgate-redis-outage` for `benches/outage.sh`: tollgate with a
 //!   RedisStore (300 ms store timeout, default circuit breaker, checked with
 //!   `ping` at start-up) and the store-error policy named by `ON_STORE_ERROR`
@@ -104,6 +107,58 @@ mod tollgate_limiter {
                     .on_store_error(OnStoreError::Deny),
             ),
         })
+    }
+
+    /// `tollgate-redis-leased[-bare]`: as [`layer`] over Redis at
+    /// `redis_url`, with leases on (`RedisStore::builder().url(..).leases(true)`,
+    /// the default lease period and keys; everything else as `from_url`).
+    /// Returns the store too, for its lease stats. Unlike `layer`, it builds
+    /// only against an API with leases.
+    pub(crate) fn leased_layer(
+        router: Router,
+        case: Case,
+        redis_url: &str,
+        bare: bool,
+    ) -> Result<(Router, RedisStore), BoxError> {
+        let headers = if bare {
+            HeaderStyle::None
+        } else {
+            HeaderStyle::Ietf
+        };
+        let store = RedisStore::builder().url(redis_url).leases(true).build()?;
+        let layer = RateLimitLayer::new(store.clone(), quota(case)?)
+            .key(Header::new(KEY_HEADER).verbatim())
+            .headers(headers)
+            .on_store_error(OnStoreError::Deny);
+        Ok((router.layer(layer), store))
+    }
+
+    /// On SIGTERM (how the benchmark scripts stop the server): prints the
+    /// store's lease stats since start-up as one line on stderr,
+    /// `peer-server: leases: local_decisions=N requests=N granted=N spent=N
+    /// returned=N expired=N outstanding=N held=N`, and exits. Registered
+    /// before serving; only the leased variants install it.
+    pub(crate) fn lease_stats_on_exit(store: RedisStore) -> Result<(), BoxError> {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut term = signal(SignalKind::terminate())?;
+        tokio::spawn(async move {
+            term.recv().await;
+            let s = store.lease_stats();
+            eprintln!(
+                "peer-server: leases: local_decisions={} requests={} granted={} spent={} \
+                 returned={} expired={} outstanding={} held={}",
+                s.local_decisions,
+                s.requests,
+                s.granted,
+                s.spent,
+                s.returned,
+                s.expired,
+                s.outstanding,
+                s.held
+            );
+            std::process::exit(0);
+        });
+        Ok(())
     }
 
     /// The store timeout of the outage benchmark (the issue's "measured today"
@@ -413,7 +468,8 @@ fn status(code: StatusCode) -> Response<Body> {
 }
 
 fn usage() -> BoxError {
-    "usage: peer-server none|governor|trlr|tollgate-memory[-bare]|tollgate-redis[-bare]|tollgate-redis-outage \
+    "usage: peer-server none|governor|trlr|tollgate-memory[-bare]|tollgate-redis[-bare]|\
+     tollgate-redis-leased[-bare]|tollgate-redis-outage \
      [open|hot] (env PORT, REDIS_URL, ON_STORE_ERROR=allow|deny|fallback|default for the outage variant)"
         .into()
 }
@@ -442,6 +498,12 @@ async fn run() -> Result<(), BoxError> {
         "tollgate-memory-bare" => tollgate_limiter::layer(router, case, None, true)?,
         "tollgate-redis" => tollgate_limiter::layer(router, case, Some(&redis_url), false)?,
         "tollgate-redis-bare" => tollgate_limiter::layer(router, case, Some(&redis_url), true)?,
+        "tollgate-redis-leased" | "tollgate-redis-leased-bare" => {
+            let bare = limiter.ends_with("-bare");
+            let (router, store) = tollgate_limiter::leased_layer(router, case, &redis_url, bare)?;
+            tollgate_limiter::lease_stats_on_exit(store)?;
+            router
+        }
         "tollgate-redis-outage" => {
             let on_error = std::env::var("ON_STORE_ERROR").unwrap_or_else(|_| "allow".to_owned());
             let router =
