@@ -280,18 +280,28 @@ impl Leases {
         }
         // Ask for the next lease when what is held is under half a
         // period's demand, or the newest hold is in its last quarter.
+        if entry.asking
+            || entry.holds.len() >= MAX_HOLDS
+            || entry.quiet_until.is_some_and(|t| now < t)
+        {
+            return decided;
+        }
         let held: u64 = entry.holds.iter().map(|h| h.left).sum();
+        let age = now.saturating_duration_since(entry.born).as_secs_f64() / period;
+        // A steady rate r since `born` counts r x period x (1 - e^-age),
+        // the age in periods; past 4 periods that is within 2% of r x
+        // period.
+        let young = if age < 4.0 {
+            (1.0 - (-age).exp()).max(0.25)
+        } else {
+            1.0
+        };
         #[expect(
             clippy::cast_possible_truncation,
             clippy::cast_sign_loss,
             reason = "a decayed count of tokens, non-negative and far below 2^64"
         )]
-        let wanted = {
-            // A steady rate r since `born` counts r x period x (1 - e^-x),
-            // x the age in periods.
-            let x = now.saturating_duration_since(entry.born).as_secs_f64() / period;
-            (entry.demand / (1.0 - (-x).exp()).max(0.25)).ceil() as u64
-        };
+        let wanted = (entry.demand / young).ceil() as u64;
         let aging = entry
             .holds
             .back()
@@ -300,12 +310,7 @@ impl Leases {
         // for when under half a period is left, a lease lasts about a
         // period.
         let want = (wanted + wanted / 2).saturating_sub(held);
-        if !entry.asking
-            && entry.holds.len() < MAX_HOLDS
-            && want >= MIN_LEASE
-            && (2 * held < wanted || aging)
-            && entry.quiet_until.is_none_or(|t| now >= t)
-        {
+        if want >= MIN_LEASE && (2 * held < wanted || aging) {
             entry.asking = true;
             let carried = entry.spent.pop_front();
             errand.lease = Some((keys.to_vec(), entry.policy.clone(), want, carried));
