@@ -8,6 +8,8 @@
 #   POLICIES="allow fallback" HOT_POLICIES=fallback bash benches/outage.sh
 #   FAULTS=kill POLICIES=fallback HOT_POLICIES= DEFAULT_CONNS= bash benches/outage.sh   # one scenario
 #   CONTROL=0 FAULTS= HOT_POLICIES= bash benches/outage.sh   # the default configuration only
+#   LEASES=1 KEYS=10 CONTROL=0 FAULTS=freeze POLICIES=fallback HOT_POLICIES= DEFAULT_CONNS= \
+#     TIMELINE_SVG=benches/outage_leases_timeline.svg bash benches/outage.sh   # leases through a freeze
 #
 # Environment (defaults in brackets):
 #   CONTROL [1]                   1: first a control scenario without a fault
@@ -47,7 +49,23 @@
 #   TIMELINE_SVG [unset]  a path: the last scenario's timeline drawn there
 #               (every scenario's is drawn as OUT/TAG.timeline.svg by
 #               benches/outage_timeline.py: answers/s per 100 ms window by who
-#               decided them, the server's p99, the fault's start and end; its unix ms in OUT/TAG.fault.txt)
+#               decided them (with LEASES=1 also: in process from a lease),
+#               the server's p99, the fault's start and end; its unix ms in OUT/TAG.fault.txt)
+#   LEASES [0]  1: the server's RedisStore with leases on (.leases(true),
+#               .lease_period(LEASE_PERIOD_MS); not in the dflt-cN rows): a
+#               check with room to spare is decided in process from tokens
+#               held for the instance, and in an outage held tokens keep being
+#               spent until the holds' local expiry (two lease periods less a
+#               tenth from when the lease was asked for: 3.6 s at 2000 ms),
+#               then checks go to Redis, the breaker and the policy. The
+#               timeline then counts those decisions apart ("lease"; sampled
+#               from the store's lease stats every 10 ms) and the report adds
+#               a section on them. Leases form for keys with room to spare:
+#               in the open case, keys whose demand fills a lease (KEYS=10 at
+#               tens of thousands of req/s)
+#   LEASE_PERIOD_MS [2000]  the lease period with LEASES=1 (10 to 60000;
+#               tollgate's default is 1000, this default makes the holds'
+#               3.6 s easy to see in the timeline)
 #   CARGO_TARGET_DIR  respected by the build
 #
 # The default configuration (policy "default" in the tables): the store is
@@ -92,7 +110,9 @@
 #   server: peer-server counts every answer per 10 ms slot by who decided it
 #     (Redis; the fallback, Decision::is_fallback; or nobody, a StoreFailure
 #     without a fallback decision), read from the response extensions outside
-#     the limiter, and serves the counts at GET /timeline. Resume = end of the
+#     the limiter, and serves the counts at GET /timeline (with LEASES=1 a
+#     check decided in process from a lease is a plain decision and counts as
+#     Redis's here; the timeline also counts those apart, see LEASES). Resume = end of the
 #     last slot after Redis returned that still holds an answer not decided by
 #     Redis, minus the time Redis returned (0 when none). "Returned" is the
 #     SIGCONT for a freeze, the restarted server's first PONG (polled every
@@ -156,6 +176,8 @@ conns=${CONNS:-64}
 threads=${THREADS:-2}
 nkeys=${KEYS:-100}
 pin=${PIN:-1}
+leases=${LEASES:-0}
+lease_period=${LEASE_PERIOD_MS:-2000}
 
 die() { echo "outage.sh: $*" >&2; exit 1; }
 for tool in cargo wrk curl redis-server redis-cli ss timeout; do
@@ -165,6 +187,9 @@ for n in "$before" "$outage" "$skip" "$after" "$warmup" "$conns" "$threads" "$nk
   [[ $n =~ ^[0-9]+$ && $n -gt 0 ]] || die "BEFORE, OUTAGE, SKIP, AFTER, WARMUP, CONNS, THREADS, KEYS and DEFAULT_CONNS must be positive integers"
 done
 [ "$outage" -gt "$skip" ] || die "OUTAGE ($outage) must be longer than SKIP ($skip)"
+case $leases in 0 | 1) ;; *) die "LEASES must be 0 or 1" ;; esac
+[[ $lease_period =~ ^[0-9]+$ && $lease_period -ge 10 && $lease_period -le 60000 ]] ||
+  die "LEASE_PERIOD_MS must be an integer from 10 to 60000"
 for f in $faults $hot_faults; do
   case $f in none | freeze | kill) ;; *) die "unknown fault $f (none, freeze, kill)" ;; esac
 done
@@ -572,7 +597,7 @@ run_one() { # index case fault policy [connections]
   if [ "$policy" = default ]; then
     windows=1
     tag+="-c$c"
-    server_env=(env -u BREAKER_FIRST_PROBE_MS -u BREAKER_MAX_COOLDOWN_MS -u CONNECT_TIMEOUT_MS)
+    server_env=(env -u BREAKER_FIRST_PROBE_MS -u BREAKER_MAX_COOLDOWN_MS -u CONNECT_TIMEOUT_MS -u LEASES -u LEASE_PERIOD_MS)
   fi
   for _ in $(seq 50); do port_busy "$port" || break; sleep 0.1; done
   if port_busy "$port"; then
@@ -582,7 +607,8 @@ run_one() { # index case fault policy [connections]
   cli flushall >/dev/null
   cli config resetstat >/dev/null
 
-  PORT=$port REDIS_URL=$redis_url ON_STORE_ERROR=$policy "${server_env[@]}" "${pin_server[@]}" "$bin" tollgate-redis-outage "$case" \
+  PORT=$port REDIS_URL=$redis_url ON_STORE_ERROR=$policy LEASES=$leases LEASE_PERIOD_MS=$lease_period \
+    "${server_env[@]}" "${pin_server[@]}" "$bin" tollgate-redis-outage "$case" \
     >"$out/$tag.server.log" 2>&1 &
   server_pid=$!
   local up=""
@@ -640,8 +666,12 @@ run_one() { # index case fault policy [connections]
   curl -s -m 10 "http://127.0.0.1:$port/timeline" >"$out/$tag.timeline.txt" || die "no /timeline from peer-server ($tag)"
   stop_server
   echo "$t0 $t_back" >"$out/$tag.fault.txt"
+  local title="outage.sh: $case case, Redis $fault, policy $policy, $c connections"
+  if [ "$leases" = 1 ] && [ "$policy" != default ]; then
+    title+=", leases (period $lease_period ms), keys: $keys"
+  fi
   python3 "$root/benches/outage_timeline.py" "$out/$tag.timeline.txt" "$t0" "$t_back" \
-    "outage.sh: $case case, Redis $fault, policy $policy, $c connections" >"$out/$tag.timeline.svg" ||
+    "$title" >"$out/$tag.timeline.svg" ||
     die "could not draw $out/$tag.timeline.svg"
   [ -z "${TIMELINE_SVG:-}" ] || cp "$out/$tag.timeline.svg" "$TIMELINE_SVG"
 
@@ -745,6 +775,48 @@ run_one() { # index case fault policy [connections]
     "${r[11]}" "$(awk -v d="${r[11]}" -v b="${r[3]}" 'BEGIN { print (b > 0) ? d / b : 0 }')" \
     "$(awk -v u="${r[12]}" 'BEGIN { print u / 1000 }')" "${r[15]}" "$(awk -v u="${r[16]}" 'BEGIN { print u / 1000 }')" \
     "${r[20]}" >&2
+  if [ "$leases" = 1 ] && [ "$policy" != default ]; then
+    lease_figures "$case" "$fault" "$policy" "$t0" "$t_back" >>"$out/leases.txt"
+    local l
+    read -r -a l < <(tail -n 1 "$out/leases.txt")
+    printf '       leases: before %s%% of answers decided in process; in the fault %s (the last %s ms after it began),' \
+      "${l[3]}" "${l[4]}" "${l[5]}" >&2
+    printf ' first fallback decision at %s ms; granted %s, spent %s, expired %s\n' "${l[6]}" "${l[9]}" "${l[10]}" "${l[12]}" >&2
+  fi
+}
+
+# With leases on, from a scenario's timeline (uses run_one's tag): "case fault
+# policy before_local_% fault_local last_local_ms first_fallback_ms
+# local_decisions requests granted spent returned expired": the share of
+# answers decided in process from a lease in the BEFORE s before the fault
+# (at most 100: the sampled counts may run a slot apart from the answers),
+# those decided so from the fault's start to Redis's return, the end of the
+# last 10 ms slot with one (ms after the fault began; -1: none), the start of
+# the first slot with a fallback decision in that span (-1: none), then the
+# store's lease stats when the timeline was read.
+lease_figures() { # case fault policy t0 t_back
+  awk -v head="$1 $2 $3" -v t0="$4" -v back="$5" -v from="$(($4 - before * 1000))" '
+    /^#/ {
+      for (i = 2; i <= NF; i++) { split($i, kv, "="); h[kv[1]] = kv[2] }
+      slot = h["slot_ms"]
+      next
+    }
+    {
+      n = 0
+      for (j = 2; j <= 10; j++) n += $j
+      if ($1 >= from && $1 + slot <= t0) { bn += n; bl += $20 }
+      if ($1 + slot > t0 && $1 < back) {
+        fl += $20
+        if ($20 > 0) last = $1 + slot - t0
+        if ($5 + $6 + $7 > 0 && first_fb == "") first_fb = $1 - t0
+      }
+    }
+    END {
+      share = bn ? bl * 100 / bn : 0
+      printf "%s %.1f %d %d %d %d %d %d %d %d %d\n", head, (share > 100) ? 100 : share, fl, (last == "") ? -1 : last,
+        (first_fb == "") ? -1 : first_fb, h["lease_local_decisions"], h["lease_requests"], h["lease_granted"],
+        h["lease_spent"], h["lease_returned"], h["lease_expired"]
+    }' "$out/$tag.timeline.txt"
 }
 
 # --- the scenarios -------------------------------------------------------------
@@ -761,6 +833,7 @@ load_start=$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo '?')
 started_at=$(date -u '+%Y-%m-%d %H:%M UTC')
 index=0
 : >"$out/windows.txt"
+: >"$out/leases.txt"
 for s in "${scenarios[@]}"; do
   read -r c f p n <<<"$s"
   index=$((index + 1))
@@ -770,13 +843,16 @@ load_end=$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo '?')
 
 # --- report --------------------------------------------------------------------
 echo
+lease_note=""
+[ "$leases" = 1 ] && lease_note=", leases on with a $lease_period ms lease period"
 echo "tollgate outage benchmark, $started_at: peer-server tollgate-redis-outage (RedisStore, store timeout 300 ms," \
-  "default circuit breaker), wrk -t$threads -c$conns${default_conns:+ (dflt-cN: the default configuration, -cN)}," \
+  "default circuit breaker$lease_note), wrk -t$threads -c$conns${default_conns:+ (dflt-cN: the default configuration, -cN)}," \
   "$nkeys keys (open) / 1 key (hot), $cores cores, $placement"
 overrides=""
 for v in BREAKER_FIRST_PROBE_MS BREAKER_MAX_COOLDOWN_MS CONNECT_TIMEOUT_MS; do
   if [ -n "${!v:-}" ]; then overrides+=" $v=${!v}"; fi
 done
+[ "$leases" = 1 ] && overrides+=" LEASES=1 LEASE_PERIOD_MS=$lease_period"
 [ -z "$overrides" ] || echo "NOT the defaults:$overrides (except in the dflt-cN rows)"
 echo "windows: before ${before}s | fault ${outage}s, during = its last $((outage - skip))s | after ${after}s;" \
   "nice $nice_value; load average (1/5/15 min) $load_start at the start, $load_end at the end (this benchmark alone: about 2)"
@@ -863,6 +939,29 @@ awk -v conns="$conns" '
       }
     }
   }' "$results"
+if [ -s "$out/leases.txt" ]; then
+  echo
+  echo "leases (period $lease_period ms: a hold is used in process until 2 periods less a tenth," \
+    "$((lease_period * 18 / 10)) ms, after its request was sent), from the server's timeline and lease stats"
+  awk -v life="$((lease_period * 18 / 10))" '
+    BEGIN {
+      printf "%-4s %-6s %-8s | %-9s | %-9s | %-10s | %-10s | %s\n", "case", "fault", "policy", "before", "in fault",
+        "last lease", "first fb", "store lease stats (whole run)"
+      printf "%-4s %-6s %-8s | %-9s | %-9s | %-10s | %-10s |\n", "", "", "", "local %", "local", "ms", "ms"
+    }
+    {
+      printf "%-4s %-6s %-8s | %9.1f | %9d | %10d | %10d | local decisions %d, lease requests %d, granted %d, spent %d," \
+        " returned %d, expired %d\n", $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13
+    }
+    END {
+      printf "(before: share of the answers in the before window decided in process from a lease; in fault: answers" \
+        " decided so from the fault'"'"'s start to Redis'"'"'s return; last lease: the end of the last 10 ms slot with" \
+        " one, ms after the fault began (at most about %d: the holds'"'"' local life; fewer if their tokens ran out first);" \
+        " first fb: the first slot with a fallback decision; -1: none. Counts are sampled from the lease stats every" \
+        " 10 ms, late by up to a slot. Resume \"redis\" above counts Redis'"'"'s own decisions, which leases make few:" \
+        " it may stay -1)\n", life
+    }' "$out/leases.txt"
+fi
 if [ -s "$out/windows.txt" ]; then
   echo
   echo "the default configuration (RedisStore with a 300 ms timeout and nothing else set: default circuit breaker;" \
@@ -891,6 +990,8 @@ if [ -s "$out/windows.txt" ]; then
   echo "(p99: wrk's, corrected for coordinated omission; slow: answers the server took 250 ms or more for in that run," \
     "from its timeline; sock: socket errors during the freeze/after it; resume: as above)"
 fi
+lease_raw=""
+[ "$leases" = 1 ] && lease_raw="$out/leases.txt (with leases on, see lease_figures);"
 reproduce="${overrides# }${overrides:+ }FAULTS=\"$faults\" POLICIES=\"$policies\" HOT_FAULTS=\"$hot_faults\" HOT_POLICIES=\"$hot_policies\""
 reproduce+=" DEFAULT_CONNS=\"$default_conns\" BEFORE=$before OUTAGE=$outage SKIP=$skip AFTER=$after CONNS=$conns THREADS=$threads KEYS=$nkeys PIN=$pin NICE=$nice_value"
 echo
@@ -900,4 +1001,5 @@ echo "raw: $results (case fault policy, then per window before/onset/during/afte
   "then per window before/during/after: core0_ours_% steal0_ms silence_ms stall0_ms server_p99_bucket_ms server_ge250ms" \
   "core1_wrk_% core0_other_% core1_other_%, then wrk connections);" \
   "${default_conns:+$out/windows.txt (the 1-s runs of the default configuration, see window_figures);}" \
+  ${lease_raw:+"$lease_raw"} \
   "wrk outputs, /timeline dumps and Redis polls beside it"

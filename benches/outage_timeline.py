@@ -9,6 +9,13 @@ then how many took the server under 1, 2, 5, 10, 20, 50, 100, 250 ms and
 longer. The fault's start and end are unix milliseconds (the SIGSTOP or
 SIGKILL, and the SIGCONT or the restarted server's first PONG).
 
+With leases on (the header has lease_period_ms), each slot has one more
+count: the checks the store decided in process from a lease, sampled from
+its lease stats. Those answers are among the store's (a leased decision is a
+plain Decision), so per window they are taken out of the store's answers
+and drawn as their own series; a count sampled a window late (at most a slot
+or so) moves on to the next window rather than exceeding the store's answers.
+
 Per 100 ms window it draws the answers per second, stacked by who decided
 them, and the server-side p99: the upper bound of the time bucket holding
 the 99th percentile (so a step function: "< 1 ms" ... "> 250 ms"), on a log
@@ -21,8 +28,9 @@ from html import escape
 WINDOW_MS = 100
 WIDTH, LEFT, RIGHT = 960, 70, 20
 TOP, RATE_H, GAP, P99_H, BOTTOM = 40, 220, 50, 160, 60
-COLORS = {"redis": "#3b7dd8", "fallback": "#e8a33d", "none": "#d64545"}
+COLORS = {"lease": "#4e9a4e", "redis": "#3b7dd8", "fallback": "#e8a33d", "none": "#d64545"}
 LABELS = {
+    "lease": "decided in process from a lease (held tokens)",
     "redis": "decided by Redis",
     "fallback": "decided by the in-process fallback",
     "none": "no decision (store error: the policy allowed or denied)",
@@ -30,7 +38,7 @@ LABELS = {
 
 
 def read(path):
-    bounds, rows = [], []
+    bounds, rows, leases = [], [], False
     with open(path) as f:
         for line in f:
             if line.startswith("#"):
@@ -38,23 +46,38 @@ def read(path):
                     key, _, value = field.partition("=")
                     if key == "time_bounds_ms":
                         bounds = [int(b) for b in value.split(",")]
+                    if key == "lease_period_ms":
+                        leases = True
                 continue
             v = [int(x) for x in line.split()]
             if v:
                 rows.append(v)
-    return bounds, rows
+    return bounds, rows, leases
 
 
-def windows(rows, t0, nbuckets):
+def windows(rows, t0, nbuckets, leases):
     out = {}
     for v in rows:
         w = (v[0] - t0) // WINDOW_MS
-        acc = out.setdefault(w, {"redis": 0, "fallback": 0, "none": 0, "time": [0] * nbuckets})
+        acc = out.setdefault(
+            w, {"lease": 0, "redis": 0, "fallback": 0, "none": 0, "time": [0] * nbuckets, "sampled": 0}
+        )
         acc["redis"] += sum(v[1:4])
         acc["fallback"] += sum(v[4:7])
         acc["none"] += sum(v[7:10])
         for i, n in enumerate(v[10 : 10 + nbuckets]):
             acc["time"][i] += n
+        if leases and len(v) > 10 + nbuckets:
+            acc["sampled"] += v[10 + nbuckets]
+    # The leased decisions out of the store's answers, window by window; what
+    # a window's store answers cannot take moves on to the next window.
+    carry = 0
+    for w in sorted(out):
+        acc = out[w]
+        have = acc.pop("sampled") + carry
+        acc["lease"] = min(have, acc["redis"])
+        acc["redis"] -= acc["lease"]
+        carry = have - acc["lease"]
     return out
 
 
@@ -82,16 +105,26 @@ def nice_max(x):
 
 def main():
     path, t0, t1, title = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-    bounds, rows = read(path)
+    bounds, rows, leases = read(path)
     nb = len(bounds) + 1
-    ws = windows(rows, t0, nb)
+    ws = windows(rows, t0, nb, leases)
     lo, hi = min(ws), max(ws) + 1
     plot_w = WIDTH - LEFT - RIGHT
-    height = TOP + RATE_H + GAP + P99_H + BOTTOM + 40
+    series = ("lease", "redis", "fallback", "none") if leases else ("redis", "fallback", "none")
+    # The legend, in rows that fit the width.
+    legend, lx = [[]], LEFT
+    for who in series:
+        w = 24 + 6.5 * len(LABELS[who])
+        if legend[-1] and lx + w > WIDTH - RIGHT:
+            legend.append([])
+            lx = LEFT
+        legend[-1].append((lx, who))
+        lx += w
+    height = TOP + RATE_H + GAP + P99_H + BOTTOM + 40 + 18 * (len(legend) - 1)
     x = lambda w: LEFT + (w - lo) * plot_w / (hi - lo)
     bar_w = plot_w / (hi - lo)
     rate = lambda n: n * 1000 / WINDOW_MS
-    top_rate = nice_max(max(rate(a["redis"] + a["fallback"] + a["none"]) for a in ws.values()))
+    top_rate = nice_max(max(rate(sum(a[who] for who in series)) for a in ws.values()))
     svg = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" '
         f'viewBox="0 0 {WIDTH} {height}" font-family="sans-serif" font-size="12">',
@@ -108,7 +141,7 @@ def main():
                f'text-anchor="middle">answers/s (100 ms windows)</text>')
     for w, a in sorted(ws.items()):
         base = 0.0
-        for who in ("redis", "fallback", "none"):
+        for who in series:
             r = rate(a[who])
             if r:
                 svg.append(f'<rect x="{x(w):.1f}" y="{y_rate(base + r):.1f}" width="{bar_w:.2f}" '
@@ -154,12 +187,11 @@ def main():
                    f'stroke-dasharray="5,4"/>')
         svg.append(f'<text x="{fx + 4:.1f}" y="{TOP + 6}">{label}</text>')
     # Legend.
-    ly = height - 18
-    lx = LEFT
-    for who in ("redis", "fallback", "none"):
-        svg.append(f'<rect x="{lx}" y="{ly - 10}" width="12" height="12" fill="{COLORS[who]}"/>')
-        svg.append(f'<text x="{lx + 16}" y="{ly}">{LABELS[who]}</text>')
-        lx += 24 + 6.5 * len(LABELS[who])
+    for row, entries in enumerate(legend):
+        ly = height - 18 - 18 * (len(legend) - 1 - row)
+        for lx, who in entries:
+            svg.append(f'<rect x="{lx}" y="{ly - 10}" width="12" height="12" fill="{COLORS[who]}"/>')
+            svg.append(f'<text x="{lx + 16}" y="{ly}">{escape(LABELS[who])}</text>')
     svg.append("</svg>")
     print("\n".join(svg))
 

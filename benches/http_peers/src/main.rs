@@ -14,9 +14,12 @@
 //!   RedisStore (300 ms store timeout, default circuit breaker, checked with
 //!   `ping` at start-up) and the store-error policy named by `ON_STORE_ERROR`
 //!   (`allow`, the default, `deny`, `fallback`: `Fallback::memory()`, or
-//!   `default`: the layer's own default, `on_store_error` not called). It also
-//!   records who decided each response and how long the server took, per
-//!   10 ms (see `mod timeline`), served unlimited at `GET /timeline`.
+//!   `default`: the layer's own default, `on_store_error` not called), with
+//!   leases on when `LEASES=1` (`lease_period` from `LEASE_PERIOD_MS`, else
+//!   the default). It also records who decided each response and how long
+//!   the server took, per 10 ms (see `mod timeline`), served unlimited at
+//!   `GET /timeline`; with leases on, also the checks decided in process from
+//!   a lease (sampled from the store's lease stats every 10 ms).
 //! - CASE: `open` (default; every request is admitted) or `hot` (burst 10,
 //!   refilled 1 per second: a flooded key is nearly always denied).
 //! - Environment: `PORT` (default 3000), `REDIS_URL` (default
@@ -171,14 +174,16 @@ mod tollgate_limiter {
     /// `default`: `on_store_error` is not called).
     ///
     /// For experiments, these environment variables change the defaults:
-    /// `BREAKER_FIRST_PROBE_MS`, `BREAKER_MAX_COOLDOWN_MS`, `CONNECT_TIMEOUT_MS`.
-    /// Without them the builder is given the URL and the timeout only.
+    /// `BREAKER_FIRST_PROBE_MS`, `BREAKER_MAX_COOLDOWN_MS`, `CONNECT_TIMEOUT_MS`,
+    /// and `LEASES=1` (leases on; `LEASE_PERIOD_MS` their period, else the
+    /// default). Without them the builder is given the URL and the timeout
+    /// only. With leases on, also returns a [`LeaseProbe`] on the store.
     pub(crate) async fn outage_layer(
         router: Router,
         case: Case,
         redis_url: &str,
         on_error: &str,
-    ) -> Result<Router, BoxError> {
+    ) -> Result<(Router, Option<LeaseProbe>), BoxError> {
         let on_error = match on_error {
             "allow" => Some(OnStoreError::Allow),
             "deny" => Some(OnStoreError::Deny),
@@ -214,8 +219,24 @@ mod tollgate_limiter {
         if let Some(d) = ms("CONNECT_TIMEOUT_MS")? {
             builder = builder.connect_timeout(d);
         }
+        let leases = std::env::var("LEASES").is_ok_and(|v| v == "1");
+        let lease_period = ms("LEASE_PERIOD_MS")?;
+        if leases {
+            builder = builder.leases(true);
+            if let Some(d) = lease_period {
+                builder = builder.lease_period(d);
+            }
+        }
         let store = builder.build()?;
         eprintln!("peer-server: {store:?}, {breaker:?}");
+        let probe = leases.then(|| {
+            let period = lease_period.unwrap_or(tollgate::store::DEFAULT_LEASE_PERIOD);
+            eprintln!("peer-server: leases on, lease period {period:?}");
+            LeaseProbe {
+                store: store.clone(),
+                period,
+            }
+        });
         let rtt = store.ping().await?;
         eprintln!(
             "peer-server: Redis at {} answered PING in {rtt:?}",
@@ -223,10 +244,47 @@ mod tollgate_limiter {
         );
         let key = Header::new(KEY_HEADER).verbatim();
         let layer = RateLimitLayer::new(store, quota(case)?).key(key);
-        Ok(router.layer(match on_error {
+        let router = router.layer(match on_error {
             Some(policy) => layer.on_store_error(policy),
             None => layer,
-        }))
+        });
+        Ok((router, probe))
+    }
+
+    /// The outage server's store with leases on, for the timeline: how many
+    /// checks it decided in process from a lease so far, and its lease stats.
+    pub(crate) struct LeaseProbe {
+        store: RedisStore,
+        period: Duration,
+    }
+
+    impl LeaseProbe {
+        /// Checks decided in process from held tokens since start-up.
+        pub(crate) fn local_decisions(&self) -> u64 {
+            self.store.lease_stats().local_decisions
+        }
+
+        /// The lease period, in ms.
+        pub(crate) fn period_ms(&self) -> u128 {
+            self.period.as_millis()
+        }
+
+        /// The store's lease stats now, as `lease_NAME=N` fields.
+        pub(crate) fn fields(&self) -> String {
+            let s = self.store.lease_stats();
+            format!(
+                "lease_local_decisions={} lease_requests={} lease_granted={} lease_spent={} \
+                 lease_returned={} lease_expired={} lease_outstanding={} lease_held={}",
+                s.local_decisions,
+                s.requests,
+                s.granted,
+                s.spent,
+                s.returned,
+                s.expired,
+                s.outstanding,
+                s.held
+            )
+        }
     }
 
     /// Who decided the request `res` answers: Redis, the fallback, or nobody
@@ -343,7 +401,10 @@ mod trlr_limiter {
 /// response), for `benches/outage.sh`: it tells when decisions stopped and
 /// resumed coming from Redis, what the fallback admitted, and which requests
 /// waited on the store, for every request the server answered (also those wrk
-/// leaves uncounted between its runs).
+/// leaves uncounted between its runs). With leases on, also how many checks
+/// the store decided in process from a lease: such a decision is a plain
+/// `Decision` (counted as the store's), so the count comes from the store's
+/// lease stats, sampled every slot.
 mod timeline {
     use std::fmt::Write as _;
     use std::sync::OnceLock;
@@ -355,6 +416,8 @@ mod timeline {
     use axum::middleware::Next;
     use axum::response::Response;
 
+    use super::tollgate_limiter::LeaseProbe;
+
     /// Slot length in milliseconds.
     const SLOT_MS: u64 = 10;
     /// Ten minutes of slots; later answers count in the last one.
@@ -362,8 +425,11 @@ mod timeline {
     /// Upper bounds (ms) of the server-time buckets; the last bucket is
     /// everything above the last bound (250 ms: close to the store timeout).
     const BOUNDS_MS: [u64; 8] = [1, 2, 5, 10, 20, 50, 100, 250];
-    /// Counters per slot: 3 sources x 3 status classes, then 9 time buckets.
-    const PER_SLOT: usize = 9 + BOUNDS_MS.len() + 1;
+    /// Counters per slot: 3 sources x 3 status classes, then 9 time buckets,
+    /// then the checks decided from a lease (with leases on).
+    const PER_SLOT: usize = 9 + BOUNDS_MS.len() + 1 + 1;
+    /// Where a slot's lease count is.
+    const LEASE: usize = PER_SLOT - 1;
 
     /// Who decided an answer.
     #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -383,6 +449,8 @@ mod timeline {
     }
 
     static TIMELINE: OnceLock<Timeline> = OnceLock::new();
+    /// The store's leases, when on.
+    static LEASES: OnceLock<LeaseProbe> = OnceLock::new();
 
     fn timeline() -> &'static Timeline {
         TIMELINE.get_or_init(|| Timeline {
@@ -394,15 +462,38 @@ mod timeline {
         })
     }
 
-    /// Starts the clock (call once at start-up, before serving).
-    pub(crate) fn start() {
-        let _ = timeline();
+    /// Starts the clock (call once at start-up, before serving), and with
+    /// leases on (`leases`), a task that adds the checks decided from a lease
+    /// since its last look to the slot it looks in, every slot (a count is
+    /// late by up to a slot, or by as long as the runtime delays the task).
+    pub(crate) fn start(leases: Option<LeaseProbe>) {
+        let t = timeline();
+        let Some(probe) = leases else {
+            return;
+        };
+        let probe = LEASES.get_or_init(|| probe);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(SLOT_MS));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut seen = probe.local_decisions();
+            loop {
+                tick.tick().await;
+                let now = probe.local_decisions();
+                let base = slot_now(t) * PER_SLOT;
+                t.counts[base + LEASE].fetch_add(now.saturating_sub(seen), Ordering::Relaxed);
+                seen = now;
+            }
+        });
+    }
+
+    fn slot_now(t: &Timeline) -> usize {
+        ((t.start.elapsed().as_millis() as u64 / SLOT_MS) as usize).min(SLOTS - 1)
     }
 
     /// Counts one answer now, which took the server `took`.
     pub(crate) fn record(source: Source, status: StatusCode, took: Duration) {
         let t = timeline();
-        let slot = ((t.start.elapsed().as_millis() as u64 / SLOT_MS) as usize).min(SLOTS - 1);
+        let slot = slot_now(t);
         let class = if status.is_success() {
             0
         } else if status == StatusCode::TOO_MANY_REQUESTS {
@@ -425,16 +516,34 @@ mod timeline {
     /// fallback_other failed_2xx failed_429 failed_other`, then the answers
     /// that took the server less than 1, 2, 5, 10, 20, 50, 100, 250 ms and
     /// longer (unix_ms: the slot's start, by the system clock, as
-    /// `date +%s%3N`).
+    /// `date +%s%3N`). With leases on, the header also has `lease_period_ms`
+    /// and the store's lease stats now (`lease_local_decisions=N` etc.), and
+    /// each line ends with one more count: the checks decided in process from
+    /// a lease, as sampled in that slot (they are among the slot's `store_2xx`
+    /// answers, give or take a slot).
     pub(crate) async fn dump() -> String {
         let t = timeline();
+        let leases = LEASES.get();
         let mut out = format!(
-            "# slot_ms={SLOT_MS} start_unix_ms={} time_bounds_ms={}\n",
+            "# slot_ms={SLOT_MS} start_unix_ms={} time_bounds_ms={}",
             t.start_unix_ms,
             BOUNDS_MS.map(|b| b.to_string()).join(",")
         );
+        if let Some(probe) = leases {
+            let _ = write!(
+                out,
+                " lease_period_ms={} {}",
+                probe.period_ms(),
+                probe.fields()
+            );
+        }
+        out.push('\n');
+        let columns = if leases.is_some() { PER_SLOT } else { LEASE };
         for (i, slot) in t.counts.chunks(PER_SLOT).enumerate() {
-            let c: Vec<u64> = slot.iter().map(|a| a.load(Ordering::Relaxed)).collect();
+            let c: Vec<u64> = slot[..columns]
+                .iter()
+                .map(|a| a.load(Ordering::Relaxed))
+                .collect();
             if c.iter().all(|&n| n == 0) {
                 continue;
             }
@@ -470,7 +579,8 @@ fn status(code: StatusCode) -> Response<Body> {
 fn usage() -> BoxError {
     "usage: peer-server none|governor|trlr|tollgate-memory[-bare]|tollgate-redis[-bare]|\
      tollgate-redis-leased[-bare]|tollgate-redis-outage \
-     [open|hot] (env PORT, REDIS_URL, ON_STORE_ERROR=allow|deny|fallback|default for the outage variant)"
+     [open|hot] (env PORT, REDIS_URL; for the outage variant ON_STORE_ERROR=allow|deny|fallback|default, \
+     LEASES=1, LEASE_PERIOD_MS)"
         .into()
 }
 
@@ -506,11 +616,11 @@ async fn run() -> Result<(), BoxError> {
         }
         "tollgate-redis-outage" => {
             let on_error = std::env::var("ON_STORE_ERROR").unwrap_or_else(|_| "allow".to_owned());
-            let router =
+            let (router, leases) =
                 tollgate_limiter::outage_layer(router, case, &redis_url, &on_error).await?;
             // Counted outside the limiter (its 429s and 503s too); /timeline
             // itself is neither limited nor counted.
-            timeline::start();
+            timeline::start(leases);
             router
                 .layer(axum::middleware::from_fn(timeline::count))
                 .route("/timeline", get(timeline::dump))
