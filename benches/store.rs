@@ -84,6 +84,34 @@ fn redis(c: &mut Criterion) {
             .iter(|| async { store.check("user:42", &two, 1).await.expect("check") })
     });
     group.finish();
+    // With leases on, a key in steady use is decided from its hold, in
+    // process: the same kind of work as the memory store's.
+    let leased = tollgate::RedisStore::builder()
+        .url(server.url())
+        .leases(true)
+        .build()
+        .expect("store");
+    let mut group = c.benchmark_group("redis, leases");
+    group.bench_function("check, one key", |b| {
+        b.to_async(&rt)
+            .iter(|| async { leased.check("user:42", &one, 1).await.expect("check") })
+    });
+    let keys: Vec<String> = (0..10_000).map(|i| format!("user:{i}")).collect();
+    let mut i = 0;
+    group.bench_function("check, 10k keys", |b| {
+        b.to_async(&rt).iter(|| {
+            i = (i + 1) % keys.len();
+            let key = &keys[i];
+            let (store, one) = (&leased, &one);
+            async move { store.check(key, one, 1).await.expect("check") }
+        })
+    });
+    group.finish();
+    let stats = leased.lease_stats();
+    println!(
+        "redis, leases: {} of the checks decided in process, {} lease requests",
+        stats.local_decisions, stats.requests
+    );
 }
 
 criterion_group! {

@@ -13,7 +13,8 @@
 //! What leases cost is under-admission, bounded by the holds outstanding.
 //!
 //! - **Size:** a decayed count of the key's local demand (tokens asked for
-//!   over about one lease period), minus what is still held; the script
+//!   over about one lease period; [`ROOMY`] periods while the buckets had
+//!   3/4 free or more at the last lease), minus what is still held; the script
 //!   grants at most half of what the bucket has free, so a key near its
 //!   limit gets no lease and is decided in Redis, exactly, check by check.
 //! - **Renewal:** the next lease is asked for (in the background) when
@@ -54,6 +55,12 @@ pub const DEFAULT_LEASE_KEYS: usize = 100_000;
 
 /// The fewest tokens worth a lease: below it, checks go to Redis.
 const MIN_LEASE: u64 = 2;
+
+/// How many periods a lease covers when the key's buckets are at least
+/// 3/4 free: nobody is near the limit, and a key in light use (a few
+/// checks a second) asks for a lease every few seconds instead of every
+/// period.
+const ROOMY: u32 = 8;
 
 /// Holds a key has at once, at most: the one in use and the next.
 const MAX_HOLDS: usize = 2;
@@ -113,6 +120,8 @@ struct Hold {
     id: u64,
     granted: u64,
     left: u64,
+    /// Its life in Redis.
+    life: Duration,
     /// Used here until then (Redis debits it some time after).
     until: Instant,
 }
@@ -134,6 +143,9 @@ struct Entry {
     asking: bool,
     /// No lease is asked for before then (after a grant of nothing).
     quiet_until: Option<Instant>,
+    /// At the last lease, at least 3/4 of every bucket was free besides
+    /// it: leases cover [`ROOMY`] periods.
+    roomy: bool,
 }
 
 type Shard = HashMap<Vec<String>, Entry>;
@@ -153,10 +165,20 @@ pub(crate) struct Report {
 /// background.
 #[derive(Default)]
 pub(crate) struct Errand {
-    /// Keys, policy, tokens wanted, and the id of a hold spent whole to
-    /// report with it.
-    pub(crate) lease: Option<(Vec<String>, Policy, u64, Option<u64>)>,
+    pub(crate) lease: Option<Ask>,
     pub(crate) reports: Vec<Report>,
+}
+
+/// A lease to ask for.
+pub(crate) struct Ask {
+    pub(crate) keys: Vec<String>,
+    pub(crate) policy: Policy,
+    /// The most tokens wanted.
+    pub(crate) want: u64,
+    /// A hold spent whole, to report with it.
+    pub(crate) carried: Option<u64>,
+    /// How long it lives in Redis.
+    pub(crate) life: Duration,
 }
 
 /// The leases of one store (see the module docs).
@@ -204,14 +226,10 @@ impl Leases {
         }
     }
 
-    pub(crate) fn life(&self) -> Duration {
-        2 * self.config.period
-    }
-
     /// Used here until `sent + life - margin`; the margin (a tenth of the
     /// life) covers a Redis clock that runs a little faster than ours.
-    fn until(&self, sent: Instant) -> Instant {
-        sent + self.life() - self.life() / 10
+    fn until(sent: Instant, life: Duration) -> Instant {
+        sent + life - life / 10
     }
 
     /// A plain check of `cost` on `keys`: decided here from a hold when one
@@ -244,6 +262,7 @@ impl Leases {
                         spent: VecDeque::new(),
                         asking: false,
                         quiet_until: None,
+                        roomy: false,
                     },
                 );
                 shard.get_mut(keys)?
@@ -305,15 +324,22 @@ impl Leases {
         let aging = entry
             .holds
             .back()
-            .is_none_or(|h| h.until.saturating_duration_since(now) < self.life() / 4);
+            .is_none_or(|h| h.until.saturating_duration_since(now) < h.life / 4);
+        let periods = if entry.roomy { ROOMY } else { 1 };
+        let wanted = wanted.saturating_mul(u64::from(periods));
         // Enough for a period and a half, less what is still held: asked
         // for when under half a period is left, a lease lasts about a
-        // period.
+        // period. It lives two.
         let want = (wanted + wanted / 2).saturating_sub(held);
         if want >= MIN_LEASE && (2 * held < wanted || aging) {
             entry.asking = true;
-            let carried = entry.spent.pop_front();
-            errand.lease = Some((keys.to_vec(), entry.policy.clone(), want, carried));
+            errand.lease = Some(Ask {
+                keys: keys.to_vec(),
+                policy: entry.policy.clone(),
+                want,
+                carried: entry.spent.pop_front(),
+                life: 2 * periods * self.config.period,
+            });
         }
         decided
     }
@@ -382,8 +408,11 @@ impl Leases {
     }
 
     /// A lease on `keys` for `policy` answered: `granted` tokens (0: none)
-    /// held from a request sent at `sent`, or `None` when the call failed.
-    /// A hold whose key was evicted meanwhile comes back to be reported.
+    /// held for `life` from a request sent at `sent`, or `None` when the
+    /// call failed; `roomy`: whether every bucket had at least 3/4 free
+    /// besides it. A hold whose key was evicted meanwhile comes back to be
+    /// reported.
+    #[allow(clippy::too_many_arguments, reason = "one answer, read apart")]
     pub(crate) fn answered(
         &self,
         keys: &[String],
@@ -391,6 +420,8 @@ impl Leases {
         id: u64,
         granted: Option<u64>,
         sent: Instant,
+        life: Duration,
+        roomy: bool,
     ) -> Option<Report> {
         let mut shard = self.shard(keys);
         let Some(entry) = shard.get_mut(keys) else {
@@ -405,6 +436,7 @@ impl Leases {
             });
         };
         entry.asking = false;
+        entry.roomy = roomy;
         match granted {
             Some(granted) if granted > 0 => {
                 self.counters.granted.fetch_add(granted, Ordering::Relaxed);
@@ -417,7 +449,8 @@ impl Leases {
                     id,
                     granted,
                     left: granted,
-                    until: self.until(sent),
+                    life,
+                    until: Self::until(sent, life),
                 });
             }
             // Nothing to spare (or no answer): not asked again for a period.

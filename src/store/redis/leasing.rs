@@ -3,11 +3,12 @@
 //! decision batched with the checks in flight.
 
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use tokio::time::Instant;
 
 use super::encode::Spend;
-use super::lease::{Errand, LeaseStats, Leases, WHOLE};
+use super::lease::{Ask, Errand, LeaseStats, Leases, WHOLE};
 use super::store::RedisStore;
 use crate::decision::Decision;
 use crate::policy::Policy;
@@ -36,12 +37,20 @@ impl RedisStore {
         };
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             // Nothing can be sent: the key must not stay asking.
-            if let Some((keys, policy, ..)) = &errand.lease {
-                let _ = leases.answered(keys, policy, 0, None, Instant::now());
+            if let Some(Ask { keys, policy, .. }) = &errand.lease {
+                let _ =
+                    leases.answered(keys, policy, 0, None, Instant::now(), Duration::ZERO, false);
             }
             return;
         };
-        if let Some((keys, policy, want, carried)) = errand.lease {
+        if let Some(Ask {
+            keys,
+            policy,
+            want,
+            carried,
+            life,
+        }) = errand.lease
+        {
             let id = leases.id();
             leases.counters.requests.fetch_add(1, Ordering::Relaxed);
             let store = self.clone();
@@ -53,7 +62,7 @@ impl RedisStore {
                 policy: policy.clone(),
                 id,
             };
-            let life_us = micros(leases.life());
+            let life_us = micros(life);
             runtime.spawn(async move {
                 let mut guard = guard;
                 let keys = guard.keys.clone().unwrap_or_default();
@@ -67,14 +76,18 @@ impl RedisStore {
                     id,
                     report: carried.map(|id| (id, WHOLE)),
                 };
-                let granted = store
-                    .send(keys, &policy, spend, None)
-                    .await
-                    .ok()
-                    .map(|(_, packed)| packed / 2);
+                let answer = store.send(keys, &policy, spend, None).await.ok();
+                let granted = answer.as_ref().map(|(_, packed)| packed / 2);
+                // Roomy: every bucket 3/4 free or more besides this hold.
+                let roomy = answer.as_ref().is_some_and(|(decision, packed)| {
+                    decision.states().iter().all(|s| {
+                        let free = s.remaining().saturating_add(packed / 2);
+                        free.saturating_mul(4) >= s.quota().capacity().saturating_mul(3)
+                    })
+                });
                 let orphan = match (guard.keys.take(), &store.inner.leases) {
                     (Some(keys), Some(leases)) => {
-                        leases.answered(&keys, &policy, id, granted, sent)
+                        leases.answered(&keys, &policy, id, granted, sent, life, roomy)
                     }
                     _ => None,
                 };
@@ -128,7 +141,15 @@ struct Asking {
 impl Drop for Asking {
     fn drop(&mut self) {
         if let (Some(keys), Some(leases)) = (self.keys.take(), &self.store.inner.leases) {
-            leases.answered(&keys, &self.policy, self.id, None, Instant::now());
+            leases.answered(
+                &keys,
+                &self.policy,
+                self.id,
+                None,
+                Instant::now(),
+                Duration::ZERO,
+                false,
+            );
         }
     }
 }
