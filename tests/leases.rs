@@ -269,3 +269,72 @@ async fn a_local_decision_never_overstates_what_remains() {
     }
     assert!(local > 0, "no decision was made in process");
 }
+
+/// A policy of two quotas: a lease holds the same tokens on both buckets,
+/// and what is admitted stays within each quota's bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_holds_on_every_quota_of_a_policy() {
+    let server = RedisServer::start();
+    let stores: Vec<RedisStore> = (0..2)
+        .map(|_| leased(&server, Duration::from_millis(500)))
+        .collect();
+    let second = Quota::per_second(300).unwrap();
+    let minute = Quota::per_minute(12_000).unwrap().burst(500).unwrap();
+    let policy = Arc::new(Policy::new("two", [second, minute]).unwrap());
+    let keys: Vec<String> = policy
+        .quotas()
+        .iter()
+        .map(|q| stores[0].bucket_key("both", q))
+        .collect();
+    let admitted = Arc::new(AtomicU64::new(0));
+    let t0 = server.time_us();
+    let mut tasks = Vec::new();
+    for store in &stores {
+        let (store, policy, admitted) = (store.clone(), Arc::clone(&policy), Arc::clone(&admitted));
+        // 250 checks a second each: 500 against 300 and 200 a second.
+        tasks.push(tokio::spawn(async move {
+            let start = Instant::now();
+            let mut next = start;
+            let mut both_held = false;
+            while start.elapsed() < Duration::from_secs(2) {
+                if store.check("both", &policy, 1).await.unwrap().allowed() {
+                    admitted.fetch_add(1, Ordering::Relaxed);
+                }
+                next += Duration::from_millis(4);
+                tokio::time::sleep_until(next.into()).await;
+            }
+            both_held |= store.lease_stats().granted > 0;
+            both_held
+        }));
+    }
+    let mut granted = false;
+    for task in tasks {
+        granted |= task.await.unwrap();
+    }
+    let t1 = server.time_us();
+    let admitted = admitted.load(Ordering::Relaxed);
+    let span = t1 - t0;
+    let bounds = [
+        second.capacity() + span * 300 / 1_000_000,
+        minute.capacity() + span * 200 / 1_000_000,
+    ];
+    eprintln!("admitted {admitted}, bounds {bounds:?}");
+    for bound in bounds {
+        assert!(
+            admitted <= bound,
+            "{admitted} admitted, over the bound {bound}"
+        );
+    }
+    assert!(granted, "no lease was granted");
+    // Whatever is held now is held on both buckets, the same tokens.
+    let on = |key: &str| {
+        holds(&server, key)
+            .map(|h| h.split(';').count())
+            .unwrap_or(0)
+    };
+    assert_eq!(
+        on(&keys[0]),
+        on(&keys[1]),
+        "holds differ between the buckets"
+    );
+}
