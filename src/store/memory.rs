@@ -117,6 +117,40 @@ struct Entry {
     id: u64,
 }
 
+impl Entry {
+    /// The levels of `quotas` at `now_us`: this key's buckets brought up to
+    /// date, full for a quota it has no bucket of.
+    fn levels(&self, quotas: &[Quota], now_us: u64, levels: &mut [Level]) {
+        for (level, q) in levels.iter_mut().zip(quotas) {
+            *level = match self.buckets.iter().find(|(bq, _)| bq == q) {
+                Some((_, stored)) => stored.refilled(q, now_us),
+                None => Level::full(q, now_us),
+            };
+        }
+    }
+
+    /// Writes the `levels` of `quotas` into this key's buckets, and files
+    /// it again in `order` (its shard's) if it is now full sooner than
+    /// where it is filed.
+    fn store(
+        &mut self,
+        order: &mut BTreeMap<(u64, u64), Arc<str>>,
+        quotas: &[Quota],
+        levels: &[Level],
+    ) {
+        set_levels(&mut self.buckets, quotas, levels);
+        self.full_at = full_at(&self.buckets);
+        if self.full_at < self.filed_at {
+            // Never from an admission (see `Shard`); kept exact anyway.
+            let place = (self.filed_at, self.id);
+            self.filed_at = self.full_at;
+            if let Some(name) = order.remove(&place) {
+                order.insert((self.full_at, self.id), name);
+            }
+        }
+    }
+}
+
 /// One shard's keys, also ordered by when they are full again (then by age).
 ///
 /// Invariant: `order` holds exactly one `(entry.filed_at, entry.id)` for every
@@ -148,6 +182,7 @@ struct Shard {
 }
 
 impl Shard {
+    #[cfg(test)]
     fn get(&self, hash: u64, key: &str) -> Option<&Entry> {
         self.map.find(hash, |e| &*e.name == key)
     }
@@ -207,9 +242,9 @@ impl Shard {
         }
     }
 
-    /// Writes the `levels` of `quotas` into `key`'s buckets (a new key when it
-    /// has none yet; `hash` is the key's).
-    fn write(
+    /// Stores the `levels` of `quotas` as the buckets of `key`, a key this
+    /// shard does not hold yet (`hash` is the key's).
+    fn insert(
         &mut self,
         hasher: &RandomState,
         hash: u64,
@@ -217,19 +252,6 @@ impl Shard {
         quotas: &[Quota],
         levels: &[Level],
     ) {
-        if let Some(entry) = self.map.find_mut(hash, |e| &*e.name == key) {
-            set_levels(&mut entry.buckets, quotas, levels);
-            entry.full_at = full_at(&entry.buckets);
-            if entry.full_at < entry.filed_at {
-                // Never from an admission (see `Shard`); kept exact anyway.
-                let place = (entry.filed_at, entry.id);
-                entry.filed_at = entry.full_at;
-                if let Some(name) = self.order.remove(&place) {
-                    self.order.insert((entry.full_at, entry.id), name);
-                }
-            }
-            return;
-        }
         let mut buckets = Vec::with_capacity(quotas.len());
         set_levels(&mut buckets, quotas, levels);
         let full_at = full_at(&buckets);
@@ -429,9 +451,8 @@ impl MemoryStore {
     ) -> T {
         let quotas = policy.quotas();
         let key = safe_key(key);
-        let (hash, mut shard) = self.shard(&key);
-        let stored = shard.get(hash, &key).map(|e| e.buckets.as_slice());
-        let known = stored.is_some();
+        let (hash, mut guard) = self.shard(&key);
+        let shard = &mut *guard;
         // Levels on the stack for policies of up to four quotas (all the
         // common ones), so a check allocates nothing here.
         let mut inline = [Level::EMPTY; 4];
@@ -443,21 +464,28 @@ impl MemoryStore {
                 &mut spilled
             }
         };
-        for (level, q) in levels.iter_mut().zip(quotas) {
-            *level = match stored.and_then(|b| b.iter().find(|(bq, _)| bq == q)) {
-                Some((_, stored)) => stored.refilled(q, now_us),
-                None => Level::full(q, now_us),
-            };
+        // A known key (the common case): one probe of the table, and its
+        // buckets updated where they are.
+        if let Some(entry) = shard.map.find_mut(hash, |e| *e.name == *key) {
+            entry.levels(quotas, now_us, levels);
+            let (out, write) = update(quotas, levels, true);
+            if write {
+                entry.store(&mut shard.order, quotas, levels);
+            }
+            return out;
         }
-        let (out, write) = update(quotas, levels, known);
+        for (level, q) in levels.iter_mut().zip(quotas) {
+            *level = Level::full(q, now_us);
+        }
+        let (out, write) = update(quotas, levels, false);
         if !write {
             return out;
         }
         let hasher = &self.inner.hasher;
-        if !known && shard.map.len() >= self.inner.per_shard {
+        if shard.map.len() >= self.inner.per_shard {
             shard.forget_first(hasher, now_us);
         }
-        shard.write(hasher, hash, &key, quotas, levels);
+        shard.insert(hasher, hash, &key, quotas, levels);
         out
     }
 }
