@@ -35,7 +35,8 @@ pub fn safe_key_bytes(key: &[u8]) -> String {
     }
 }
 
-fn is_safe(key: &[u8]) -> bool {
+/// Whether `key` is its own storage-safe form ([`safe_key`] keeps it as it is).
+pub(crate) fn is_safe(key: &[u8]) -> bool {
     key.first().is_some_and(|b| *b != b'#')
         && key.len() <= MAX_RAW_KEY_LEN
         && key.iter().all(|b| SAFE.get(usize::from(*b)) == Some(&true))

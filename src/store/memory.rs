@@ -11,7 +11,7 @@ use tokio::time::Instant;
 
 use super::bucket::{Level, adjust, debt_for, spend};
 use super::contract::{Store, validate};
-use super::key::safe_key;
+use super::key::{MAX_RAW_KEY_LEN, is_safe, safe_key};
 use super::sealed::Sealed;
 use std::time::Duration;
 
@@ -242,6 +242,33 @@ impl Shard {
         }
     }
 
+    /// Runs `update` on `key`'s buckets brought up to `now_us` (`levels`
+    /// holds them meanwhile) and stores them if it says so: one probe of the
+    /// table, the buckets updated where they are. `update` comes back when
+    /// the shard does not hold `key` (in its storage form, `hash` its hash).
+    fn update_found<T, U>(
+        &mut self,
+        hash: u64,
+        key: &str,
+        quotas: &[Quota],
+        now_us: u64,
+        levels: &mut [Level],
+        update: U,
+    ) -> Result<T, U>
+    where
+        U: FnOnce(&[Quota], &mut [Level], bool) -> (T, bool),
+    {
+        let Some(entry) = self.map.find_mut(hash, |e| *e.name == *key) else {
+            return Err(update);
+        };
+        entry.levels(quotas, now_us, levels);
+        let (out, write) = update(quotas, levels, true);
+        if write {
+            entry.store(&mut self.order, quotas, levels);
+        }
+        Ok(out)
+    }
+
     /// Stores the `levels` of `quotas` as the buckets of `key`, a key this
     /// shard does not hold yet (`hash` is the key's).
     fn insert(
@@ -442,17 +469,18 @@ impl MemoryStore {
 
     /// Runs `update` on `key`'s buckets brought up to `now_us` (and whether
     /// the key is stored), and stores them if it says so.
-    fn update_at<T>(
-        &self,
-        key: &str,
-        policy: &Policy,
-        now_us: u64,
-        update: impl FnOnce(&[Quota], &mut [Level], bool) -> (T, bool),
-    ) -> T {
+    ///
+    /// Every stored name is a safe key, and a safe key that does not start
+    /// with `#` is stored as it is. So a key of at most [`MAX_RAW_KEY_LEN`]
+    /// bytes, not starting with `#`, that the store holds as it is, is that
+    /// key: a client seen before (the common case) is found without the scan
+    /// [`safe_key`] makes. A key not found so is scanned, and, when it is not
+    /// safe, looked up again in its hashed form.
+    fn update_at<T, U>(&self, key: &str, policy: &Policy, now_us: u64, update: U) -> T
+    where
+        U: FnOnce(&[Quota], &mut [Level], bool) -> (T, bool),
+    {
         let quotas = policy.quotas();
-        let key = safe_key(key);
-        let (hash, mut guard) = self.shard(&key);
-        let shard = &mut *guard;
         // Levels on the stack for policies of up to four quotas (all the
         // common ones), so a check allocates nothing here.
         let mut inline = [Level::EMPTY; 4];
@@ -464,16 +492,41 @@ impl MemoryStore {
                 &mut spilled
             }
         };
-        // A known key (the common case): one probe of the table, and its
-        // buckets updated where they are.
-        if let Some(entry) = shard.map.find_mut(hash, |e| *e.name == *key) {
-            entry.levels(quotas, now_us, levels);
-            let (out, write) = update(quotas, levels, true);
-            if write {
-                entry.store(&mut shard.order, quotas, levels);
+        let mut update = update;
+        if key.len() <= MAX_RAW_KEY_LEN && !key.starts_with('#') {
+            let (hash, mut shard) = self.shard(key);
+            match shard.update_found(hash, key, quotas, now_us, levels, update) {
+                Ok(out) => return out,
+                Err(back) if is_safe(key.as_bytes()) => {
+                    return self.update_new(&mut shard, hash, key, quotas, now_us, levels, back);
+                }
+                Err(back) => update = back,
             }
-            return out;
         }
+        let key = safe_key(key);
+        let (hash, mut shard) = self.shard(&key);
+        match shard.update_found(hash, &key, quotas, now_us, levels, update) {
+            Ok(out) => out,
+            Err(back) => self.update_new(&mut shard, hash, &key, quotas, now_us, levels, back),
+        }
+    }
+
+    /// Runs `update` on full buckets for `key`, a key `shard` does not hold
+    /// (in its storage form, `hash` its hash), and stores them if it says so.
+    #[expect(clippy::too_many_arguments, reason = "one check's state, passed on")]
+    fn update_new<T, U>(
+        &self,
+        shard: &mut Shard,
+        hash: u64,
+        key: &str,
+        quotas: &[Quota],
+        now_us: u64,
+        levels: &mut [Level],
+        update: U,
+    ) -> T
+    where
+        U: FnOnce(&[Quota], &mut [Level], bool) -> (T, bool),
+    {
         for (level, q) in levels.iter_mut().zip(quotas) {
             *level = Level::full(q, now_us);
         }
@@ -485,7 +538,7 @@ impl MemoryStore {
         if shard.map.len() >= self.inner.per_shard {
             shard.forget_first(hasher, now_us);
         }
-        shard.insert(hasher, hash, &key, quotas, levels);
+        shard.insert(hasher, hash, key, quotas, levels);
         out
     }
 }
@@ -709,6 +762,35 @@ mod tests {
         assert_eq!((d.allowed(), d.remaining()), (false, 0));
         store.adjust_on("x", &q, -3, 0);
         assert_eq!(store.decide_at("x", &q, 0, 0).unwrap().remaining(), 1);
+    }
+
+    /// Keys found as they are skip `safe_key`'s scan: that must never find
+    /// a bucket `safe_key` would not. A key that is the hashed form of
+    /// another is hashed again (it starts with `#`), and an unsafe key is
+    /// found in its hashed form, the first time and the next.
+    #[test]
+    fn keys_found_as_they_are_are_their_own_storage_form() {
+        let store = MemoryStore::new();
+        let q = Policy::from(Quota::per_hour(3).unwrap());
+        let long = "k".repeat(200);
+        let _ = store.decide_at(&long, &q, 3, 0).unwrap();
+        let hashed = crate::store::hashed_key(long.as_bytes());
+        assert_eq!(store.decide_at(&hashed, &q, 1, 0).unwrap().remaining(), 2);
+        assert!(!store.decide_at(&long, &q, 1, 0).unwrap().allowed());
+        for left in [2, 1] {
+            let d = store.decide_at("a b", &q, 1, 0).unwrap();
+            assert_eq!(d.remaining(), left);
+        }
+        let d = store
+            .decide_at(&crate::store::hashed_key(b"a b"), &q, 0, 0)
+            .unwrap();
+        assert_eq!(
+            d.remaining(),
+            3,
+            "\"a b\" is kept under its hash, as a hash"
+        );
+        // The long key, its hash hashed again, and "a b" (the peek stored nothing).
+        assert_eq!(store.len(), 3);
     }
 
     #[test]
