@@ -2,8 +2,8 @@
 //! allocator: a request the layer decides at once (a memory store, a Redis
 //! store's deny cache) boxes no future and clones no service, so it allocates
 //! only for the request's own data: its key, its storage key, and the
-//! [`Decision`](tollgate::Decision) it puts in the request's and the
-//! response's extensions. A request sent to Redis in a batch adds its own
+//! [`Decision`](tollgate::Decision) it puts in the request's extensions (and,
+//! for a refusal, in the layer's own answer's). A request sent to Redis in a batch adds its own
 //! part of the call (its bucket keys, its boxed check, its reply channel) and
 //! a share of what the call allocates.
 
@@ -73,9 +73,11 @@ const SLACK: f64 = 0.5;
 const METRICS: f64 = if cfg!(feature = "metrics") { 2.0 } else { 0.0 };
 
 /// An admitted request: the key read from the header, the storage key, and
-/// the decision in the request's and the response's extensions (for each,
-/// the extension map, its table and the boxed decision).
-const ADMITTED: f64 = 8.0 + METRICS;
+/// the decision in the request's extensions (the extension map, its table
+/// and the boxed decision: these requests come without extensions). The
+/// response's extensions get nothing (see
+/// `RateLimitLayer::decision_in_response`).
+const ADMITTED: f64 = 5.0 + METRICS;
 
 /// A request refused at once: the key, the storage key, the 429 answer's
 /// header map (2), its `Retry-After` value and body, and the decision in its

@@ -149,7 +149,7 @@ pub(crate) async fn check(config: Arc<Config>, mut parts: Parts) -> Checked {
 /// everything but never stands between client and service: what would have
 /// been answered is forwarded with its report.
 fn verdict(config: &Config, parts: &mut Parts, result: Result<After, Answer>) -> Verdict {
-    let after = match result {
+    let mut after = match result {
         Ok(after) => after,
         Err(answer) if config.shadow => shadow_report(answer, config.headers),
         Err(answer) => {
@@ -159,8 +159,16 @@ fn verdict(config: &Config, parts: &mut Parts, result: Result<After, Answer>) ->
             });
         }
     };
-    if let Some(decision) = &after.decision {
-        parts.extensions.insert(decision.clone());
+    if let Some(decision) = after.decision.take() {
+        // Into the request extensions, where handlers read it; kept for the
+        // response only if its headers or extensions need it.
+        after.decision_in_response = config.decision_in_response;
+        if after.headers.is_some() || after.decision_in_response {
+            parts.extensions.insert(decision.clone());
+            after.decision = Some(decision);
+        } else {
+            parts.extensions.insert(decision);
+        }
     }
     if let Some(delayed) = after.delayed {
         parts.extensions.insert(delayed);

@@ -142,6 +142,7 @@ where
                         // With nested layers the innermost (most specific) decision
                         // is kept, as the handler saw it in the request.
                         if let Some(decision) = after.decision
+                            && after.decision_in_response
                             && res.extensions().get::<Decision>().is_none()
                         {
                             res.extensions_mut().insert(decision);

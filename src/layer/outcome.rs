@@ -128,7 +128,11 @@ impl Deferred {
 pub(crate) struct After {
     /// Rendered from `decision` onto the response.
     pub(crate) headers: Option<Deferred>,
+    /// Kept for the response only when its headers or extensions need it
+    /// (the request extensions get it either way).
     pub(crate) decision: Option<Decision>,
+    /// `decision` goes into the response extensions too.
+    pub(crate) decision_in_response: bool,
     pub(crate) failure: Option<StoreFailure>,
     pub(crate) shadow: Option<ShadowRejection>,
     pub(crate) delayed: Option<Delayed>,

@@ -243,7 +243,10 @@ mod tollgate_limiter {
             store.host()
         );
         let key = Header::new(KEY_HEADER).verbatim();
-        let layer = RateLimitLayer::new(store, quota(case)?).key(key);
+        // `decided_by` reads the decision in the response extensions.
+        let layer = RateLimitLayer::new(store, quota(case)?)
+            .key(key)
+            .decision_in_response();
         let router = router.layer(match on_error {
             Some(policy) => layer.on_store_error(policy),
             None => layer,
