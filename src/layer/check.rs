@@ -25,7 +25,7 @@ use super::dyn_key::Extractor;
 use super::grpc;
 use super::http_answer;
 use super::options::{Missing, OnStoreError, Selected};
-use super::outcome::{After, Answer, Deferred, Delayed, StoreFailure};
+use super::outcome::{After, Answer, Deferred, Delayed, Marks, StoreFailure};
 use super::report::shadow_report;
 use super::settle::{By, Ticket};
 use crate::decision::Decision;
@@ -173,14 +173,16 @@ fn verdict(config: &Config, parts: &mut Parts, result: Result<After, Answer>) ->
             parts.extensions.insert(decision);
         }
     }
-    if let Some(delayed) = after.delayed {
-        parts.extensions.insert(delayed);
-    }
-    if let Some(failure) = &after.failure {
-        parts.extensions.insert(failure.clone());
-    }
-    if let Some(shadow) = &after.shadow {
-        parts.extensions.insert(shadow.clone());
+    if let Some(marks) = &after.marks {
+        if let Some(delayed) = marks.delayed {
+            parts.extensions.insert(delayed);
+        }
+        if let Some(failure) = &marks.failure {
+            parts.extensions.insert(failure.clone());
+        }
+        if let Some(shadow) = &marks.shadow {
+            parts.extensions.insert(shadow.clone());
+        }
     }
     Verdict::Forward(after)
 }
@@ -320,7 +322,7 @@ fn outcome(
             ticket: ticket(&decision, &policy, By::Store),
             headers: Deferred::new(config.headers, policy),
             decision: Some(decision),
-            delayed,
+            marks: Marks::new(None, None, delayed),
             ..After::default()
         },
         Decided::Store(decision) => {
@@ -340,8 +342,7 @@ fn outcome(
             ticket: ticket(&decision, &policy, By::Fallback(policy.clone())),
             headers: Deferred::new(config.headers, policy),
             decision: Some(decision),
-            failure: Some(StoreFailure::new(error)),
-            delayed,
+            marks: Marks::new(Some(StoreFailure::new(error)), None, delayed),
             ..After::default()
         },
         Decided::Fallback {
@@ -363,7 +364,7 @@ fn outcome(
             let failure = StoreFailure::new(err);
             match config.on_store_error {
                 OnStoreError::Allow | OnStoreError::Fallback(_) => After {
-                    failure: Some(failure),
+                    marks: Marks::new(Some(failure), None, None),
                     ..After::default()
                 },
                 OnStoreError::Deny => return Err(Answer::StoreDown(failure)),

@@ -10,7 +10,7 @@ use super::headers::{
     ceil_secs, sf_integer,
 };
 use super::options::HeaderStyle;
-use super::outcome::{After, Answer, Deferred, ShadowRejection};
+use super::outcome::{After, Answer, Deferred, Marks, ShadowRejection};
 use crate::decision::{Decision, QuotaState};
 use crate::policy::Policy;
 use crate::quota::Quota;
@@ -177,18 +177,21 @@ pub(crate) fn shadow_report(answer: Answer, style: HeaderStyle) -> After {
             ..After::default()
         },
         Answer::StoreDown(failure) => After {
-            failure: Some(failure),
+            marks: Marks::new(Some(failure), None, None),
             ..After::default()
         },
-        Answer::CostTooHigh { cost, policy, .. } => After {
-            shadow: Some(ShadowRejection::CostTooHigh {
+        Answer::CostTooHigh { cost, policy, .. } => {
+            let shadow = ShadowRejection::CostTooHigh {
                 cost,
                 capacity: policy.max_cost(),
-            }),
-            ..After::default()
-        },
+            };
+            After {
+                marks: Marks::new(None, Some(shadow), None),
+                ..After::default()
+            }
+        }
         Answer::MissingKey { kind } => After {
-            shadow: Some(ShadowRejection::MissingKey { kind }),
+            marks: Marks::new(None, Some(ShadowRejection::MissingKey { kind }), None),
             ..After::default()
         },
     }
