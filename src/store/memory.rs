@@ -21,8 +21,11 @@ use crate::error::{ConfigError, Error};
 use crate::policy::Policy;
 use crate::quota::Quota;
 use crate::quota::micros;
+mod buckets;
 #[cfg(feature = "test-util")]
 mod test_clock;
+
+use buckets::Buckets;
 
 /// The default key limit of [`MemoryStore::new`].
 pub const DEFAULT_MAX_KEYS: usize = 100_000;
@@ -111,7 +114,7 @@ struct Inner {
 #[derive(Debug)]
 struct Entry {
     name: Arc<str>,
-    buckets: Vec<(Quota, Level)>,
+    buckets: Buckets,
     full_at: u64,
     filed_at: u64,
     id: u64,
@@ -122,8 +125,8 @@ impl Entry {
     /// date, full for a quota it has no bucket of.
     fn levels(&self, quotas: &[Quota], now_us: u64, levels: &mut [Level]) {
         for (level, q) in levels.iter_mut().zip(quotas) {
-            *level = match self.buckets.iter().find(|(bq, _)| bq == q) {
-                Some((_, stored)) => stored.refilled(q, now_us),
+            *level = match self.buckets.get(q) {
+                Some(stored) => stored.refilled(q, now_us),
                 None => Level::full(q, now_us),
             };
         }
@@ -138,8 +141,8 @@ impl Entry {
         quotas: &[Quota],
         levels: &[Level],
     ) {
-        set_levels(&mut self.buckets, quotas, levels);
-        self.full_at = full_at(&self.buckets);
+        self.buckets.set(quotas, levels);
+        self.full_at = self.buckets.full_at();
         if self.full_at < self.filed_at {
             // Never from an admission (see `Shard`); kept exact anyway.
             let place = (self.filed_at, self.id);
@@ -279,9 +282,8 @@ impl Shard {
         quotas: &[Quota],
         levels: &[Level],
     ) {
-        let mut buckets = Vec::with_capacity(quotas.len());
-        set_levels(&mut buckets, quotas, levels);
-        let full_at = full_at(&buckets);
+        let buckets = Buckets::new(quotas, levels);
+        let full_at = buckets.full_at();
         let name: Arc<str> = Arc::from(key);
         let id = self.next_id;
         self.next_id += 1;
@@ -306,27 +308,18 @@ impl Shard {
             return;
         };
         let entry = found.get_mut();
-        entry.buckets.retain(|(q, _)| !quotas.contains(q));
+        let emptied = entry.buckets.remove(quotas);
         let place = (entry.filed_at, entry.id);
-        if entry.buckets.is_empty() {
+        if emptied {
             found.remove();
             self.order.remove(&place);
             return;
         }
-        entry.full_at = full_at(&entry.buckets);
+        entry.full_at = entry.buckets.full_at();
         entry.filed_at = entry.full_at;
         let new = (entry.full_at, entry.id);
         if let Some(name) = self.order.remove(&place) {
             self.order.insert(new, name);
-        }
-    }
-}
-
-fn set_levels(buckets: &mut Vec<(Quota, Level)>, quotas: &[Quota], levels: &[Level]) {
-    for (q, &level) in quotas.iter().zip(levels) {
-        match buckets.iter_mut().find(|(bq, _)| bq == q) {
-            Some(slot) => slot.1 = level,
-            None => buckets.push((*q, level)),
         }
     }
 }
@@ -584,12 +577,6 @@ impl Store for MemoryStore {
         shard.reset(hash, &key, policy.quotas());
         Ok(())
     }
-}
-
-/// When every bucket of a key is full again, so forgetting the key changes no
-/// decision.
-fn full_at(buckets: &[(Quota, Level)]) -> u64 {
-    buckets.iter().map(|(q, l)| l.full_at(q)).max().unwrap_or(0)
 }
 
 /// A poisoned shard only means another thread panicked mid-update of plain
