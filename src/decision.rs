@@ -137,7 +137,10 @@ impl Decision {
     /// Builds a decision from every quota's state. `states` must not be empty.
     pub(crate) fn new(allowed: bool, states: impl Into<States>) -> Self {
         let states = states.into();
-        let binding = if allowed {
+        // One state binds (the common case, without a search).
+        let binding = if let States::One(_) = states {
+            0
+        } else if allowed {
             most_restrictive(states.as_slice(), |s| {
                 (std::cmp::Reverse(s.remaining), s.reset_after_us)
             })
