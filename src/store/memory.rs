@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::collections::hash_map::RandomState;
 
 use hashbrown::HashTable;
-use std::hash::BuildHasher;
+use std::hash::{BuildHasher, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::time::Instant;
@@ -195,7 +195,7 @@ impl Shard {
     fn first_current(&mut self, hasher: &RandomState) -> Option<(u64, u64)> {
         loop {
             let (&(filed_at, id), name) = self.order.first_key_value()?;
-            let hash = hasher.hash_one(&**name);
+            let hash = hash_key(hasher, name);
             let full_at = match self.map.find_mut(hash, |e| e.name == *name) {
                 Some(entry) if entry.full_at > filed_at => {
                     entry.filed_at = entry.full_at;
@@ -215,7 +215,7 @@ impl Shard {
             return;
         };
         if let Some(name) = self.order.remove(&place) {
-            let hash = hasher.hash_one(&*name);
+            let hash = hash_key(hasher, &name);
             if let Ok(entry) = self.map.find_entry(hash, |e| e.name == name) {
                 entry.remove();
             }
@@ -297,7 +297,7 @@ impl Shard {
                 filed_at: full_at,
                 id,
             },
-            |e| hasher.hash_one(&*e.name),
+            |e| hash_key(hasher, &e.name),
         );
     }
 
@@ -389,7 +389,7 @@ impl MemoryStore {
     /// The key's hash (computed once per check) and its shard, locked.
     fn shard(&self, key: &str) -> (u64, MutexGuard<'_, Shard>) {
         let shards = &self.inner.shards;
-        let hash = self.inner.hasher.hash_one(key);
+        let hash = hash_key(&self.inner.hasher, key);
         // The high half picks the shard: the table inside it indexes by the
         // low bits, which must not be the same for all of a shard's keys.
         // `shards` is never empty; the modulo keeps the index in range.
@@ -577,6 +577,14 @@ impl Store for MemoryStore {
         shard.reset(hash, &key, policy.quotas());
         Ok(())
     }
+}
+
+/// `key`'s hash, with the store's random seed: its bytes alone, without the
+/// end marker `str`'s `Hash` adds (no other value is hashed with it).
+fn hash_key(hasher: &RandomState, key: &str) -> u64 {
+    let mut state = hasher.build_hasher();
+    state.write(key.as_bytes());
+    state.finish()
 }
 
 /// A poisoned shard only means another thread panicked mid-update of plain
