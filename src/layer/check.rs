@@ -322,8 +322,8 @@ fn outcome(
             ticket: ticket(&decision, &policy, By::Store),
             headers: Deferred::new(config.headers, policy),
             decision: Some(decision),
+            decision_in_response: false,
             marks: Marks::new(None, None, delayed),
-            ..After::default()
         },
         Decided::Store(decision) => {
             return Err(Answer::TooMany {
@@ -342,8 +342,8 @@ fn outcome(
             ticket: ticket(&decision, &policy, By::Fallback(policy.clone())),
             headers: Deferred::new(config.headers, policy),
             decision: Some(decision),
+            decision_in_response: false,
             marks: Marks::new(Some(StoreFailure::new(error)), None, delayed),
-            ..After::default()
         },
         Decided::Fallback {
             decision, policy, ..
