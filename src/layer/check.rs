@@ -218,9 +218,11 @@ impl Ask {
         KEY.with(|buffer| match buffer.try_borrow_mut() {
             Ok(mut key) => {
                 key.clear();
-                for part in [self.policy.name(), ":", &self.kind, ":", &self.value] {
-                    key.push_str(part);
-                }
+                key.push_str(self.policy.name());
+                key.push(':');
+                key.push_str(&self.kind);
+                key.push(':');
+                key.push_str(&self.value);
                 f(&key)
             }
             Err(_) => f(&self.key()),
