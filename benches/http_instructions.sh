@@ -138,6 +138,7 @@ ratio() { awk -v a="${per_request[$1]}" -v b="${per_request[$2]}" 'BEGIN { print
 line="ratios (instructions per request, whole server):"
 has governor && has tollgate-memory-bare && line="$line tollgate-memory-bare/governor = $(ratio tollgate-memory-bare governor)"
 has governor && has tollgate-memory && line="$line, tollgate-memory/governor = $(ratio tollgate-memory governor)"
+has governor-headers && has tollgate-memory && line="$line, tollgate-memory/governor-headers = $(ratio tollgate-memory governor-headers)"
 has trlr && has tollgate-redis-bare && line="$line, tollgate-redis-bare/trlr = $(ratio tollgate-redis-bare trlr)"
 echo "$line"
 if [ -n "${BASE:-}" ]; then

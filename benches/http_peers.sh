@@ -15,7 +15,7 @@
 #   KEYS [10000]       client keys in the open case (x-client: c1..cN, random)
 #   VARIANTS           open case  ["none governor trlr tollgate-memory tollgate-memory-bare
 #                      tollgate-redis tollgate-redis-bare tollgate-redis-leased
-#                      tollgate-redis-leased-bare"]
+#                      tollgate-redis-leased-bare"]; also governor-headers
 #   HOT_VARIANTS       hot case   ["governor trlr tollgate-memory tollgate-redis"] ("" skips it)
 #   PORT, REDIS_PORT   fixed ports, failing if busy (default: free ports below the
 #                      ephemeral range are picked, and picked again if taken)
@@ -40,6 +40,9 @@
 #         call per lease period instead of one per request. On SIGTERM the
 #         server logs its lease stats since start-up (warm-up and probe
 #         included); the run's line shows local decisions and lease requests.
+#   governor-headers: tower_governor with use_headers() (x-ratelimit-limit and
+#         x-ratelimit-remaining on admitted responses), the peer of
+#         tollgate-memory's headers.
 #
 # Each run: start peer-server (axum 0.8, tokio multi-thread runtime with 2
 # workers for every variant; Redis FLUSHALL first for the Redis variants),
@@ -113,7 +116,7 @@ for n in "$rounds" "$duration" "$warmup" "$conns" "$threads" "$nkeys"; do
 done
 for v in $variants $hot_variants; do
   case $v in
-    none | governor | trlr | tollgate-memory | tollgate-memory-bare | tollgate-redis | tollgate-redis-bare) ;;
+    none | governor | governor-headers | trlr | tollgate-memory | tollgate-memory-bare | tollgate-redis | tollgate-redis-bare) ;;
     tollgate-redis-leased | tollgate-redis-leased-bare) ;;
     *) die "unknown variant $v" ;;
   esac
@@ -420,6 +423,7 @@ awk -v order="$variants" -v hot_order="$hot_variants" '
     ratio("open: tollgate-redis-bare / trlr, Redis CPU per req", "open tollgate-redis-bare", "open trlr", CPU)
     ratio("open: tollgate-memory / governor, req/s", "open tollgate-memory", "open governor", MED)
     ratio("open: tollgate-memory-bare / governor, req/s", "open tollgate-memory-bare", "open governor", MED)
+    ratio("open: tollgate-memory / governor-headers, req/s", "open tollgate-memory", "open governor-headers", MED)
     ratio("open: tollgate-memory / none, req/s", "open tollgate-memory", "open none", MED)
     ratio("open: tollgate-redis / none, req/s", "open tollgate-redis", "open none", MED)
     ratio("open: tollgate-redis-leased / trlr, req/s", "open tollgate-redis-leased", "open trlr", MED, ">= 1.5")
@@ -442,6 +446,7 @@ awk -v order="$variants" -v hot_order="$hot_variants" '
     rounds("open: tollgate-redis-bare / trlr, req/s", "open tollgate-redis-bare", "open trlr")
     rounds("open: tollgate-memory / governor, req/s", "open tollgate-memory", "open governor")
     rounds("open: tollgate-memory-bare / governor, req/s", "open tollgate-memory-bare", "open governor")
+    rounds("open: tollgate-memory / governor-headers, req/s", "open tollgate-memory", "open governor-headers")
     rounds("open: tollgate-redis-leased / trlr, req/s", "open tollgate-redis-leased", "open trlr")
     rounds("open: tollgate-redis-leased / tollgate-memory, req/s", "open tollgate-redis-leased", "open tollgate-memory")
     rounds("open: tollgate-redis-leased-bare / trlr, req/s", "open tollgate-redis-leased-bare", "open trlr")

@@ -1,5 +1,6 @@
 //! What a check answers: admitted or not, and the numbers behind it.
 
+use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -33,7 +34,9 @@ use crate::quota::Quota;
 #[must_use]
 pub struct Decision {
     allowed: bool,
-    binding: usize,
+    /// The index of the most restrictive state (a `u32`, so the decision
+    /// packs into 80 bytes: it is moved several times per request).
+    binding: u32,
     states: States,
     fallback: bool,
 }
@@ -67,13 +70,26 @@ impl From<Vec<QuotaState>> for States {
 }
 
 /// One quota's part in a [`Decision`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 #[must_use]
 pub struct QuotaState {
     quota: Quota,
     remaining: u64,
-    retry_after: Duration,
-    reset_after: Duration,
+    /// The waits in microseconds, as the stores count them (a `Duration`
+    /// would take twice the room).
+    retry_after_us: u64,
+    reset_after_us: u64,
+}
+
+impl fmt::Debug for QuotaState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("QuotaState")
+            .field("quota", &self.quota)
+            .field("remaining", &self.remaining)
+            .field("retry_after", &self.retry_after())
+            .field("reset_after", &self.reset_after())
+            .finish()
+    }
 }
 
 impl QuotaState {
@@ -86,8 +102,8 @@ impl QuotaState {
         QuotaState {
             quota,
             remaining,
-            retry_after: Duration::from_micros(retry_after_us),
-            reset_after: Duration::from_micros(reset_after_us),
+            retry_after_us,
+            reset_after_us,
         }
     }
 
@@ -108,12 +124,12 @@ impl QuotaState {
 
     /// How long until this bucket holds the cost asked for; zero when it does now.
     pub fn retry_after(&self) -> Duration {
-        self.retry_after
+        Duration::from_micros(self.retry_after_us)
     }
 
     /// How long until this bucket is full again.
     pub fn reset_after(&self) -> Duration {
-        self.reset_after
+        Duration::from_micros(self.reset_after_us)
     }
 }
 
@@ -121,12 +137,17 @@ impl Decision {
     /// Builds a decision from every quota's state. `states` must not be empty.
     pub(crate) fn new(allowed: bool, states: impl Into<States>) -> Self {
         let states = states.into();
-        let binding = if allowed {
+        // One state binds (the common case, without a search).
+        let binding = if let States::One(_) = states {
+            0
+        } else if allowed {
             most_restrictive(states.as_slice(), |s| {
-                (std::cmp::Reverse(s.remaining), s.reset_after)
+                (std::cmp::Reverse(s.remaining), s.reset_after_us)
             })
         } else {
-            most_restrictive(states.as_slice(), |s| (std::cmp::Reverse(0), s.retry_after))
+            most_restrictive(states.as_slice(), |s| {
+                (std::cmp::Reverse(0), s.retry_after_us)
+            })
         };
         Decision {
             allowed,
@@ -149,7 +170,8 @@ impl Decision {
     }
 
     fn binding(&self) -> Option<&QuotaState> {
-        self.states.as_slice().get(self.binding)
+        let binding = usize::try_from(self.binding).ok()?;
+        self.states.as_slice().get(binding)
     }
 
     /// True when the cost was admitted (and consumed from every quota).
@@ -239,12 +261,13 @@ impl Reservation {
     }
 }
 
-fn most_restrictive<K: Ord>(states: &[QuotaState], key: impl Fn(&QuotaState) -> K) -> usize {
+fn most_restrictive<K: Ord>(states: &[QuotaState], key: impl Fn(&QuotaState) -> K) -> u32 {
     states
         .iter()
         .enumerate()
         .max_by_key(|(i, s)| (key(s), std::cmp::Reverse(*i)))
-        .map_or(0, |(i, _)| i)
+        .and_then(|(i, _)| u32::try_from(i).ok())
+        .unwrap_or(0)
 }
 
 #[cfg(test)]

@@ -1,9 +1,10 @@
 //! Heap allocations per request through the layer, counted by dhat's global
 //! allocator: a request the layer decides at once (a memory store, a Redis
 //! store's deny cache) boxes no future and clones no service, so it allocates
-//! only for the request's own data: its key, its storage key, and the
-//! [`Decision`](tollgate::Decision) it puts in the request's and the
-//! response's extensions. A request sent to Redis in a batch adds its own
+//! only for the request's own data: its key and the
+//! [`Decision`](tollgate::Decision) it puts in the request's extensions (and,
+//! for a refusal, in the layer's own answer's); its storage key is written
+//! into a buffer of the thread's. A request sent to Redis in a batch adds its own
 //! part of the call (its bucket keys, its boxed check, its reply channel) and
 //! a share of what the call allocates.
 
@@ -72,15 +73,15 @@ const SLACK: f64 = 0.5;
 /// `metrics` feature on.
 const METRICS: f64 = if cfg!(feature = "metrics") { 2.0 } else { 0.0 };
 
-/// An admitted request: the key read from the header, the storage key, and
-/// the decision in the request's and the response's extensions (for each,
-/// the extension map, its table and the boxed decision).
-const ADMITTED: f64 = 8.0 + METRICS;
+/// An admitted request: the key read from the header and the decision in
+/// the request's extensions (the extension map, its table and the boxed
+/// decision: these requests come without extensions). The response's
+/// extensions get nothing (see `RateLimitLayer::decision_in_response`).
+const ADMITTED: f64 = 4.0 + METRICS;
 
-/// A request refused at once: the key, the storage key, the 429 answer's
-/// header map (2), its `Retry-After` value and body, and the decision in its
-/// extensions (3).
-const DENIED: f64 = 9.0 + METRICS;
+/// A request refused at once: the key, the 429 answer's header map (2), its
+/// `Retry-After` value and body, and the decision in its extensions (3).
+const DENIED: f64 = 8.0 + METRICS;
 
 /// A refusal from a Redis store's deny cache: [`DENIED`], and the list of
 /// the request's bucket keys in Redis (the list and one key per quota), and
@@ -129,12 +130,12 @@ async fn requests_decided_at_once_allocate_only_for_their_data_and_the_deny_cach
 }
 
 /// An admitted request sent to Redis, batched with others (64 callers at
-/// once): [`ADMITTED`], and the request's own part of the call: its bucket
-/// keys in Redis (the list and one key), its boxed check and its reply
-/// channel; the keys move into the script call and back, the answer is read
-/// without a list.
+/// once): [`ADMITTED`], its storage key (kept while the call is in flight),
+/// and the request's own part of the call: its bucket keys in Redis (the
+/// list and one key), its boxed check and its reply channel; the keys move
+/// into the script call and back, the answer is read without a list.
 #[cfg(feature = "redis")]
-const BATCHED: f64 = ADMITTED + 4.0;
+const BATCHED: f64 = ADMITTED + 5.0;
 
 /// What one script call allocates (the command, the reply, the batch's
 /// lists, the task that sends it), shared by the checks it carries: 15

@@ -934,8 +934,11 @@ async fn nested_layers_spend_outer_first_and_show_the_inner_decision() {
         redis.store(),
         named("outer", [Quota::per_minute(5).unwrap()]),
     )
-    .key(Global);
-    let inner = RateLimitLayer::new(redis.store(), named("inner", [slow()])).key(Global);
+    .key(Global)
+    .decision_in_response();
+    let inner = RateLimitLayer::new(redis.store(), named("inner", [slow()]))
+        .key(Global)
+        .decision_in_response();
     // The last `.layer` is the outermost.
     let app = Router::new()
         .route("/", get(echo))
@@ -1029,7 +1032,11 @@ async fn nested_layers_with_the_same_name_share_one_bucket() {
 async fn store_failures_reach_the_response_extensions() {
     let mut redis = RedisServer::start();
     let store = redis.store();
-    let base = || RateLimitLayer::new(store.clone(), slow()).key(Global);
+    let base = || {
+        RateLimitLayer::new(store.clone(), slow())
+            .key(Global)
+            .decision_in_response()
+    };
     let app = |layer: RateLimitLayer| Router::new().route("/", get(echo)).layer(layer);
     let allow = app(base());
     let deny = app(base().on_store_error(OnStoreError::Deny));

@@ -108,6 +108,7 @@ async fn an_outage_shows_in_events_and_metrics_without_client_keys() {
     let svc = RateLimitLayer::new(store, policy)
         .key(Header::new("x-api-key"))
         .on_store_error(OnStoreError::Fallback(Fallback::memory()))
+        .decision_in_response()
         .layer(inner);
     let request = || {
         Request::get("/")

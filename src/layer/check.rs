@@ -9,6 +9,7 @@
 //! whole check as one boxed future ([`check`]). The boxed futures own the
 //! request head, so the request body (`Send` but not `Sync`) is never
 //! borrowed across an `.await`.
+use std::cell::RefCell;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::task::{Context, Poll, Waker};
@@ -24,7 +25,7 @@ use super::dyn_key::Extractor;
 use super::grpc;
 use super::http_answer;
 use super::options::{Missing, OnStoreError, Selected};
-use super::outcome::{After, Answer, Deferred, Delayed, StoreFailure};
+use super::outcome::{After, Answer, Deferred, Delayed, Marks, StoreFailure};
 use super::report::shadow_report;
 use super::settle::{By, Ticket};
 use crate::decision::Decision;
@@ -32,8 +33,7 @@ use crate::error::Error;
 use crate::key::present;
 use crate::limiter::Decided;
 use crate::policy::Policy;
-use crate::store::Unsent;
-use crate::store::safe_key;
+use crate::store::{Unsent, into_safe_key};
 /// The request head back, and what to do with the request.
 pub(crate) struct Checked {
     pub(crate) parts: Parts,
@@ -90,10 +90,12 @@ pub(crate) fn check_now(config: &Config, parts: &mut Parts) -> Now {
     let result = match prepared {
         Prepared::Early(result) => result,
         Prepared::Ask(ask) => {
-            match config
-                .limiter
-                .decide_now(&ask.key, &ask.kind, &ask.policy, ask.cost)
-            {
+            let decided = ask.with_key(|key| {
+                config
+                    .limiter
+                    .decide_now(key, &ask.kind, &ask.policy, ask.cost)
+            });
+            match decided {
                 Ok(decided) => outcome(config, ask, decided, None),
                 Err(unsent) => return Now::Unsent(ask, unsent),
             }
@@ -111,9 +113,10 @@ pub(crate) async fn check_unsent(
 ) -> Checked {
     // The limiter's named future, awaited here: an `async fn` in between
     // would keep a copy of its arguments in this boxed future while it waits.
+    let key = ask.key();
     let decided = config
         .limiter
-        .send(unsent, &ask.key, &ask.kind, &ask.policy, ask.cost)
+        .send(unsent, &key, &ask.kind, &ask.policy, ask.cost)
         .await;
     let result = outcome(&config, ask, decided, None);
     let verdict = verdict(&config, &mut parts, result);
@@ -149,7 +152,7 @@ pub(crate) async fn check(config: Arc<Config>, mut parts: Parts) -> Checked {
 /// everything but never stands between client and service: what would have
 /// been answered is forwarded with its report.
 fn verdict(config: &Config, parts: &mut Parts, result: Result<After, Answer>) -> Verdict {
-    let after = match result {
+    let mut after = match result {
         Ok(after) => after,
         Err(answer) if config.shadow => shadow_report(answer, config.headers),
         Err(answer) => {
@@ -159,17 +162,27 @@ fn verdict(config: &Config, parts: &mut Parts, result: Result<After, Answer>) ->
             });
         }
     };
-    if let Some(decision) = &after.decision {
-        parts.extensions.insert(decision.clone());
+    if let Some(decision) = after.decision.take() {
+        // Into the request extensions, where handlers read it; kept for the
+        // response only if its headers or extensions need it.
+        after.decision_in_response = config.decision_in_response;
+        if after.headers.is_some() || after.decision_in_response {
+            parts.extensions.insert(decision.clone());
+            after.decision = Some(decision);
+        } else {
+            parts.extensions.insert(decision);
+        }
     }
-    if let Some(delayed) = after.delayed {
-        parts.extensions.insert(delayed);
-    }
-    if let Some(failure) = &after.failure {
-        parts.extensions.insert(failure.clone());
-    }
-    if let Some(shadow) = &after.shadow {
-        parts.extensions.insert(shadow.clone());
+    if let Some(marks) = &after.marks {
+        if let Some(delayed) = marks.delayed {
+            parts.extensions.insert(delayed);
+        }
+        if let Some(failure) = &marks.failure {
+            parts.extensions.insert(failure.clone());
+        }
+        if let Some(shadow) = &marks.shadow {
+            parts.extensions.insert(shadow.clone());
+        }
     }
     Verdict::Forward(after)
 }
@@ -179,9 +192,42 @@ pub(crate) struct Ask {
     policy: Policy,
     /// The kind of the key's extractor (for answers and reports).
     kind: Arc<str>,
-    /// The storage key: `policy:kind:value`.
-    key: String,
+    /// The client key, made safe. The storage key is `policy:kind:value`.
+    value: String,
     cost: u64,
+}
+
+thread_local! {
+    /// Where [`Ask::with_key`] writes storage keys: one buffer per thread,
+    /// grown to the longest key it has held, so a check decided at once
+    /// allocates no key of its own.
+    static KEY: RefCell<String> = const { RefCell::new(String::new()) };
+}
+
+impl Ask {
+    /// The storage key, `name:kind:value`, on the heap: for the checks that
+    /// keep it (a store that has to be asked, a settlement).
+    fn key(&self) -> String {
+        bucket_key(self.policy.name(), &self.kind, &self.value)
+    }
+
+    /// Runs `f` on the storage key, written into this thread's buffer (or,
+    /// should `f` ever check a key itself, onto the heap): a store that
+    /// decides at once needs the key no longer than that.
+    fn with_key<R>(&self, f: impl FnOnce(&str) -> R) -> R {
+        KEY.with(|buffer| match buffer.try_borrow_mut() {
+            Ok(mut key) => {
+                key.clear();
+                key.push_str(self.policy.name());
+                key.push(':');
+                key.push_str(&self.kind);
+                key.push(':');
+                key.push_str(&self.value);
+                f(&key)
+            }
+            Err(_) => f(&self.key()),
+        })
+    }
 }
 
 /// A request before the store is asked.
@@ -229,14 +275,13 @@ async fn prepare(config: &Config, parts: &Parts, wait: bool) -> Prepared {
     if cost > policy.max_cost() {
         return Prepared::Early(Err(too_costly(cost, policy, kind)));
     }
-    // Policy name first: policies with different names never share a bucket.
-    // The value is made safe here too: `from_fn` extractors return whatever
-    // their closure built.
-    let key = bucket_key(policy.name(), kind, &safe_key(&value));
+    // The value is made safe here: `from_fn` extractors return whatever
+    // their closure built. The policy name comes first in the storage key:
+    // policies with different names never share a bucket.
     Prepared::Ask(Ask {
         policy,
         kind: Arc::clone(kind),
-        key,
+        value: into_safe_key(value),
         cost,
     })
 }
@@ -252,12 +297,17 @@ fn outcome(
     let Ask {
         policy,
         kind,
+        value,
         cost,
-        key,
     } = ask;
-    // An admitted request carries what settles its cost by its response.
+    // An admitted request carries what settles its cost by its response,
+    // with its storage key.
+    let key = config
+        .settle
+        .is_some()
+        .then(|| bucket_key(policy.name(), &kind, &value));
     let ticket = |decision: &Decision, policy: &Policy, by: By| {
-        config.settle.as_ref().map(|settler| {
+        config.settle.as_ref().zip(key).map(|(settler, key)| {
             Ticket::new(
                 settler,
                 &config.limiter,
@@ -274,8 +324,8 @@ fn outcome(
             ticket: ticket(&decision, &policy, By::Store),
             headers: Deferred::new(config.headers, policy),
             decision: Some(decision),
-            delayed,
-            ..After::default()
+            decision_in_response: false,
+            marks: Marks::new(None, None, delayed),
         },
         Decided::Store(decision) => {
             return Err(Answer::TooMany {
@@ -294,9 +344,8 @@ fn outcome(
             ticket: ticket(&decision, &policy, By::Fallback(policy.clone())),
             headers: Deferred::new(config.headers, policy),
             decision: Some(decision),
-            failure: Some(StoreFailure::new(error)),
-            delayed,
-            ..After::default()
+            decision_in_response: false,
+            marks: Marks::new(Some(StoreFailure::new(error)), None, delayed),
         },
         Decided::Fallback {
             decision, policy, ..
@@ -317,7 +366,7 @@ fn outcome(
             let failure = StoreFailure::new(err);
             match config.on_store_error {
                 OnStoreError::Allow | OnStoreError::Fallback(_) => After {
-                    failure: Some(failure),
+                    marks: Marks::new(Some(failure), None, None),
                     ..After::default()
                 },
                 OnStoreError::Deny => return Err(Answer::StoreDown(failure)),
@@ -335,11 +384,9 @@ fn outcome(
 /// never refuses a request its bucket admits now, and never holds more. A
 /// free request (cost 0) only looks, and is never held.
 async fn ask(config: &Config, ask: &Ask) -> (Decided, Option<Hold>) {
+    let key = &ask.key();
     let Ask {
-        policy,
-        kind,
-        key,
-        cost,
+        policy, kind, cost, ..
     } = ask;
     let slot = match &config.delay {
         Some(holding) if *cost > 0 => Arc::clone(&holding.slots)
@@ -364,8 +411,7 @@ async fn ask(config: &Config, ask: &Ask) -> (Decided, Option<Hold>) {
     (decided, hold)
 }
 
-/// `name:kind:value`, built without the formatting machinery (once per
-/// request).
+/// `name:kind:value`, built without the formatting machinery.
 fn bucket_key(name: &str, kind: &str, value: &str) -> String {
     let mut key = String::with_capacity(name.len() + kind.len() + value.len() + 2);
     key.push_str(name);

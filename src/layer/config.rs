@@ -57,6 +57,8 @@ pub(crate) struct Config {
     pub(crate) missing: Missing,
     pub(crate) on_store_error: OnStoreError,
     pub(crate) headers: HeaderStyle,
+    /// The decision also goes into the inner service's responses.
+    pub(crate) decision_in_response: bool,
     pub(crate) rejection: Reject,
     pub(crate) shadow: bool,
     /// Delay mode, when set.
@@ -85,6 +87,7 @@ impl fmt::Debug for Config {
             .field("on_missing_key", &self.missing)
             .field("on_store_error", &self.on_store_error)
             .field("headers", &self.headers)
+            .field("decision_in_response", &self.decision_in_response)
             .field("rejection", &Rejection(self.rejection.clone()))
             .field("shadow", &self.shadow)
             .field("delay", &self.delay.as_ref().map(|h| h.delay))

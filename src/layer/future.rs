@@ -12,7 +12,7 @@ use tower_service::Service;
 use super::body::ResponseBody;
 use super::check::{Checked, Verdict};
 use super::dyn_key::BoxFuture;
-use super::outcome::After;
+use super::outcome::{After, Marks};
 use super::report::add_report;
 use super::settle::settle_now;
 use crate::decision::Decision;
@@ -142,18 +142,27 @@ where
                         // With nested layers the innermost (most specific) decision
                         // is kept, as the handler saw it in the request.
                         if let Some(decision) = after.decision
+                            && after.decision_in_response
                             && res.extensions().get::<Decision>().is_none()
                         {
                             res.extensions_mut().insert(decision);
                         }
-                        if let Some(failure) = after.failure {
-                            res.extensions_mut().insert(failure);
-                        }
-                        if let Some(shadow) = after.shadow {
-                            res.extensions_mut().insert(shadow);
-                        }
-                        if let Some(delayed) = after.delayed {
-                            res.extensions_mut().insert(delayed);
+                        if let Some(marks) = after.marks {
+                            let Marks {
+                                failure,
+                                shadow,
+                                delayed,
+                            } = *marks;
+                            let extensions = res.extensions_mut();
+                            if let Some(failure) = failure {
+                                extensions.insert(failure);
+                            }
+                            if let Some(shadow) = shadow {
+                                extensions.insert(shadow);
+                            }
+                            if let Some(delayed) = delayed {
+                                extensions.insert(delayed);
+                            }
                         }
                     }
                     return Poll::Ready(Ok(res));

@@ -67,6 +67,7 @@ impl RateLimitLayer {
                 missing: MissingKey::default().0,
                 on_store_error: OnStoreError::default(),
                 headers: HeaderStyle::default(),
+                decision_in_response: false,
                 rejection: Rejection::default().0,
                 shadow: false,
                 delay: None,
@@ -182,6 +183,19 @@ impl RateLimitLayer {
         self.with(|c| c.headers = style)
     }
 
+    /// Also puts each request's [`Decision`] into the extensions of the
+    /// response the inner service returns, for outer layers that read it
+    /// there (a logging or metrics middleware around this one). Off by
+    /// default: handlers read the `Decision` in the request extensions,
+    /// where it always is, and the layer's own answers (429, gRPC
+    /// `RESOURCE_EXHAUSTED`) always carry it. A forwarded response usually
+    /// has no extension map: making one for every request (three allocations,
+    /// freed with the response) is a cost most services have no reader for.
+    /// See the [module docs](crate::layer#extensions).
+    pub fn decision_in_response(self) -> Self {
+        self.with(|c| c.decision_in_response = true)
+    }
+
     /// How to answer an HTTP request over its limit ([`Rejection::text`] by
     /// default). gRPC calls always get a gRPC status instead.
     pub fn rejection(self, rejection: Rejection) -> Self {
@@ -189,7 +203,7 @@ impl RateLimitLayer {
     }
 
     /// Shadow mode: decide, spend and send the headers as usual, put the
-    /// [`Decision`](crate::Decision) in the extensions, but never answer in place
+    /// [`Decision`](crate::Decision) in the request extensions, but never answer in place
     /// of the inner service: over-limit, keyless and store-failed requests are
     /// all forwarded. For rolling out a limit and watching what it would do:
     /// over-limit requests carry a `Decision` with `allowed() == false`, store

@@ -124,15 +124,47 @@ impl Deferred {
 }
 
 /// What is added to a forwarded request and to the inner service's response.
+///
+/// It waits with the inner service's future, and is moved with it several
+/// times per request, so it is kept within 128 bytes (what is copied without
+/// a call to `memcpy`): what only some requests carry is boxed ([`Marks`]).
 #[derive(Default)]
 pub(crate) struct After {
     /// Rendered from `decision` onto the response.
     pub(crate) headers: Option<Deferred>,
+    /// Kept for the response only when its headers or extensions need it
+    /// (the request extensions get it either way).
     pub(crate) decision: Option<Decision>,
-    pub(crate) failure: Option<StoreFailure>,
-    pub(crate) shadow: Option<ShadowRejection>,
-    pub(crate) delayed: Option<Delayed>,
+    /// `decision` goes into the response extensions too.
+    pub(crate) decision_in_response: bool,
     /// The request's cost, to settle by its response (a layer with
     /// [`settle`](super::RateLimitLayer::settle) only).
     pub(crate) ticket: Option<Box<Ticket>>,
+    pub(crate) marks: Option<Box<Marks>>,
+}
+
+/// What a forwarded request carries in its extensions, and its response in
+/// theirs, only when the store failed, in shadow mode, or in delay mode.
+#[derive(Default)]
+pub(crate) struct Marks {
+    pub(crate) failure: Option<StoreFailure>,
+    pub(crate) shadow: Option<ShadowRejection>,
+    pub(crate) delayed: Option<Delayed>,
+}
+
+impl Marks {
+    /// Marks with `failure`, `shadow` and `delayed`, if there is any.
+    pub(crate) fn new(
+        failure: Option<StoreFailure>,
+        shadow: Option<ShadowRejection>,
+        delayed: Option<Delayed>,
+    ) -> Option<Box<Self>> {
+        (failure.is_some() || shadow.is_some() || delayed.is_some()).then(|| {
+            Box::new(Marks {
+                failure,
+                shadow,
+                delayed,
+            })
+        })
+    }
 }

@@ -10,7 +10,7 @@ use super::headers::{
     ceil_secs, sf_integer,
 };
 use super::options::HeaderStyle;
-use super::outcome::{After, Answer, Deferred, ShadowRejection};
+use super::outcome::{After, Answer, Deferred, Marks, ShadowRejection};
 use crate::decision::{Decision, QuotaState};
 use crate::policy::Policy;
 use crate::quota::Quota;
@@ -112,9 +112,22 @@ fn item_t(decision: &Decision, state: &QuotaState) -> Option<u64> {
 }
 
 /// The `RateLimit` field value: one item per quota, in the policy's order.
+///
+/// Written into a string of exactly its length: a header value made from a
+/// buffer with room to spare takes a second allocation (`Bytes` keeps the
+/// spare room in a block of its own).
 pub(crate) fn ratelimit_value(policy: &Policy, decision: &Decision) -> String {
     let items = items(policy);
-    let mut out = String::with_capacity(items.iter().map(|i| i.len() + 32).sum());
+    let len = items
+        .iter()
+        .zip(decision.states())
+        .map(|(item, state)| {
+            let t = item_t(decision, state).map_or(0, |t| ";t=".len() + digits(t));
+            item.len() + ";r=".len() + digits(sf_integer(state.remaining())) + t
+        })
+        .sum::<usize>()
+        + ", ".len() * items.len().saturating_sub(1);
+    let mut out = String::with_capacity(len);
     let mut digits = itoa::Buffer::new();
     for (item, state) in items.iter().zip(decision.states()) {
         if !out.is_empty() {
@@ -129,6 +142,11 @@ pub(crate) fn ratelimit_value(policy: &Policy, decision: &Decision) -> String {
         }
     }
     out
+}
+
+/// How many decimal digits `n` is written with.
+fn digits(n: u64) -> usize {
+    n.checked_ilog10().map_or(1, |d| d as usize + 1)
 }
 
 /// Adds the rate limit headers describing `decision` under `policy` to a
@@ -177,18 +195,21 @@ pub(crate) fn shadow_report(answer: Answer, style: HeaderStyle) -> After {
             ..After::default()
         },
         Answer::StoreDown(failure) => After {
-            failure: Some(failure),
+            marks: Marks::new(Some(failure), None, None),
             ..After::default()
         },
-        Answer::CostTooHigh { cost, policy, .. } => After {
-            shadow: Some(ShadowRejection::CostTooHigh {
+        Answer::CostTooHigh { cost, policy, .. } => {
+            let shadow = ShadowRejection::CostTooHigh {
                 cost,
                 capacity: policy.max_cost(),
-            }),
-            ..After::default()
-        },
+            };
+            After {
+                marks: Marks::new(None, Some(shadow), None),
+                ..After::default()
+            }
+        }
         Answer::MissingKey { kind } => After {
-            shadow: Some(ShadowRejection::MissingKey { kind }),
+            marks: Marks::new(None, Some(ShadowRejection::MissingKey { kind }), None),
             ..After::default()
         },
     }
@@ -279,6 +300,29 @@ mod tests {
             // And not wildly above: rounding w up adds under a second of refill.
             let refill_ms = quota.refill_time().as_millis();
             proptest::prop_assert!(u128::from(w) * 1000 < refill_ms + 2000);
+        }
+    }
+
+    #[test]
+    fn digits_count_decimal_digits() {
+        for n in [0, 9, 10, 99, 100, 12_345, u64::MAX] {
+            assert_eq!(digits(n), n.to_string().len(), "{n}");
+        }
+    }
+
+    /// Each value is written into a string of exactly its length, so its
+    /// header value takes one allocation, not two.
+    #[test]
+    fn ratelimit_values_fill_their_string_exactly() {
+        let store = MemoryStore::new();
+        let p = policy(&[Quota::per_second(2).unwrap(), Quota::per_hour(100).unwrap()]);
+        let one = policy(&[Quota::per_second(1_000_000).unwrap()]);
+        for (policy, costs) in [(&p, [1, 1, 1]), (&one, [0, 1, 999_999])] {
+            for (i, cost) in costs.into_iter().enumerate() {
+                let d = store.decide_at("k", policy, cost, i as u64).unwrap();
+                let value = ratelimit_value(policy, &d);
+                assert_eq!(value.capacity(), value.len(), "{value}");
+            }
         }
     }
 

@@ -136,13 +136,50 @@ mod tests {
         let svc = layer.layer(inner);
         for expected in ["Some(1)", "Some(0)"] {
             let res = svc.clone().oneshot(Request::new(())).await.unwrap();
-            assert!(res.extensions().get::<Decision>().is_some());
             assert_eq!(body_text(res).await, expected);
         }
         let res = svc.clone().oneshot(Request::new(())).await.unwrap();
         assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
         assert!(!res.extensions().get::<Decision>().unwrap().allowed());
         assert_eq!(calls.load(Ordering::SeqCst), 2);
+    }
+
+    /// The handler reads the decision in the request extensions; the
+    /// layer's own answer carries it; the inner service's response carries
+    /// it only when the layer is asked to put it there, and then the
+    /// innermost deciding layer's.
+    #[tokio::test]
+    async fn forwarded_responses_carry_the_decision_only_when_asked() {
+        let inner = tower::service_fn(|req: Request<()>| {
+            let remaining = req.extensions().get::<Decision>().map(Decision::remaining);
+            async move { text(format!("{remaining:?}")) }
+        });
+        let layer = |name: &str, tokens| {
+            let policy = crate::Policy::new(name, [Quota::per_minute(tokens).unwrap()]).unwrap();
+            RateLimitLayer::new(MemoryStore::new(), policy).key(crate::key::Global)
+        };
+        fn limit<B>(res: &Response<B>) -> Option<u64> {
+            res.extensions().get::<Decision>().map(Decision::limit)
+        }
+        let plain = layer("plain", 1).layer(inner);
+        let res = plain.clone().oneshot(Request::new(())).await.unwrap();
+        assert_eq!(limit(&res), None);
+        assert_eq!(body_text(res).await, "Some(0)");
+        let res = plain.oneshot(Request::new(())).await.unwrap();
+        assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(limit(&res), Some(1));
+
+        let asked = layer("asked", 2).decision_in_response().layer(inner);
+        let res = asked.oneshot(Request::new(())).await.unwrap();
+        assert_eq!(limit(&res), Some(2));
+        assert_eq!(body_text(res).await, "Some(1)");
+
+        // Nested: the inner layer's decision, as the handler saw it.
+        let inner_layer = layer("inner", 3).decision_in_response();
+        let outer_layer = layer("outer", 4).decision_in_response();
+        let nested = outer_layer.layer(inner_layer.layer(inner));
+        let res = nested.oneshot(Request::new(())).await.unwrap();
+        assert_eq!(limit(&res), Some(3));
     }
 
     #[tokio::test]

@@ -112,39 +112,48 @@ pub(crate) fn spend(
         .zip(levels.iter())
         .enumerate()
         .all(|(i, (q, l))| l.level - signed(cost * q.den()) >= -debt(i, q, l));
-    // One quota's state stays inline (no allocation); several are collected.
-    let mut one = None;
-    let mut many = Vec::new();
     let mut wait_us = 0;
-    for (q, l) in quotas.iter().zip(levels.iter_mut()) {
-        let need = signed(cost * q.den());
-        let ahead = l.stamp.saturating_sub(now);
-        let mut retry_us = 0;
-        if allowed {
-            l.level -= need;
-            if l.level < 0 {
-                wait_us = wait_us.max(ahead + ceil_div(l.level.unsigned_abs(), q.num()));
-            }
-        } else if l.level < need {
-            retry_us = ahead + ceil_div((need - l.level).unsigned_abs(), q.num());
-        }
-        let reset_us = match l.until_full_us(q) {
-            0 => 0,
-            to_full => ahead + to_full,
-        };
-        let remaining = l.level.max(0).unsigned_abs() / q.den();
-        let state = QuotaState::new(*q, remaining, retry_us, reset_us);
-        if quotas.len() == 1 {
-            one = Some(state);
-        } else {
-            many.push(state);
-        }
+    // One quota's state stays inline (no allocation); several are collected.
+    if let ([q], [l]) = (quotas, &mut *levels) {
+        let state = spent(q, l, cost, now, allowed, &mut wait_us);
+        return (Decision::new(allowed, States::One(state)), wait_us);
     }
-    let decision = match one {
-        Some(state) => Decision::new(allowed, States::One(state)),
-        None => Decision::new(allowed, many),
+    let states: Vec<QuotaState> = quotas
+        .iter()
+        .zip(levels.iter_mut())
+        .map(|(q, l)| spent(q, l, cost, now, allowed, &mut wait_us))
+        .collect();
+    (Decision::new(allowed, states), wait_us)
+}
+
+/// One bucket of a check decided `allowed`: spends `cost` from it if so,
+/// and tells its state. An admitted reservation's wait grows to this
+/// bucket's debt, paid back from `now` (or from a stamp ahead of it).
+fn spent(
+    q: &Quota,
+    l: &mut Level,
+    cost: u64,
+    now: u64,
+    allowed: bool,
+    wait_us: &mut u64,
+) -> QuotaState {
+    let need = signed(cost * q.den());
+    let ahead = l.stamp.saturating_sub(now);
+    let mut retry_us = 0;
+    if allowed {
+        l.level -= need;
+        if l.level < 0 {
+            *wait_us = (*wait_us).max(ahead + ceil_div(l.level.unsigned_abs(), q.num()));
+        }
+    } else if l.level < need {
+        retry_us = ahead + ceil_div((need - l.level).unsigned_abs(), q.num());
+    }
+    let reset_us = match l.until_full_us(q) {
+        0 => 0,
+        to_full => ahead + to_full,
     };
-    (decision, wait_us)
+    let remaining = l.level.max(0).unsigned_abs() / q.den();
+    QuotaState::new(*q, remaining, retry_us, reset_us)
 }
 
 /// An adjustment after the fact (the layer's `settle`, [`RateLimiter::refund`]

@@ -35,7 +35,18 @@ pub fn safe_key_bytes(key: &[u8]) -> String {
     }
 }
 
-fn is_safe(key: &[u8]) -> bool {
+/// [`safe_key`] of an owned key: the key itself when it is safe, without a
+/// copy.
+pub(crate) fn into_safe_key(key: String) -> String {
+    if is_safe(key.as_bytes()) {
+        key
+    } else {
+        hashed(key.as_bytes())
+    }
+}
+
+/// Whether `key` is its own storage-safe form ([`safe_key`] keeps it as it is).
+pub(crate) fn is_safe(key: &[u8]) -> bool {
     key.first().is_some_and(|b| *b != b'#')
         && key.len() <= MAX_RAW_KEY_LEN
         && key.iter().all(|b| SAFE.get(usize::from(*b)) == Some(&true))

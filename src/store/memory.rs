@@ -4,14 +4,14 @@ use std::collections::BTreeMap;
 use std::collections::hash_map::RandomState;
 
 use hashbrown::HashTable;
-use std::hash::BuildHasher;
+use std::hash::{BuildHasher, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::time::Instant;
 
 use super::bucket::{Level, adjust, debt_for, spend};
 use super::contract::{Store, validate};
-use super::key::safe_key;
+use super::key::{MAX_RAW_KEY_LEN, is_safe, safe_key};
 use super::sealed::Sealed;
 use std::time::Duration;
 
@@ -21,8 +21,11 @@ use crate::error::{ConfigError, Error};
 use crate::policy::Policy;
 use crate::quota::Quota;
 use crate::quota::micros;
+mod buckets;
 #[cfg(feature = "test-util")]
 mod test_clock;
+
+use buckets::Buckets;
 
 /// The default key limit of [`MemoryStore::new`].
 pub const DEFAULT_MAX_KEYS: usize = 100_000;
@@ -111,10 +114,44 @@ struct Inner {
 #[derive(Debug)]
 struct Entry {
     name: Arc<str>,
-    buckets: Vec<(Quota, Level)>,
+    buckets: Buckets,
     full_at: u64,
     filed_at: u64,
     id: u64,
+}
+
+impl Entry {
+    /// The levels of `quotas` at `now_us`: this key's buckets brought up to
+    /// date, full for a quota it has no bucket of.
+    fn levels(&self, quotas: &[Quota], now_us: u64, levels: &mut [Level]) {
+        for (level, q) in levels.iter_mut().zip(quotas) {
+            *level = match self.buckets.get(q) {
+                Some(stored) => stored.refilled(q, now_us),
+                None => Level::full(q, now_us),
+            };
+        }
+    }
+
+    /// Writes the `levels` of `quotas` into this key's buckets, and files
+    /// it again in `order` (its shard's) if it is now full sooner than
+    /// where it is filed.
+    fn store(
+        &mut self,
+        order: &mut BTreeMap<(u64, u64), Arc<str>>,
+        quotas: &[Quota],
+        levels: &[Level],
+    ) {
+        self.buckets.set(quotas, levels);
+        self.full_at = self.buckets.full_at();
+        if self.full_at < self.filed_at {
+            // Never from an admission (see `Shard`); kept exact anyway.
+            let place = (self.filed_at, self.id);
+            self.filed_at = self.full_at;
+            if let Some(name) = order.remove(&place) {
+                order.insert((self.full_at, self.id), name);
+            }
+        }
+    }
 }
 
 /// One shard's keys, also ordered by when they are full again (then by age).
@@ -148,6 +185,7 @@ struct Shard {
 }
 
 impl Shard {
+    #[cfg(test)]
     fn get(&self, hash: u64, key: &str) -> Option<&Entry> {
         self.map.find(hash, |e| &*e.name == key)
     }
@@ -157,7 +195,7 @@ impl Shard {
     fn first_current(&mut self, hasher: &RandomState) -> Option<(u64, u64)> {
         loop {
             let (&(filed_at, id), name) = self.order.first_key_value()?;
-            let hash = hasher.hash_one(&**name);
+            let hash = hash_key(hasher, name);
             let full_at = match self.map.find_mut(hash, |e| e.name == *name) {
                 Some(entry) if entry.full_at > filed_at => {
                     entry.filed_at = entry.full_at;
@@ -177,7 +215,7 @@ impl Shard {
             return;
         };
         if let Some(name) = self.order.remove(&place) {
-            let hash = hasher.hash_one(&*name);
+            let hash = hash_key(hasher, &name);
             if let Ok(entry) = self.map.find_entry(hash, |e| e.name == name) {
                 entry.remove();
             }
@@ -207,9 +245,36 @@ impl Shard {
         }
     }
 
-    /// Writes the `levels` of `quotas` into `key`'s buckets (a new key when it
-    /// has none yet; `hash` is the key's).
-    fn write(
+    /// Runs `update` on `key`'s buckets brought up to `now_us` (`levels`
+    /// holds them meanwhile) and stores them if it says so: one probe of the
+    /// table, the buckets updated where they are. `update` comes back when
+    /// the shard does not hold `key` (in its storage form, `hash` its hash).
+    fn update_found<T, U>(
+        &mut self,
+        hash: u64,
+        key: &str,
+        quotas: &[Quota],
+        now_us: u64,
+        levels: &mut [Level],
+        update: U,
+    ) -> Result<T, U>
+    where
+        U: FnOnce(&[Quota], &mut [Level], bool) -> (T, bool),
+    {
+        let Some(entry) = self.map.find_mut(hash, |e| *e.name == *key) else {
+            return Err(update);
+        };
+        entry.levels(quotas, now_us, levels);
+        let (out, write) = update(quotas, levels, true);
+        if write {
+            entry.store(&mut self.order, quotas, levels);
+        }
+        Ok(out)
+    }
+
+    /// Stores the `levels` of `quotas` as the buckets of `key`, a key this
+    /// shard does not hold yet (`hash` is the key's).
+    fn insert(
         &mut self,
         hasher: &RandomState,
         hash: u64,
@@ -217,22 +282,8 @@ impl Shard {
         quotas: &[Quota],
         levels: &[Level],
     ) {
-        if let Some(entry) = self.map.find_mut(hash, |e| &*e.name == key) {
-            set_levels(&mut entry.buckets, quotas, levels);
-            entry.full_at = full_at(&entry.buckets);
-            if entry.full_at < entry.filed_at {
-                // Never from an admission (see `Shard`); kept exact anyway.
-                let place = (entry.filed_at, entry.id);
-                entry.filed_at = entry.full_at;
-                if let Some(name) = self.order.remove(&place) {
-                    self.order.insert((entry.full_at, entry.id), name);
-                }
-            }
-            return;
-        }
-        let mut buckets = Vec::with_capacity(quotas.len());
-        set_levels(&mut buckets, quotas, levels);
-        let full_at = full_at(&buckets);
+        let buckets = Buckets::new(quotas, levels);
+        let full_at = buckets.full_at();
         let name: Arc<str> = Arc::from(key);
         let id = self.next_id;
         self.next_id += 1;
@@ -246,7 +297,7 @@ impl Shard {
                 filed_at: full_at,
                 id,
             },
-            |e| hasher.hash_one(&*e.name),
+            |e| hash_key(hasher, &e.name),
         );
     }
 
@@ -257,27 +308,18 @@ impl Shard {
             return;
         };
         let entry = found.get_mut();
-        entry.buckets.retain(|(q, _)| !quotas.contains(q));
+        let emptied = entry.buckets.remove(quotas);
         let place = (entry.filed_at, entry.id);
-        if entry.buckets.is_empty() {
+        if emptied {
             found.remove();
             self.order.remove(&place);
             return;
         }
-        entry.full_at = full_at(&entry.buckets);
+        entry.full_at = entry.buckets.full_at();
         entry.filed_at = entry.full_at;
         let new = (entry.full_at, entry.id);
         if let Some(name) = self.order.remove(&place) {
             self.order.insert(new, name);
-        }
-    }
-}
-
-fn set_levels(buckets: &mut Vec<(Quota, Level)>, quotas: &[Quota], levels: &[Level]) {
-    for (q, &level) in quotas.iter().zip(levels) {
-        match buckets.iter_mut().find(|(bq, _)| bq == q) {
-            Some(slot) => slot.1 = level,
-            None => buckets.push((*q, level)),
         }
     }
 }
@@ -347,7 +389,7 @@ impl MemoryStore {
     /// The key's hash (computed once per check) and its shard, locked.
     fn shard(&self, key: &str) -> (u64, MutexGuard<'_, Shard>) {
         let shards = &self.inner.shards;
-        let hash = self.inner.hasher.hash_one(key);
+        let hash = hash_key(&self.inner.hasher, key);
         // The high half picks the shard: the table inside it indexes by the
         // low bits, which must not be the same for all of a shard's keys.
         // `shards` is never empty; the modulo keeps the index in range.
@@ -420,18 +462,18 @@ impl MemoryStore {
 
     /// Runs `update` on `key`'s buckets brought up to `now_us` (and whether
     /// the key is stored), and stores them if it says so.
-    fn update_at<T>(
-        &self,
-        key: &str,
-        policy: &Policy,
-        now_us: u64,
-        update: impl FnOnce(&[Quota], &mut [Level], bool) -> (T, bool),
-    ) -> T {
+    ///
+    /// Every stored name is a safe key, and a safe key that does not start
+    /// with `#` is stored as it is. So a key of at most [`MAX_RAW_KEY_LEN`]
+    /// bytes, not starting with `#`, that the store holds as it is, is that
+    /// key: a client seen before (the common case) is found without the scan
+    /// [`safe_key`] makes. A key not found so is scanned, and, when it is not
+    /// safe, looked up again in its hashed form.
+    fn update_at<T, U>(&self, key: &str, policy: &Policy, now_us: u64, update: U) -> T
+    where
+        U: FnOnce(&[Quota], &mut [Level], bool) -> (T, bool),
+    {
         let quotas = policy.quotas();
-        let key = safe_key(key);
-        let (hash, mut shard) = self.shard(&key);
-        let stored = shard.get(hash, &key).map(|e| e.buckets.as_slice());
-        let known = stored.is_some();
         // Levels on the stack for policies of up to four quotas (all the
         // common ones), so a check allocates nothing here.
         let mut inline = [Level::EMPTY; 4];
@@ -443,21 +485,53 @@ impl MemoryStore {
                 &mut spilled
             }
         };
-        for (level, q) in levels.iter_mut().zip(quotas) {
-            *level = match stored.and_then(|b| b.iter().find(|(bq, _)| bq == q)) {
-                Some((_, stored)) => stored.refilled(q, now_us),
-                None => Level::full(q, now_us),
-            };
+        let mut update = update;
+        if key.len() <= MAX_RAW_KEY_LEN && !key.starts_with('#') {
+            let (hash, mut shard) = self.shard(key);
+            match shard.update_found(hash, key, quotas, now_us, levels, update) {
+                Ok(out) => return out,
+                Err(back) if is_safe(key.as_bytes()) => {
+                    return self.update_new(&mut shard, hash, key, quotas, now_us, levels, back);
+                }
+                Err(back) => update = back,
+            }
         }
-        let (out, write) = update(quotas, levels, known);
+        let key = safe_key(key);
+        let (hash, mut shard) = self.shard(&key);
+        match shard.update_found(hash, &key, quotas, now_us, levels, update) {
+            Ok(out) => out,
+            Err(back) => self.update_new(&mut shard, hash, &key, quotas, now_us, levels, back),
+        }
+    }
+
+    /// Runs `update` on full buckets for `key`, a key `shard` does not hold
+    /// (in its storage form, `hash` its hash), and stores them if it says so.
+    #[expect(clippy::too_many_arguments, reason = "one check's state, passed on")]
+    fn update_new<T, U>(
+        &self,
+        shard: &mut Shard,
+        hash: u64,
+        key: &str,
+        quotas: &[Quota],
+        now_us: u64,
+        levels: &mut [Level],
+        update: U,
+    ) -> T
+    where
+        U: FnOnce(&[Quota], &mut [Level], bool) -> (T, bool),
+    {
+        for (level, q) in levels.iter_mut().zip(quotas) {
+            *level = Level::full(q, now_us);
+        }
+        let (out, write) = update(quotas, levels, false);
         if !write {
             return out;
         }
         let hasher = &self.inner.hasher;
-        if !known && shard.map.len() >= self.inner.per_shard {
+        if shard.map.len() >= self.inner.per_shard {
             shard.forget_first(hasher, now_us);
         }
-        shard.write(hasher, hash, &key, quotas, levels);
+        shard.insert(hasher, hash, key, quotas, levels);
         out
     }
 }
@@ -505,10 +579,12 @@ impl Store for MemoryStore {
     }
 }
 
-/// When every bucket of a key is full again, so forgetting the key changes no
-/// decision.
-fn full_at(buckets: &[(Quota, Level)]) -> u64 {
-    buckets.iter().map(|(q, l)| l.full_at(q)).max().unwrap_or(0)
+/// `key`'s hash, with the store's random seed: its bytes alone, without the
+/// end marker `str`'s `Hash` adds (no other value is hashed with it).
+fn hash_key(hasher: &RandomState, key: &str) -> u64 {
+    let mut state = hasher.build_hasher();
+    state.write(key.as_bytes());
+    state.finish()
 }
 
 /// A poisoned shard only means another thread panicked mid-update of plain
@@ -681,6 +757,35 @@ mod tests {
         assert_eq!((d.allowed(), d.remaining()), (false, 0));
         store.adjust_on("x", &q, -3, 0);
         assert_eq!(store.decide_at("x", &q, 0, 0).unwrap().remaining(), 1);
+    }
+
+    /// Keys found as they are skip `safe_key`'s scan: that must never find
+    /// a bucket `safe_key` would not. A key that is the hashed form of
+    /// another is hashed again (it starts with `#`), and an unsafe key is
+    /// found in its hashed form, the first time and the next.
+    #[test]
+    fn keys_found_as_they_are_are_their_own_storage_form() {
+        let store = MemoryStore::new();
+        let q = Policy::from(Quota::per_hour(3).unwrap());
+        let long = "k".repeat(200);
+        let _ = store.decide_at(&long, &q, 3, 0).unwrap();
+        let hashed = crate::store::hashed_key(long.as_bytes());
+        assert_eq!(store.decide_at(&hashed, &q, 1, 0).unwrap().remaining(), 2);
+        assert!(!store.decide_at(&long, &q, 1, 0).unwrap().allowed());
+        for left in [2, 1] {
+            let d = store.decide_at("a b", &q, 1, 0).unwrap();
+            assert_eq!(d.remaining(), left);
+        }
+        let d = store
+            .decide_at(&crate::store::hashed_key(b"a b"), &q, 0, 0)
+            .unwrap();
+        assert_eq!(
+            d.remaining(),
+            3,
+            "\"a b\" is kept under its hash, as a hash"
+        );
+        // The long key, its hash hashed again, and "a b" (the peek stored nothing).
+        assert_eq!(store.len(), 3);
     }
 
     #[test]

@@ -2,7 +2,9 @@
 //! 127.0.0.1:$PORT behind one rate limiter, keyed by the `x-client` header, for
 //! `benches/http_peers.sh`.
 //!
-//! - LIMITER: `none`, `governor` (tower_governor, in memory), `trlr`
+//! - LIMITER: `none`, `governor` (tower_governor, in memory),
+//!   `governor-headers` (the same with `use_headers()`: `x-ratelimit-limit`
+//!   and `x-ratelimit-remaining` on admitted responses), `trlr`
 //!   (tower-rate-limit-redis), `tollgate-memory`, `tollgate-redis`, the same
 //!   two without rate limit headers (`tollgate-memory-bare`,
 //!   `tollgate-redis-bare`: `HeaderStyle::None`, as the peers send none on
@@ -243,7 +245,10 @@ mod tollgate_limiter {
             store.host()
         );
         let key = Header::new(KEY_HEADER).verbatim();
-        let layer = RateLimitLayer::new(store, quota(case)?).key(key);
+        // `decided_by` reads the decision in the response extensions.
+        let layer = RateLimitLayer::new(store, quota(case)?)
+            .key(key)
+            .decision_in_response();
         let router = router.layer(match on_error {
             Some(policy) => layer.on_store_error(policy),
             None => layer,
@@ -330,20 +335,28 @@ mod governor_limiter {
         }
     }
 
-    pub(crate) fn layer(router: Router, case: Case) -> Result<Router, BoxError> {
+    /// `headers`: `use_headers()`, governor's rate limit headers on admitted
+    /// responses (`x-ratelimit-limit`, `x-ratelimit-remaining`), to compare
+    /// with tollgate's default headers.
+    pub(crate) fn layer(router: Router, case: Case, headers: bool) -> Result<Router, BoxError> {
         // governor: one token every `period`, at most `burst` at once.
         let (period, burst) = match case {
             // 1 000 000 per second, burst 1 000 000.
             Case::Open => (Duration::from_micros(1), 1_000_000),
             Case::Hot => (Duration::from_secs(1), 10),
         };
-        let config = GovernorConfigBuilder::default()
+        let mut builder = GovernorConfigBuilder::default()
             .period(period)
             .burst_size(burst)
-            .key_extractor(ClientHeader)
-            .finish()
-            .ok_or("governor: zero period or burst")?;
-        Ok(router.layer(GovernorLayer::new(config)))
+            .key_extractor(ClientHeader);
+        let missing = "governor: zero period or burst";
+        Ok(if headers {
+            let config = builder.use_headers().finish().ok_or(missing)?;
+            router.layer(GovernorLayer::new(config))
+        } else {
+            let config = builder.finish().ok_or(missing)?;
+            router.layer(GovernorLayer::new(config))
+        })
     }
 }
 
@@ -577,7 +590,7 @@ fn status(code: StatusCode) -> Response<Body> {
 }
 
 fn usage() -> BoxError {
-    "usage: peer-server none|governor|trlr|tollgate-memory[-bare]|tollgate-redis[-bare]|\
+    "usage: peer-server none|governor[-headers]|trlr|tollgate-memory[-bare]|tollgate-redis[-bare]|\
      tollgate-redis-leased[-bare]|tollgate-redis-outage \
      [open|hot] (env PORT, REDIS_URL; for the outage variant ON_STORE_ERROR=allow|deny|fallback|default, \
      LEASES=1, LEASE_PERIOD_MS)"
@@ -602,7 +615,8 @@ async fn run() -> Result<(), BoxError> {
     let router = Router::new().route("/", get(|| async { "ok" }));
     let router = match limiter.as_str() {
         "none" => router,
-        "governor" => governor_limiter::layer(router, case)?,
+        "governor" => governor_limiter::layer(router, case, false)?,
+        "governor-headers" => governor_limiter::layer(router, case, true)?,
         "trlr" => trlr_limiter::layer(router, case, &redis_url).await?,
         "tollgate-memory" => tollgate_limiter::layer(router, case, None, false)?,
         "tollgate-memory-bare" => tollgate_limiter::layer(router, case, None, true)?,
