@@ -70,7 +70,7 @@ const MAX_HOLDS: usize = 2;
 pub(crate) const WHOLE: u64 = 1 << 52;
 
 /// What a store's leases have done so far (all counts since the store was
-/// built): see [`RedisStore::lease_stats`].
+/// built): see [`RedisStore::lease_stats`](crate::RedisStore::lease_stats).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct LeaseStats {

@@ -120,7 +120,7 @@ impl RedisStore {
     }
 
     /// What this store's leases have done so far; all zero when leases are
-    /// off (see [`RedisStoreBuilder::leases`](crate::RedisStoreBuilder::leases)).
+    /// off (see [`RedisStoreBuilder::leases`](crate::store::RedisStoreBuilder::leases)).
     pub fn lease_stats(&self) -> LeaseStats {
         self.inner
             .leases
