@@ -304,6 +304,24 @@ local function hold_of(holds, id)
   return nil
 end
 
+-- A report of hold `id`, which spent `spent` units: debits them (never more
+-- than the hold) and releases the hold. Returns the level, the holds (nil
+-- when none are left) and whether the hold was there.
+local function release(level, holds, id, spent)
+  local hold, at = hold_of(holds, id)
+  if not hold then
+    return level, holds, false
+  end
+  if spent > hold[2] then
+    spent = hold[2]
+  end
+  table.remove(holds, at)
+  if #holds == 0 then
+    holds = nil
+  end
+  return level - spent, holds, true
+end
+
 local nd = ARGV[a] + 0
 a = a + 1
 if nd < 0 then
@@ -465,18 +483,10 @@ else
         end
         local level, stamp, _, holds = stored_bucket(KEYS[k + i - 1], full, num)
         -- The report it carries (rid "0": none) first.
-        local done, at = hold_of(holds, rid)
-        if done then
+        local released
+        level, holds, released = release(level, holds, rid, rspent * den)
+        if released then
           found = 1
-          local spent = rspent * den
-          if spent > done[2] then
-            spent = done[2]
-          end
-          level = level - spent
-          table.remove(holds, at)
-          if #holds == 0 then
-            holds = nil
-          end
         end
         qs[i], lv[i], st[i], hs[i] = q, level, stamp, holds
         local hold = hold_of(holds, id)
@@ -538,20 +548,12 @@ else
         local full, den = fulls[q], dens[q]
         local key = KEYS[k + i - 1]
         local level, stamp, _, holds = stored_bucket(key, full, nums[q])
-        local hold, at = hold_of(holds, id)
-        if hold then
+        local released
+        level, holds, released = release(level, holds, id, cost * den)
+        if released then
           found = 1
-          local spent = cost * den
-          if spent > hold[2] then
-            spent = hold[2]
-          end
-          level = level - spent
-          table.remove(holds, at)
-          if #holds == 0 then
-            holds = nil
-          end
         end
-        finish(key, q, level, stamp, 0, true, hold ~= nil, holds)
+        finish(key, q, level, stamp, 0, true, released, holds)
       end
       a = a + 1
       r = r + 1
