@@ -32,12 +32,13 @@
 //! - **Outages:** held tokens are spent until their expiry whatever the
 //!   breaker says; then checks go to Redis, and to the fallback.
 
-use std::collections::{HashMap, VecDeque};
-use std::hash::{BuildHasher, RandomState};
+use std::collections::VecDeque;
+use std::hash::{BuildHasher, Hasher, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
+use hashbrown::HashTable;
 use tokio::time::Instant;
 
 use super::encode::Spend;
@@ -94,15 +95,15 @@ pub struct LeaseStats {
     pub held: u64,
 }
 
+/// The counts that change only with a lease request or a report; those
+/// that change with every check decided here are kept per shard
+/// ([`Shard`]), under the lock the check takes anyway.
 #[derive(Default)]
 pub(crate) struct Counters {
-    local: AtomicU64,
     pub(crate) requests: AtomicU64,
     granted: AtomicU64,
-    spent: AtomicU64,
     returned: AtomicU64,
     expired: AtomicU64,
-    outstanding: AtomicU64,
     held: AtomicU64,
 }
 
@@ -128,6 +129,12 @@ struct Hold {
 
 /// One key: its demand, its holds, and whether a lease is being asked for.
 struct Entry {
+    /// The key's name in the map: its storage-safe form followed by the
+    /// key tails of its policy (see `leasing.rs`), one string per set of
+    /// buckets.
+    name: Box<str>,
+    /// The storage keys of its buckets, for lease requests and reports.
+    keys: Vec<String>,
     policy: Policy,
     /// Tokens asked for, decayed by `exp(-age / period)`.
     demand: f64,
@@ -148,7 +155,25 @@ struct Entry {
     roomy: bool,
 }
 
-type Shard = HashMap<Vec<String>, Entry>;
+/// A part of the map, with the counts of the checks decided from its
+/// holds.
+#[derive(Default)]
+struct Shard {
+    table: HashTable<Entry>,
+    /// Checks decided here from holds.
+    local: u64,
+    /// Held tokens spent here.
+    spent: u64,
+    /// Held tokens not yet spent, in this shard's holds.
+    outstanding: u64,
+}
+
+impl Shard {
+    fn remove(&mut self, hash: u64, name: &str) -> Option<Entry> {
+        let found = self.table.find_entry(hash, |e| &*e.name == name).ok()?;
+        Some(found.remove().0)
+    }
+}
 
 /// A hold to report: the keys and policy of its buckets, its id, what was
 /// spent of it and what it held.
@@ -171,6 +196,8 @@ pub(crate) struct Errand {
 
 /// A lease to ask for.
 pub(crate) struct Ask {
+    /// The key's name in the map.
+    pub(crate) name: Box<str>,
     pub(crate) keys: Vec<String>,
     pub(crate) policy: Policy,
     /// The most tokens wanted.
@@ -204,7 +231,7 @@ impl Leases {
         // points are closer than the leases they take.
         let instance = hasher.hash_one(std::process::id()) >> 1;
         Leases {
-            shards: (0..shards).map(|_| Mutex::new(HashMap::new())).collect(),
+            shards: (0..shards).map(|_| Mutex::new(Shard::default())).collect(),
             per_shard: config.max_keys.div_ceil(shards).max(1),
             hasher,
             config,
@@ -215,13 +242,23 @@ impl Leases {
         }
     }
 
-    fn shard(&self, keys: &[String]) -> MutexGuard<'_, Shard> {
-        let hash = self.hasher.hash_one(keys);
-        // `shards` is never empty; the modulo keeps the index in range.
+    /// `name`'s hash: its bytes alone, with this map's random seed.
+    fn hash(&self, name: &str) -> u64 {
+        let mut state = self.hasher.build_hasher();
+        state.write(name.as_bytes());
+        state.finish()
+    }
+
+    /// `name`'s hash (computed once per check) and its shard, locked.
+    fn shard(&self, name: &str) -> (u64, MutexGuard<'_, Shard>) {
+        let hash = self.hash(name);
+        // The high half picks the shard: the table inside it indexes by the
+        // low bits. `shards` is never empty; the modulo keeps the index in
+        // range.
         let i = usize::try_from((hash >> 32) % self.shards.len() as u64).unwrap_or(0);
         let shard = self.shards.get(i).or(self.shards.first());
         match shard {
-            Some(shard) => shard.lock().unwrap_or_else(|e| e.into_inner()),
+            Some(shard) => (hash, lock(shard)),
             None => unreachable!("a lease map has at least one shard"),
         }
     }
@@ -232,40 +269,52 @@ impl Leases {
         sent + life - life / 10
     }
 
-    /// A plain check of `cost` on `keys`: decided here from a hold when one
-    /// has the tokens (`Some`), else `None` (ask Redis). Either way, what
-    /// to send in the background is added to `errand`.
+    /// A plain check of `cost` on the buckets named `name` (see [`Entry`]):
+    /// decided here from a hold when one has the tokens (`Some`), else
+    /// `None` (ask Redis). Either way, what to send in the background is
+    /// added to `errand`. `keys` makes the storage keys of the buckets, for
+    /// a key seen for the first time: a check decided from a hold allocates
+    /// nothing.
     pub(crate) fn check(
         &self,
-        keys: &[String],
+        name: &str,
+        keys: impl FnOnce() -> Vec<String>,
         policy: &Policy,
         cost: u64,
         errand: &mut Errand,
     ) -> Option<Decision> {
         let now = Instant::now();
         let period = self.config.period.as_secs_f64();
-        let mut shard = self.shard(keys);
-        let entry = match shard.get_mut(keys) {
-            Some(entry) => entry,
-            None => {
-                if shard.len() >= self.per_shard {
-                    self.evict(&mut shard, errand);
+        let (hash, mut guard) = self.shard(name);
+        let Shard {
+            table,
+            local,
+            spent,
+            outstanding,
+        } = &mut *guard;
+        let entry = match table.find_entry(hash, |e| &*e.name == name) {
+            Ok(found) => found.into_mut(),
+            Err(absent) => {
+                let table = absent.into_table();
+                if table.len() >= self.per_shard {
+                    self.evict(table, outstanding, errand);
                 }
-                shard.insert(
-                    keys.to_vec(),
-                    Entry {
-                        policy: policy.clone(),
-                        demand: 0.0,
-                        seen: now,
-                        born: now,
-                        holds: VecDeque::new(),
-                        spent: VecDeque::new(),
-                        asking: false,
-                        quiet_until: None,
-                        roomy: false,
-                    },
-                );
-                shard.get_mut(keys)?
+                let entry = Entry {
+                    name: name.into(),
+                    keys: keys(),
+                    policy: policy.clone(),
+                    demand: 0.0,
+                    seen: now,
+                    born: now,
+                    holds: VecDeque::new(),
+                    spent: VecDeque::new(),
+                    asking: false,
+                    quiet_until: None,
+                    roomy: false,
+                };
+                table
+                    .insert_unique(hash, entry, |e| self.hash(&e.name))
+                    .into_mut()
             }
         };
         let age = now.saturating_duration_since(entry.seen).as_secs_f64();
@@ -278,7 +327,7 @@ impl Leases {
                 break;
             }
             let hold = entry.holds.pop_front()?;
-            let report = self.report(keys, &entry.policy, hold, now);
+            let report = self.report(&entry.keys, &entry.policy, hold, now, outstanding);
             if report.left == 0 && !report.expired && entry.spent.len() < MAX_HOLDS {
                 entry.spent.push_back(report.id);
             } else {
@@ -292,9 +341,9 @@ impl Leases {
             .find(|h| h.left >= cost && now < h.until)
         {
             hold.left -= cost;
-            self.counters.local.fetch_add(1, Ordering::Relaxed);
-            self.counters.spent.fetch_add(cost, Ordering::Relaxed);
-            self.counters.outstanding.fetch_sub(cost, Ordering::Relaxed);
+            *local += 1;
+            *spent += cost;
+            *outstanding -= cost;
             decided = Some(local_decision(policy, hold.left));
         }
         // Ask for the next lease when what is held is under half a
@@ -334,7 +383,8 @@ impl Leases {
         if want >= MIN_LEASE && (2 * held < wanted || aging) {
             entry.asking = true;
             errand.lease = Some(Ask {
-                keys: keys.to_vec(),
+                name: entry.name.clone(),
+                keys: entry.keys.clone(),
                 policy: entry.policy.clone(),
                 want,
                 carried: entry.spent.pop_front(),
@@ -346,29 +396,30 @@ impl Leases {
 
     /// A key's entry goes to make room: one without holds if the first few
     /// looked at have one, else the first.
-    fn evict(&self, shard: &mut Shard, errand: &mut Errand) {
-        let victim = shard
+    fn evict(&self, table: &mut HashTable<Entry>, outstanding: &mut u64, errand: &mut Errand) {
+        let victim = table
             .iter()
             .take(8)
-            .find(|(_, e)| e.holds.is_empty() && !e.asking)
-            .or_else(|| shard.iter().next())
-            .map(|(k, _)| k.clone());
-        if let Some(keys) = victim
-            && let Some(entry) = shard.remove(&keys)
+            .find(|e| e.holds.is_empty() && !e.asking)
+            .or_else(|| table.iter().next())
+            .map(|e| e.name.clone());
+        if let Some(name) = victim
+            && let Ok(found) = table.find_entry(self.hash(&name), |e| e.name == name)
         {
-            errand.reports.extend(self.leaving(&keys, entry));
+            let (entry, _) = found.remove();
+            errand.reports.extend(self.leaving(entry, outstanding));
         }
     }
 
     /// The reports of a key leaving the map: its holds, and those spent
     /// whole that wait for a lease request.
-    fn leaving(&self, keys: &[String], entry: Entry) -> Vec<Report> {
+    fn leaving(&self, entry: Entry, outstanding: &mut u64) -> Vec<Report> {
         let now = Instant::now();
         let mut out: Vec<Report> = entry
             .spent
             .iter()
             .map(|&id| Report {
-                keys: keys.to_vec(),
+                keys: entry.keys.clone(),
                 policy: entry.policy.clone(),
                 id,
                 spent: WHOLE,
@@ -377,15 +428,22 @@ impl Leases {
             })
             .collect();
         for hold in entry.holds {
-            out.push(self.report(keys, &entry.policy, hold, now));
+            out.push(self.report(&entry.keys, &entry.policy, hold, now, outstanding));
         }
         out
     }
 
-    fn report(&self, keys: &[String], policy: &Policy, hold: Hold, now: Instant) -> Report {
-        self.counters
-            .outstanding
-            .fetch_sub(hold.left, Ordering::Relaxed);
+    /// The report of `hold`, which leaves its shard (whose unspent held
+    /// tokens are `outstanding`).
+    fn report(
+        &self,
+        keys: &[String],
+        policy: &Policy,
+        hold: Hold,
+        now: Instant,
+        outstanding: &mut u64,
+    ) -> Report {
+        *outstanding = outstanding.saturating_sub(hold.left);
         let held = self
             .counters
             .held
@@ -407,14 +465,15 @@ impl Leases {
         self.instance.wrapping_add(n) & (u64::MAX >> 1)
     }
 
-    /// A lease on `keys` for `policy` answered: `granted` tokens (0: none)
-    /// held for `life` from a request sent at `sent`, or `None` when the
-    /// call failed; `roomy`: whether every bucket had at least 3/4 free
-    /// besides it. A hold whose key was evicted meanwhile comes back to be
-    /// reported.
+    /// A lease on the buckets named `name` (storage keys `keys`) for
+    /// `policy` answered: `granted` tokens (0: none) held for `life` from a
+    /// request sent at `sent`, or `None` when the call failed; `roomy`:
+    /// whether every bucket had at least 3/4 free besides it. A hold whose
+    /// key was evicted meanwhile comes back to be reported.
     #[allow(clippy::too_many_arguments, reason = "one answer, read apart")]
     pub(crate) fn answered(
         &self,
+        name: &str,
         keys: &[String],
         policy: &Policy,
         id: u64,
@@ -423,8 +482,9 @@ impl Leases {
         life: Duration,
         roomy: bool,
     ) -> Option<Report> {
-        let mut shard = self.shard(keys);
-        let Some(entry) = shard.get_mut(keys) else {
+        let (hash, mut guard) = self.shard(name);
+        let shard = &mut *guard;
+        let Some(entry) = shard.table.find_mut(hash, |e| &*e.name == name) else {
             let granted = granted.filter(|&g| g > 0)?;
             return Some(Report {
                 keys: keys.to_vec(),
@@ -440,9 +500,7 @@ impl Leases {
         match granted {
             Some(granted) if granted > 0 => {
                 self.counters.granted.fetch_add(granted, Ordering::Relaxed);
-                self.counters
-                    .outstanding
-                    .fetch_add(granted, Ordering::Relaxed);
+                shard.outstanding += granted;
                 let held = self.counters.held.fetch_add(granted, Ordering::Relaxed);
                 observe::lease_held(self.label, held + granted);
                 entry.holds.push_back(Hold {
@@ -459,11 +517,15 @@ impl Leases {
         None
     }
 
-    /// Forgets `keys`' holds (the key was reset), to report them.
-    pub(crate) fn forget(&self, keys: &[String], errand: &mut Errand) {
-        let mut shard = self.shard(keys);
-        if let Some(entry) = shard.remove(keys) {
-            errand.reports.extend(self.leaving(keys, entry));
+    /// Forgets the holds of the buckets named `name` (the key was reset),
+    /// to report them.
+    pub(crate) fn forget(&self, name: &str, errand: &mut Errand) {
+        let (hash, mut guard) = self.shard(name);
+        let shard = &mut *guard;
+        if let Some(entry) = shard.remove(hash, name) {
+            errand
+                .reports
+                .extend(self.leaving(entry, &mut shard.outstanding));
         }
     }
 
@@ -471,9 +533,10 @@ impl Leases {
     pub(crate) fn drain(&self) -> Vec<Report> {
         let mut out = Vec::new();
         for shard in &self.shards {
-            let mut shard = shard.lock().unwrap_or_else(|e| e.into_inner());
-            for (keys, entry) in shard.drain() {
-                out.extend(self.leaving(&keys, entry));
+            let mut guard = lock(shard);
+            let shard = &mut *guard;
+            for entry in shard.table.drain() {
+                out.extend(self.leaving(entry, &mut shard.outstanding));
             }
         }
         out
@@ -481,14 +544,21 @@ impl Leases {
 
     pub(crate) fn stats(&self) -> LeaseStats {
         let c = &self.counters;
+        let (mut local, mut spent, mut outstanding) = (0, 0, 0);
+        for shard in &self.shards {
+            let shard = lock(shard);
+            local += shard.local;
+            spent += shard.spent;
+            outstanding += shard.outstanding;
+        }
         LeaseStats {
-            local_decisions: c.local.load(Ordering::Relaxed),
+            local_decisions: local,
             requests: c.requests.load(Ordering::Relaxed),
             granted: c.granted.load(Ordering::Relaxed),
-            spent: c.spent.load(Ordering::Relaxed),
+            spent,
             returned: c.returned.load(Ordering::Relaxed),
             expired: c.expired.load(Ordering::Relaxed),
-            outstanding: c.outstanding.load(Ordering::Relaxed),
+            outstanding,
             held: c.held.load(Ordering::Relaxed),
         }
     }
@@ -504,6 +574,12 @@ impl Leases {
             observe::lease_tokens(self.label, "expired", report.left);
         }
     }
+}
+
+/// A poisoned shard only means another thread panicked mid-update; its
+/// counts and holds are still usable.
+fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
+    shard.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// A decision made from a hold with `left` tokens left after it: admitted,

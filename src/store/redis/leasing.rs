@@ -2,6 +2,7 @@
 //! and the lease requests and reports sent in the background, each a
 //! decision batched with the checks in flight.
 
+use std::cell::RefCell;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -13,14 +14,56 @@ use super::store::RedisStore;
 use crate::decision::Decision;
 use crate::policy::Policy;
 use crate::quota::micros;
+use crate::store::key::safe_key;
+
+thread_local! {
+    /// Where [`lease_name`] writes a key's name in the lease map: one buffer
+    /// per thread, so a check decided from a hold allocates nothing.
+    static NAME: RefCell<String> = const { RefCell::new(String::new()) };
+}
+
+/// Runs `f` on the name of `key`'s buckets under `policy` in the lease map:
+/// the key's storage-safe form, then the key tails of the policy's quotas
+/// (each `}:` and a quota id; a safe key holds no `}`). It names the same
+/// buckets as the storage keys, without the store's prefix, which is the
+/// same for every key of a store.
+pub(super) fn lease_name<R>(key: &str, policy: &Policy, f: impl FnOnce(&str) -> R) -> R {
+    let write = |name: &mut String| {
+        name.clear();
+        name.push_str(&safe_key(key));
+        for tail in policy.key_tails() {
+            name.push_str(tail);
+        }
+    };
+    NAME.with(|buffer| match buffer.try_borrow_mut() {
+        Ok(mut name) => {
+            write(&mut name);
+            f(&name)
+        }
+        // `f` never names another key itself; should it, on the heap.
+        Err(_) => {
+            let mut name = String::new();
+            write(&mut name);
+            f(&name)
+        }
+    })
+}
 
 impl RedisStore {
     /// A check decided in process from a hold (leases on), and what it
     /// leaves to send in the background.
-    pub(super) fn leased(&self, keys: &[String], policy: &Policy, cost: u64) -> Option<Decision> {
+    pub(super) fn leased(&self, key: &str, policy: &Policy, cost: u64) -> Option<Decision> {
         let leases = self.inner.leases.as_ref()?;
         let mut errand = Errand::default();
-        let decision = leases.check(keys, policy, cost, &mut errand);
+        let decision = lease_name(key, policy, |name| {
+            leases.check(
+                name,
+                || self.keys_of(key, policy),
+                policy,
+                cost,
+                &mut errand,
+            )
+        });
         self.run_errand(errand);
         decision
     }
@@ -37,13 +80,25 @@ impl RedisStore {
         };
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             // Nothing can be sent: the key must not stay asking.
-            if let Some(Ask { keys, policy, .. }) = &errand.lease {
-                let _ =
-                    leases.answered(keys, policy, 0, None, Instant::now(), Duration::ZERO, false);
+            if let Some(Ask {
+                name, keys, policy, ..
+            }) = &errand.lease
+            {
+                let _ = leases.answered(
+                    name,
+                    keys,
+                    policy,
+                    0,
+                    None,
+                    Instant::now(),
+                    Duration::ZERO,
+                    false,
+                );
             }
             return;
         };
         if let Some(Ask {
+            name,
             keys,
             policy,
             want,
@@ -58,6 +113,7 @@ impl RedisStore {
             // (a runtime shutting down), so the key is not left asking.
             let guard = Asking {
                 store: self.clone(),
+                name,
                 keys: Some(keys),
                 policy: policy.clone(),
                 id,
@@ -87,7 +143,7 @@ impl RedisStore {
                 });
                 let orphan = match (guard.keys.take(), &store.inner.leases) {
                     (Some(keys), Some(leases)) => {
-                        leases.answered(&keys, &policy, id, granted, sent, life, roomy)
+                        leases.answered(&guard.name, &keys, &policy, id, granted, sent, life, roomy)
                     }
                     _ => None,
                 };
@@ -133,6 +189,7 @@ impl RedisStore {
 /// A lease request under way; dropped unanswered, it answers "none".
 struct Asking {
     store: RedisStore,
+    name: Box<str>,
     keys: Option<Vec<String>>,
     policy: Policy,
     id: u64,
@@ -142,6 +199,7 @@ impl Drop for Asking {
     fn drop(&mut self) {
         if let (Some(keys), Some(leases)) = (self.keys.take(), &self.store.inner.leases) {
             leases.answered(
+                &self.name,
                 &keys,
                 &self.policy,
                 self.id,

@@ -289,11 +289,11 @@ impl RedisStore {
         clock: Option<u64>,
     ) -> Result<(Decision, u64), Error> {
         validate(policy, cost)?;
-        let keys = self.keys_of(key, policy);
         let cacheable = clock.is_none() && max_wait_us == 0 && cost > 0;
-        if cacheable && let Some(decision) = self.leased(&keys, policy, cost) {
+        if cacheable && let Some(decision) = self.leased(key, policy, cost) {
             return Ok((decision, 0));
         }
+        let keys = self.keys_of(key, policy);
         if cacheable && let Some(decision) = self.cached_denial(&keys, cost) {
             return Ok((decision, 0));
         }
@@ -325,7 +325,7 @@ impl RedisStore {
     }
 
     /// The storage keys of `key`'s buckets, one per quota of `policy`.
-    fn keys_of(&self, key: &str, policy: &Policy) -> Vec<String> {
+    pub(super) fn keys_of(&self, key: &str, policy: &Policy) -> Vec<String> {
         let key = safe_key(key);
         policy
             .key_tails()
@@ -351,12 +351,12 @@ impl RedisStore {
         cost: u64,
     ) -> Result<Result<Decision, Vec<String>>, Error> {
         validate(policy, cost)?;
-        let keys = self.keys_of(key, policy);
         if cost > 0
-            && let Some(decision) = self.leased(&keys, policy, cost)
+            && let Some(decision) = self.leased(key, policy, cost)
         {
             return Ok(Ok(decision));
         }
+        let keys = self.keys_of(key, policy);
         if cost > 0
             && let Some(decision) = self.cached_denial(&keys, cost)
         {
@@ -444,7 +444,9 @@ impl Store for RedisStore {
         // Held tokens of a reset bucket are gone with it: forgotten here,
         // not reported (their reports would find nothing).
         if let Some(leases) = &self.inner.leases {
-            leases.forget(&keys, &mut Errand::default());
+            super::leasing::lease_name(key, policy, |name| {
+                leases.forget(name, &mut Errand::default());
+            });
         }
         let mut del = redis::cmd("DEL");
         del.arg(&keys);
