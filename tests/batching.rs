@@ -189,3 +189,70 @@ async fn on_loopback_under_load_checks_still_share_script_calls() {
     );
     assert!(calls < checks, "{calls} script calls for {checks} checks");
 }
+
+/// A lone check goes out from its caller's future; the checks that queue
+/// behind its call go out when it ends. A caller that goes away mid-call (a
+/// client that disconnected: its future dropped) must not strand them.
+/// Redis frozen, two callers take the store's two call slots (a new store
+/// starts with two) and a third check queues behind them; both callers go
+/// away, Redis thaws, and the queued check gets its answer from Redis. Were
+/// it stranded, it would wait for its timeout, 20 s.
+#[tokio::test]
+async fn a_check_queued_behind_callers_that_went_away_mid_call_is_answered() {
+    use std::task::{Context, Waker};
+    let server = RedisServer::start();
+    let store = server.store_with_timeout(Duration::from_secs(20));
+    let policy = Policy::from(tollgate::Quota::per_hour(10).unwrap());
+    // Connected, and the script loaded.
+    assert!(store.check("warm", &policy, 1).await.unwrap().allowed());
+    server.freeze();
+    let mut callers: Vec<_> = ["a", "b", "queued"]
+        .into_iter()
+        .map(|key| Box::pin(store.check(key, &policy, 1)))
+        .collect();
+    // One poll each, in order: each is sent or queued on its first poll.
+    for check in &mut callers {
+        let polled = check.as_mut().poll(&mut Context::from_waker(Waker::noop()));
+        assert!(polled.is_pending(), "answered by a frozen Redis");
+    }
+    let queued = callers.pop().unwrap();
+    // The two calls reach the frozen server (their connection's task runs),
+    // then their callers go away.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    drop(callers);
+    server.thaw();
+    let d = queued.await.expect("the queued check was not answered");
+    assert!(d.allowed() && d.remaining() == 9, "{d:?}");
+}
+
+/// The same when the callers time out mid-call rather than go away: Redis
+/// frozen, two callers' calls take the store's two call slots, a third
+/// check queues half a timeout later, the first two time out, Redis thaws,
+/// and the queued check, half a timeout from its own deadline, gets its
+/// answer from Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_check_queued_behind_callers_that_timed_out_is_answered() {
+    let timeout = Duration::from_secs(4);
+    let server = RedisServer::start();
+    let store = server.store_with_timeout(timeout);
+    let policy = Policy::from(tollgate::Quota::per_hour(10).unwrap());
+    assert!(store.check("warm", &policy, 1).await.unwrap().allowed());
+    let check = |key: &'static str| {
+        let (store, policy) = (store.clone(), policy.clone());
+        tokio::spawn(async move { store.check(key, &policy, 1).await })
+    };
+    server.freeze();
+    let callers = [check("a"), check("b")];
+    tokio::time::sleep(timeout / 2).await;
+    let queued = check("queued");
+    for caller in callers {
+        let err = caller.await.unwrap().unwrap_err();
+        assert_eq!(err.kind(), tollgate::ErrorKind::Timeout, "{err}");
+    }
+    server.thaw();
+    let d = queued
+        .await
+        .unwrap()
+        .expect("the queued check was not answered");
+    assert!(d.allowed() && d.remaining() == 9, "{d:?}");
+}

@@ -34,8 +34,18 @@
 //!   loopback one does under load; what differs is how many calls' work the
 //!   round trip is worth. A sample costs a few comparisons under the queue's
 //!   lock, which the call's end takes anyway; a failed call teaches nothing.
-//! - Calls are sent from a task of their own, so a caller that gives up (a
-//!   client that went away) never strands the checks batched with its own.
+//! - **A lone check goes out from its caller's future.** When a call may
+//!   start and no other check waits, the check comes back to its caller
+//!   (`Turn::Own`), which sends it itself: no task to spawn and no answer
+//!   handed across threads, the common case at low load. A call that
+//!   carries other checks is sent from a task of its own (a drain), so a
+//!   caller that gives up (a client that went away) never strands the
+//!   checks batched with its own. Checks that queue behind a lone check's
+//!   call go out in a drain started when that call ends, so its caller
+//!   returns its answer at once, or when its caller's future is dropped
+//!   mid-call (timed out, went away), so they never wait for a call that no
+//!   one will end (see `drain.rs`; with no runtime to start a drain on, the
+//!   slot is given back and they go with the next call that starts).
 //! - **Same answers.** The script decides the batch's checks in order, each
 //!   seeing the buckets as the ones before it left them, all with one Redis
 //!   `TIME`: the same answers as the checks sent one by one at that instant.
@@ -106,16 +116,21 @@ impl Batcher {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Queues `check`; returns the batch to send now if a call may start, the
-    /// caller then owning one in-flight slot.
-    pub(crate) fn enqueue(&self, check: Pending) -> Option<Vec<Pending>> {
+    /// Queues `check`, or hands it back alone; with a call that may start
+    /// (see [`Turn`]) the caller then owns one in-flight slot.
+    pub(crate) fn enqueue(&self, check: Pending) -> Turn {
         let mut queue = self.lock();
-        queue.pending.push(check);
         if queue.in_flight >= queue.window.limit() {
-            return None;
+            queue.pending.push(check);
+            return Turn::Wait;
         }
         queue.in_flight += 1;
-        Some(self.take(&mut queue))
+        forget_abandoned(&mut queue);
+        if queue.pending.is_empty() {
+            return Turn::Own(check);
+        }
+        queue.pending.push(check);
+        Turn::Batch(self.take(&mut queue))
     }
 
     /// After a call ends, having taken `round_trip` if it succeeded: the next
@@ -132,6 +147,7 @@ impl Batcher {
             queue.in_flight -= 1;
             return None;
         }
+        forget_abandoned(&mut queue);
         let batch = self.take(&mut queue);
         if batch.is_empty() {
             queue.in_flight -= 1;
@@ -148,24 +164,52 @@ impl Batcher {
         queue.in_flight = queue.in_flight.saturating_sub(1);
     }
 
-    /// The next batch: checks whose caller gave up (timed out, went away)
-    /// are dropped rather than sent, so they spend nothing.
+    /// The next batch, from the front of the queue.
     fn take(&self, queue: &mut Queue) -> Vec<Pending> {
-        queue.pending.retain(|p| !p.reply.is_closed());
         let n = queue.pending.len().min(self.max_batch);
         queue.pending.drain(..n).collect()
     }
 }
 
-/// The in-flight slot a drain holds in its queue: given back when the drain
-/// ends early (a panic, its task dropped), or by [`Batcher::next`].
+/// Drops the checks whose caller gave up (timed out, went away) rather than
+/// send them, so they spend nothing.
+fn forget_abandoned(queue: &mut Queue) {
+    queue.pending.retain(|p| !p.reply.is_closed());
+}
+
+/// What [`Batcher::enqueue`] did with a check.
+pub(crate) enum Turn {
+    /// Queued: the calls in flight are at the limit, and one of them takes
+    /// it into its next batch.
+    Wait,
+    /// Handed back: a call may start and no other check waits, so its
+    /// caller sends it alone, holding the slot.
+    Own(Pending),
+    /// A call may start and other checks wait: the batch to send now, the
+    /// check among them, holding the slot.
+    Batch(Vec<Pending>),
+}
+
+impl Turn {
+    /// Whether a call may start (the caller then holds a slot).
+    #[cfg(test)]
+    pub(crate) fn starts_a_call(&self) -> bool {
+        !matches!(self, Turn::Wait)
+    }
+}
+
+/// The in-flight slot a call holds in its queue (a drain's, or a lone
+/// check's sent by its caller): given back by [`Batcher::next`], or when it
+/// is dropped still held (a panic, a task or a caller's future dropped; a
+/// caller's future first hands it on to the checks queued behind it, see
+/// `drain.rs`).
 pub(crate) struct Slot {
     queue: Arc<Batcher>,
     held: bool,
 }
 
 impl Slot {
-    /// The slot that [`Batcher::enqueue`] handed out with a batch.
+    /// The slot that [`Batcher::enqueue`] handed out with a call to start.
     pub(crate) fn new(queue: Arc<Batcher>) -> Self {
         Slot { queue, held: true }
     }

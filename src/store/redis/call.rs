@@ -91,10 +91,28 @@ impl RedisStore {
     /// failure counts once per check of the call (`checks`) towards opening
     /// the breaker; with 0 the callers count their own outcomes (a batch's
     /// checks, see `batched`).
-    pub(super) async fn admitted<T, F, Fut>(
+    pub(super) fn admitted<T, F, Fut>(
         &self,
         admit: Admit,
         checks: usize,
+        op: F,
+    ) -> impl Future<Output = Result<T, Error>>
+    where
+        F: Fn(Conn) -> Fut,
+        Fut: Future<Output = Result<T, RedisError>>,
+    {
+        self.admitted_until(admit, checks, None, op)
+    }
+
+    /// [`admitted`](Self::admitted), timed out at `deadline` rather than the
+    /// store timeout after the call starts: a check sent by its caller
+    /// (`batched`) ends at the caller's own deadline, here, where a timeout
+    /// still tells the connection (`Link::timed_out`).
+    pub(super) async fn admitted_until<T, F, Fut>(
+        &self,
+        admit: Admit,
+        checks: usize,
+        deadline: Option<Instant>,
         op: F,
     ) -> Result<T, Error>
     where
@@ -107,7 +125,11 @@ impl RedisStore {
             return Err(err);
         }
         let started = Instant::now();
-        let result = self.bounded(op, matches!(admit, Admit::Probe(_))).await;
+        // The timeout is at most 60 s (checked when the store is built), so
+        // this cannot overflow.
+        let deadline = deadline.unwrap_or(started + self.inner.timeout);
+        let probe = matches!(admit, Admit::Probe(_));
+        let result = self.bounded_until(op, probe, deadline).await;
         let failure = result.as_ref().err();
         match (admit, failure) {
             (Admit::Probe(probe), failure) => probe.done(failure.is_none()),
@@ -125,7 +147,25 @@ impl RedisStore {
     /// Runs `op` on the held connection within the timeout, replacing the
     /// connection and retrying once if it is broken. A `probe` connects even
     /// while connects back off.
-    pub(super) async fn bounded<T, F, Fut>(&self, op: F, probe: bool) -> Result<T, Error>
+    pub(super) fn bounded<T, F, Fut>(
+        &self,
+        op: F,
+        probe: bool,
+    ) -> impl Future<Output = Result<T, Error>>
+    where
+        F: Fn(Conn) -> Fut,
+        Fut: Future<Output = Result<T, RedisError>>,
+    {
+        self.bounded_until(op, probe, Instant::now() + self.inner.timeout)
+    }
+
+    /// [`bounded`](Self::bounded), timed out at `deadline`.
+    async fn bounded_until<T, F, Fut>(
+        &self,
+        op: F,
+        probe: bool,
+        deadline: Instant,
+    ) -> Result<T, Error>
     where
         F: Fn(Conn) -> Fut,
         Fut: Future<Output = Result<T, RedisError>>,
@@ -160,7 +200,7 @@ impl RedisStore {
                 Err(e) => Err(classify(e, link.host())),
             }
         };
-        let outcome = tokio::time::timeout(self.inner.timeout, attempt).await;
+        let outcome = tokio::time::timeout_at(deadline, attempt).await;
         outcome.unwrap_or_else(|_| {
             if let Some(held) = &in_use {
                 link.timed_out(held);

@@ -1,12 +1,18 @@
 //! Sending what queues: a check waits in its queue for the next script
-//! call (`batch.rs`), and a drain, in a task of its own, sends the queue's
-//! batches until it is empty, then hands every check its answer.
+//! call (`batch.rs`). A lone check goes out from its caller's future; a
+//! drain, in a task of its own, sends the queue's batches until it is empty,
+//! then hands every check its answer.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
 
+use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use super::batch::{Batcher, Pending, Slot};
+use super::batch::{Batcher, Pending, Slot, Turn};
 use super::encode::{Batch, SlotOf, Spend};
 use super::store::{RedisStore, STORE};
 use crate::decision::Decision;
@@ -14,10 +20,15 @@ use crate::error::Error;
 use crate::observe;
 use crate::policy::Policy;
 use crate::store::deny_cache::DenyCache;
+
+/// A decision and its wait, or why there is none.
+type Outcome = Result<(Decision, u64), Error>;
+
 impl RedisStore {
     /// Queues a check for the next script call of `queue` (see `batch.rs`;
     /// `spread`: the queue of a cluster node, see `cluster/nodes.rs`) and waits for
-    /// its answer, at most the store timeout.
+    /// its answer, at most the store timeout. A check alone with a call free
+    /// is sent from here (`inline`).
     pub(super) async fn batched(
         &self,
         queue: Arc<Batcher>,
@@ -25,8 +36,8 @@ impl RedisStore {
         keys: Vec<String>,
         policy: &Policy,
         spend: Spend,
-    ) -> Result<(Decision, u64), Error> {
-        let (reply, answered) = tokio::sync::oneshot::channel();
+    ) -> Outcome {
+        let (reply, answered) = oneshot::channel();
         let sent = Instant::now();
         let check = Pending {
             keys,
@@ -35,23 +46,35 @@ impl RedisStore {
             sent,
             reply,
         };
-        if let Some(checks) = queue.enqueue(check) {
-            // The in-flight slot `enqueue` handed out is owned by the drain's
-            // future from here on: a task dropped before it first runs (a
-            // runtime shutting down) gives it back too, so the queue never
-            // stalls.
-            let slot = Slot::new(queue);
-            let store = self.clone();
-            tokio::spawn(async move { store.drain(slot, checks, spread).await });
-        }
-        // Each check counts towards the breaker by what its caller saw: an
-        // answer, a failure, or its own timeout (waiting in the queue or in
-        // the call), once.
         // The deadline from the clock already read for `sent` (one read of
         // the clock per check, not two); the timeout is at most 60 s (checked
         // when the store is built), so this cannot overflow.
         let deadline = sent + self.inner.timeout;
-        match tokio::time::timeout_at(deadline, answered).await {
+        let heard = match queue.enqueue(check) {
+            Turn::Own(check) => {
+                let handoff = Handoff {
+                    store: self,
+                    slot: Some(Slot::new(queue)),
+                    spread,
+                };
+                Heard::Inline(Box::pin(self.inline(handoff, check, deadline)))
+            }
+            Turn::Batch(checks) => {
+                // The in-flight slot `enqueue` handed out is owned by the
+                // drain's future from here on: a task dropped before it first
+                // runs (a runtime shutting down) gives it back too, so the
+                // queue never stalls.
+                let slot = Slot::new(queue);
+                let store = self.clone();
+                tokio::spawn(async move { store.drain(slot, checks, spread).await });
+                Heard::Queued(answered)
+            }
+            Turn::Wait => Heard::Queued(answered),
+        };
+        // Each check counts towards the breaker by what its caller saw: an
+        // answer, a failure, or its own timeout (waiting in the queue or in
+        // the call), once.
+        match tokio::time::timeout_at(deadline, heard).await {
             Ok(Ok(Ok(outcome))) => {
                 self.inner.breaker.success(sent);
                 Ok(outcome)
@@ -82,6 +105,56 @@ impl RedisStore {
                 Err(err)
             }
         }
+    }
+
+    /// Sends the caller's `check` alone, from the caller's future: one round
+    /// of [`drain`](Self::drain) that answers the caller directly, without a
+    /// task or a channel. The call ends at the caller's `deadline` (a timeout
+    /// there still tells the connection, see `call.rs`); the checks that
+    /// queued meanwhile go to a drain when it ends, or when this future is
+    /// dropped before (`handoff`).
+    async fn inline(&self, mut handoff: Handoff<'_>, check: Pending, deadline: Instant) -> Outcome {
+        let mut checks = [check];
+        // One check: no spread call and nothing apart, on a cluster node's
+        // queue too; the production script decides it, routed by its slot,
+        // and never answers that the node does not serve it.
+        let mut batch = batch_of(&mut checks, None);
+        let script = &self.inner.script;
+        let call = &batch;
+        let started = Instant::now();
+        // Never the breaker's probe, as in a drain.
+        let reply = self
+            .admitted_until(
+                self.inner.breaker.admit_without_probe(),
+                0,
+                Some(deadline),
+                |mut conn| async move { call.run(&mut conn, script).await },
+            )
+            .await;
+        let round_trip = reply.is_ok().then(|| started.elapsed());
+        let outcome = match reply {
+            Ok(reply) => self.read(&batch, &reply).and_then(|mut outcomes| {
+                outcomes.pop().ok_or_else(|| {
+                    Error::store(crate::ErrorKind::Server, "empty reply from the script")
+                })
+            }),
+            Err(err) => {
+                // A failover or a replaced connection may have moved slots:
+                // read the map again.
+                self.refresh_slots();
+                Err(err)
+            }
+        };
+        let [check] = checks;
+        if let (Ok((decision, _)), Some(cache), Some(keys)) = (
+            &outcome,
+            self.inner.denials.as_ref(),
+            batch.take_keys().pop(),
+        ) {
+            remember(cache, keys, check.spend, decision, check.sent);
+        }
+        handoff.pass(round_trip);
+        outcome
     }
 
     /// Sends `checks`, then whatever queued meanwhile, until `queue` is
@@ -182,6 +255,63 @@ impl RedisStore {
     }
 }
 
+/// What the caller of a batched check waits for: its own call, or its answer
+/// from a drain.
+enum Heard<'a> {
+    /// Its check alone, sent from its own future; boxed, as the call holds
+    /// redis-rs's futures (kilobytes), which every queued check's future
+    /// would otherwise carry too (see the size test in `layer/service.rs`).
+    Inline(Pin<Box<dyn Future<Output = Outcome> + Send + 'a>>),
+    /// Its answer, which the drain that sends its check hands over.
+    Queued(oneshot::Receiver<Outcome>),
+}
+
+impl Future for Heard<'_> {
+    type Output = Result<Outcome, oneshot::error::RecvError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.get_mut() {
+            Heard::Inline(call) => call.as_mut().poll(cx).map(Ok),
+            Heard::Queued(answer) => Pin::new(answer).poll(cx),
+        }
+    }
+}
+
+/// The in-flight slot of a lone check's call, held by its caller's future:
+/// when the call ends, or when that future is dropped before (its caller
+/// went away or timed out), the checks queued behind the call go out in a
+/// drain of their own rather than wait for a call that never ends.
+struct Handoff<'a> {
+    store: &'a RedisStore,
+    slot: Option<Slot>,
+    spread: bool,
+}
+
+impl Handoff<'_> {
+    /// Hands the slot to a drain of what queued meanwhile, or gives it back
+    /// if nothing did; `round_trip`: what the call took, if it succeeded.
+    fn pass(&mut self, round_trip: Option<Duration>) {
+        let Some(mut slot) = self.slot.take() else {
+            return;
+        };
+        // Without a runtime no drain can start: the slot goes back, and what
+        // queued goes out with the next call that starts.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        if let Some(checks) = slot.next(round_trip) {
+            let (store, spread) = (self.store.clone(), self.spread);
+            runtime.spawn(async move { store.drain(slot, checks, spread).await });
+        }
+    }
+}
+
+impl Drop for Handoff<'_> {
+    fn drop(&mut self) {
+        self.pass(None);
+    }
+}
+
 /// The script call for `checks`, in order; `spread` for clients in several
 /// slots of one cluster node (see `cluster/nodes.rs`). The checks' keys move into
 /// the batch: [`Batch::take_keys`] hands them back after the call.
@@ -275,47 +405,61 @@ mod tests {
     use crate::quota::Quota;
     use crate::store::Store;
 
-    /// A batched check that finds a free call slot takes it and spawns the
-    /// task that sends the call. A task dropped before it first runs (its
-    /// runtime shut down) must give the slot back: a store keeps two, and
-    /// with both lost every later check of the store would wait in the queue
-    /// until its timeout, for good.
+    /// A batched check that finds a free call slot takes it: a lone check's
+    /// caller sends the call itself, and the checks that queue behind it go
+    /// to a drain spawned when that call ends, or when the caller's future
+    /// is dropped before. A caller's future dropped mid-call, and a drain
+    /// task dropped before it first runs (its runtime shut down), must each
+    /// give their slot back: a store keeps two, and with both lost every
+    /// later check of the store would wait in the queue until its timeout,
+    /// for good.
     #[test]
     fn a_drain_task_dropped_before_it_runs_gives_its_call_slot_back() {
         use std::task::{Context, Waker};
-        // Built without connecting: the drain never runs, nothing is sent.
+        // Built without connecting: no call ever gets through, nothing is
+        // sent.
         let store = RedisStore::from_url("redis://127.0.0.1:1").unwrap();
         let policy = Policy::from(Quota::per_second(10).unwrap());
-        for _ in 0..super::super::window::MIN_IN_FLIGHT + 1 {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            runtime.block_on(async {
-                // One poll: the check is queued and its drain spawned, but the
-                // block ends before the runtime runs the drain.
-                let mut check = std::pin::pin!(store.check("a", &policy, 1));
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            // One poll each: the first two take both call slots and wait for
+            // the connection, the third queues behind them.
+            let mut first = Box::pin(store.check("a", &policy, 1));
+            let mut second = std::pin::pin!(store.check("b", &policy, 1));
+            let mut queued = std::pin::pin!(store.check("c", &policy, 1));
+            for check in [first.as_mut(), second.as_mut(), queued.as_mut()] {
                 let pending = check
-                    .as_mut()
                     .poll(&mut Context::from_waker(Waker::noop()))
                     .is_pending();
                 assert!(pending, "answered without a call");
-            });
-            // Shutting down drops the drain's task unpolled.
-            drop(runtime);
-        }
+            }
+            // The first caller goes away mid-call: its slot goes to a drain
+            // of the queued check, spawned, but the block ends (dropping the
+            // other two callers) before the runtime runs it.
+            drop(first);
+        });
+        // Shutting down drops the drain's task unpolled.
+        drop(runtime);
+        // Both slots are free again: a slot lost on either path would show.
         let batcher = store.inner.batcher.as_ref().unwrap();
-        let (reply, _answered) = tokio::sync::oneshot::channel();
-        let check = Pending {
-            keys: vec!["{a}".into()],
-            policy,
-            spend: Spend::check(1),
-            sent: Instant::now(),
-            reply,
-        };
-        assert!(
-            batcher.enqueue(check).is_some(),
-            "a new check no longer finds a free call slot"
-        );
+        let mut answers = Vec::new();
+        for _ in 0..super::super::window::MIN_IN_FLIGHT {
+            let (reply, answered) = tokio::sync::oneshot::channel();
+            answers.push(answered);
+            let check = Pending {
+                keys: vec!["{a}".into()],
+                policy: policy.clone(),
+                spend: Spend::check(1),
+                sent: Instant::now(),
+                reply,
+            };
+            assert!(
+                batcher.enqueue(check).starts_a_call(),
+                "a new check no longer finds a free call slot"
+            );
+        }
     }
 }

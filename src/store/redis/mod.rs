@@ -22,8 +22,8 @@
 //!   cluster adds to batching.
 //! - `call.rs`: how one call runs: timeout, one retry on a fresh
 //!   connection, the breaker (and its probe), reports.
-//! - `drain.rs`: a check queued for a call, and the drain that sends the
-//!   queue and hands every check its answer.
+//! - `drain.rs`: a check queued for a call, or sent alone by its caller,
+//!   and the drain that sends the queue and hands every check its answer.
 //! - `leasing.rs`: the store's side of leases: a check decided from a
 //!   hold, and the lease requests and reports sent in the background.
 //! - `sending.rs`: where a check goes (batched or alone), and the future of

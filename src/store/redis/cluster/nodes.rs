@@ -262,7 +262,7 @@ mod tests {
         for _ in 0..4 {
             let (check, answered) = pending();
             answers.push(answered);
-            sent += usize::from(queue.enqueue(check).is_some());
+            sent += usize::from(queue.enqueue(check).starts_a_call());
         }
         sent
     }
@@ -279,7 +279,7 @@ mod tests {
         for _ in 0..4 {
             let (check, answered) = pending();
             answers.push(answered);
-            sent.push(queue.enqueue(check).is_some());
+            sent.push(queue.enqueue(check).starts_a_call());
         }
         assert_eq!(sent, [true, true, false, false], "two calls, two queued");
         // A second primary joins: n1's queue stays, with one call at a time.
@@ -296,7 +296,7 @@ mod tests {
         assert_eq!(queue.next(None).map(|b| b.len()), Some(2));
         let (check, answered) = pending();
         answers.push(answered);
-        assert!(queue.enqueue(check).is_none());
+        assert!(!queue.enqueue(check).starts_a_call());
         assert_eq!(queue.next(None).map(|b| b.len()), Some(1));
         assert!(queue.next(None).is_none());
         assert_eq!(sent_at_once(&queue), 1);
@@ -327,7 +327,7 @@ mod tests {
         for _ in 0..2 {
             let (check, answered) = pending();
             answers.push(answered);
-            assert!(queue.enqueue(check).is_some());
+            assert!(queue.enqueue(check).starts_a_call());
         }
         // Both calls' drains end without `next` (a panic, a dropped task).
         drop(super::super::super::batch::Slot::new(Arc::clone(&queue)));
