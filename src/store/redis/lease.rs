@@ -32,6 +32,7 @@
 //! - **Outages:** held tokens are spent until their expiry whatever the
 //!   breaker says; then checks go to Redis, and to the fallback.
 
+use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::hash::{BuildHasher, Hasher, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -46,6 +47,7 @@ use crate::decision::{Decision, QuotaState, States};
 use crate::observe;
 use crate::policy::Policy;
 use crate::quota::ceil_div;
+use crate::store::key::safe_key;
 
 /// The default lease period: a lease holds about this long's worth of a
 /// key's local demand.
@@ -69,6 +71,39 @@ const MAX_HOLDS: usize = 2;
 /// What a report of a hold spent whole says it spent: more than any hold
 /// (the script debits at most the hold), and below 2^53.
 pub(crate) const WHOLE: u64 = 1 << 52;
+
+thread_local! {
+    /// Where [`lease_name`] writes a key's name in the lease map: one buffer
+    /// per thread, so a check decided from a hold allocates nothing.
+    static NAME: RefCell<String> = const { RefCell::new(String::new()) };
+}
+
+/// Runs `f` on the name of `key`'s buckets under `policy` in the lease map:
+/// the key's storage-safe form, then the key tails of the policy's quotas
+/// (each `}:` and a quota id; a safe key holds no `}`). It names the same
+/// buckets as the storage keys, without the store's prefix, which is the
+/// same for every key of a store.
+pub(crate) fn lease_name<R>(key: &str, policy: &Policy, f: impl FnOnce(&str) -> R) -> R {
+    let write = |name: &mut String| {
+        name.clear();
+        name.push_str(&safe_key(key));
+        for tail in policy.key_tails() {
+            name.push_str(tail);
+        }
+    };
+    NAME.with(|buffer| match buffer.try_borrow_mut() {
+        Ok(mut name) => {
+            write(&mut name);
+            f(&name)
+        }
+        // `f` never names another key itself; should it, on the heap.
+        Err(_) => {
+            let mut name = String::new();
+            write(&mut name);
+            f(&name)
+        }
+    })
+}
 
 /// What a store's leases have done so far (all counts since the store was
 /// built): see [`RedisStore::lease_stats`](crate::RedisStore::lease_stats).

@@ -2,52 +2,17 @@
 //! and the lease requests and reports sent in the background, each a
 //! decision batched with the checks in flight.
 
-use std::cell::RefCell;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use super::encode::Spend;
-use super::lease::{Ask, Errand, LeaseStats, Leases, WHOLE};
+use super::lease::{Ask, Errand, LeaseStats, Leases, WHOLE, lease_name};
 use super::store::RedisStore;
 use crate::decision::Decision;
 use crate::policy::Policy;
 use crate::quota::micros;
-use crate::store::key::safe_key;
-
-thread_local! {
-    /// Where [`lease_name`] writes a key's name in the lease map: one buffer
-    /// per thread, so a check decided from a hold allocates nothing.
-    static NAME: RefCell<String> = const { RefCell::new(String::new()) };
-}
-
-/// Runs `f` on the name of `key`'s buckets under `policy` in the lease map:
-/// the key's storage-safe form, then the key tails of the policy's quotas
-/// (each `}:` and a quota id; a safe key holds no `}`). It names the same
-/// buckets as the storage keys, without the store's prefix, which is the
-/// same for every key of a store.
-pub(super) fn lease_name<R>(key: &str, policy: &Policy, f: impl FnOnce(&str) -> R) -> R {
-    let write = |name: &mut String| {
-        name.clear();
-        name.push_str(&safe_key(key));
-        for tail in policy.key_tails() {
-            name.push_str(tail);
-        }
-    };
-    NAME.with(|buffer| match buffer.try_borrow_mut() {
-        Ok(mut name) => {
-            write(&mut name);
-            f(&name)
-        }
-        // `f` never names another key itself; should it, on the heap.
-        Err(_) => {
-            let mut name = String::new();
-            write(&mut name);
-            f(&name)
-        }
-    })
-}
 
 impl RedisStore {
     /// A check decided in process from a hold (leases on), and what it

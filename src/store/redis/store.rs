@@ -14,7 +14,7 @@ use super::batch::{Batcher, Pending};
 use super::connection::Link;
 use super::encode::{SlotOf, Spend};
 use super::failure::{classify, is_connection_error};
-use super::lease::{Errand, LeaseConfig, Leases};
+use super::lease::{Errand, LeaseConfig, Leases, lease_name};
 use super::script::Script;
 use crate::decision::Decision;
 use crate::decision::Reservation;
@@ -444,7 +444,7 @@ impl Store for RedisStore {
         // Held tokens of a reset bucket are gone with it: forgotten here,
         // not reported (their reports would find nothing).
         if let Some(leases) = &self.inner.leases {
-            super::leasing::lease_name(key, policy, |name| {
+            lease_name(key, policy, |name| {
                 leases.forget(name, &mut Errand::default());
             });
         }
