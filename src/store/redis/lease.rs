@@ -13,8 +13,9 @@
 //! What leases cost is under-admission, bounded by the holds outstanding.
 //!
 //! - **Size:** a decayed count of the key's local demand (tokens asked for
-//!   over about one lease period; [`ROOMY`] periods while the buckets had
-//!   3/4 free or more at the last lease), minus what is still held; the script
+//!   over about one lease period; [`ROOMY`] periods, up to an eighth of the
+//!   smallest capacity, while the buckets had 3/4 free or more at the last
+//!   lease), minus what is still held; the script
 //!   grants at most half of what the bucket has free, so a key near its
 //!   limit gets no lease and is decided in Redis, exactly, check by check.
 //! - **Renewal:** the next lease is asked for (in the background) when
@@ -60,10 +61,15 @@ pub const DEFAULT_LEASE_KEYS: usize = 100_000;
 const MIN_LEASE: u64 = 2;
 
 /// How many periods a lease covers when the key's buckets are at least
-/// 3/4 free: nobody is near the limit, and a key in light use (a few
-/// checks a second) asks for a lease every few seconds instead of every
-/// period.
-const ROOMY: u32 = 8;
+/// 3/4 free: nobody is near the limit, and a key in steady use asks for a
+/// lease every half minute or so instead of every period. Such a lease
+/// wants at most 1/[`ROOMY_SHARE`] of the smallest capacity (or one
+/// period's demand, if more), so a key that goes idle leaves little held.
+const ROOMY: u32 = 32;
+
+/// The share of the smallest capacity a lease covering [`ROOMY`] periods
+/// holds at most: 1 / this.
+const ROOMY_SHARE: u64 = 8;
 
 /// Holds a key has at once, at most: the one in use and the next.
 const MAX_HOLDS: usize = 2;
@@ -410,7 +416,12 @@ impl Leases {
             .back()
             .is_none_or(|h| h.until.saturating_duration_since(now) < h.life / 4);
         let periods = if entry.roomy { ROOMY } else { 1 };
-        let wanted = wanted.saturating_mul(u64::from(periods));
+        let wanted = if entry.roomy {
+            let cap = (entry.policy.max_cost() / ROOMY_SHARE).max(wanted);
+            wanted.saturating_mul(u64::from(periods)).min(cap)
+        } else {
+            wanted
+        };
         // Enough for a period and a half, less what is still held: asked
         // for when under half a period is left, a lease lasts about a
         // period. It lives two.
