@@ -13,9 +13,9 @@
 //! What leases cost is under-admission, bounded by the holds outstanding.
 //!
 //! - **Size:** a decayed count of the key's local demand (tokens asked for
-//!   over about one lease period; [`ROOMY`] periods, up to an eighth of the
-//!   smallest capacity, while the buckets had 3/4 free or more at the last
-//!   lease), minus what is still held; the script
+//!   over about one lease period; [`ROOMY`] periods, counted as at most an
+//!   eighth of the smallest capacity, while the buckets had 3/4 free or more
+//!   at the last lease), minus what is still held; the script
 //!   grants at most half of what the bucket has free, so a key near its
 //!   limit gets no lease and is decided in Redis, exactly, check by check.
 //! - **Renewal:** the next lease is asked for (in the background) when
@@ -62,9 +62,11 @@ const MIN_LEASE: u64 = 2;
 
 /// How many periods a lease covers when the key's buckets are at least
 /// 3/4 free: nobody is near the limit, and a key in steady use asks for a
-/// lease every half minute or so instead of every period. Such a lease
-/// wants at most 1/[`ROOMY_SHARE`] of the smallest capacity (or one
-/// period's demand, if more), so a key that goes idle leaves little held.
+/// lease every half minute or so instead of every period. What such a
+/// lease covers is at most 1/[`ROOMY_SHARE`] of the smallest capacity (or
+/// one period's demand, if more); it asks for one and a half times that,
+/// less what is held, so a key that goes idle leaves at most 3/16 of the
+/// capacity held.
 const ROOMY: u32 = 32;
 
 /// The share of the smallest capacity a lease covering [`ROOMY`] periods
