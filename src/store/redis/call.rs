@@ -42,6 +42,14 @@ impl RedisStore {
         })
     }
 
+    /// The one decision of `batch`, a batch of one check, in the script's
+    /// `reply`.
+    pub(super) fn read_one(&self, batch: &Batch, reply: &[i64]) -> Result<(Decision, u64), Error> {
+        self.read(batch, reply)?
+            .pop()
+            .ok_or_else(|| Error::store(crate::ErrorKind::Server, "empty reply from the script"))
+    }
+
     /// The breaker's probe: `batch`'s script call in a task of its own,
     /// bounded by the store timeout, which this check waits for at most
     /// [`PROBE_WAIT`] (see `probe.rs`).
@@ -60,6 +68,7 @@ impl RedisStore {
                 .bounded(
                     |mut conn| async move { batch.run(&mut conn, script).await },
                     true,
+                    None,
                 )
                 .await;
             store.report(started, result.as_ref().err());
@@ -84,31 +93,17 @@ impl RedisStore {
         F: Fn(Conn) -> Fut,
         Fut: Future<Output = Result<T, RedisError>>,
     {
-        self.admitted(self.inner.breaker.admit(), 1, op).await
+        self.admitted(self.inner.breaker.admit(), 1, None, op).await
     }
 
     /// Runs `op` as the breaker's `admit` says, and reports how it went. A
     /// failure counts once per check of the call (`checks`) towards opening
     /// the breaker; with 0 the callers count their own outcomes (a batch's
-    /// checks, see `batched`).
-    pub(super) fn admitted<T, F, Fut>(
-        &self,
-        admit: Admit,
-        checks: usize,
-        op: F,
-    ) -> impl Future<Output = Result<T, Error>>
-    where
-        F: Fn(Conn) -> Fut,
-        Fut: Future<Output = Result<T, RedisError>>,
-    {
-        self.admitted_until(admit, checks, None, op)
-    }
-
-    /// [`admitted`](Self::admitted), timed out at `deadline` rather than the
-    /// store timeout after the call starts: a check sent by its caller
-    /// (`batched`) ends at the caller's own deadline, here, where a timeout
-    /// still tells the connection (`Link::timed_out`).
-    pub(super) async fn admitted_until<T, F, Fut>(
+    /// checks, see `batched`). The call is timed out at `deadline`, or the
+    /// store timeout after it starts: a check sent by its caller (`batched`)
+    /// ends at the caller's own deadline, here, where a timeout still tells
+    /// the connection (`Link::timed_out`).
+    pub(super) async fn admitted<T, F, Fut>(
         &self,
         admit: Admit,
         checks: usize,
@@ -129,7 +124,7 @@ impl RedisStore {
         // this cannot overflow.
         let deadline = deadline.unwrap_or(started + self.inner.timeout);
         let probe = matches!(admit, Admit::Probe(_));
-        let result = self.bounded_until(op, probe, deadline).await;
+        let result = self.bounded(op, probe, Some(deadline)).await;
         let failure = result.as_ref().err();
         match (admit, failure) {
             (Admit::Probe(probe), failure) => probe.done(failure.is_none()),
@@ -144,32 +139,22 @@ impl RedisStore {
         result
     }
 
-    /// Runs `op` on the held connection within the timeout, replacing the
-    /// connection and retrying once if it is broken. A `probe` connects even
-    /// while connects back off.
-    pub(super) fn bounded<T, F, Fut>(
+    /// Runs `op` on the held connection until `deadline` (by default the
+    /// store timeout from now), replacing the connection and retrying once
+    /// if it is broken. A `probe` connects even while connects back off.
+    pub(super) async fn bounded<T, F, Fut>(
         &self,
         op: F,
         probe: bool,
-    ) -> impl Future<Output = Result<T, Error>>
-    where
-        F: Fn(Conn) -> Fut,
-        Fut: Future<Output = Result<T, RedisError>>,
-    {
-        self.bounded_until(op, probe, Instant::now() + self.inner.timeout)
-    }
-
-    /// [`bounded`](Self::bounded), timed out at `deadline`.
-    async fn bounded_until<T, F, Fut>(
-        &self,
-        op: F,
-        probe: bool,
-        deadline: Instant,
+        deadline: Option<Instant>,
     ) -> Result<T, Error>
     where
         F: Fn(Conn) -> Fut,
         Fut: Future<Output = Result<T, RedisError>>,
     {
+        // The timeout is at most 60 s (checked when the store is built), so
+        // this cannot overflow.
+        let deadline = deadline.unwrap_or_else(|| Instant::now() + self.inner.timeout);
         let link = &self.inner.link;
         let mut in_use = None;
         let attempt = async {

@@ -3,10 +3,7 @@
 //! drain, in a task of its own, sends the queue's batches until it is empty,
 //! then hands every check its answer.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::sync::oneshot;
@@ -50,14 +47,20 @@ impl RedisStore {
         // the clock per check, not two); the timeout is at most 60 s (checked
         // when the store is built), so this cannot overflow.
         let deadline = sent + self.inner.timeout;
-        let heard = match queue.enqueue(check) {
+        let answered = match queue.enqueue(check) {
             Turn::Own(check) => {
                 let handoff = Handoff {
                     store: self,
                     slot: Some(Slot::new(queue)),
                     spread,
                 };
-                Heard::Inline(Box::pin(self.inline(handoff, check, deadline)))
+                // The call ends at `deadline` on its own (see `call.rs`):
+                // no second timer around it. Boxed, as the call holds
+                // redis-rs's futures (kilobytes), which every queued check's
+                // future would otherwise carry too (see the size test in
+                // `layer/service.rs`).
+                let outcome = Box::pin(self.inline(handoff, check, deadline)).await;
+                return self.heard(sent, Ok(Ok(outcome)));
             }
             Turn::Batch(checks) => {
                 // The in-flight slot `enqueue` handed out is owned by the
@@ -67,14 +70,23 @@ impl RedisStore {
                 let slot = Slot::new(queue);
                 let store = self.clone();
                 tokio::spawn(async move { store.drain(slot, checks, spread).await });
-                Heard::Queued(answered)
+                answered
             }
-            Turn::Wait => Heard::Queued(answered),
+            Turn::Wait => answered,
         };
-        // Each check counts towards the breaker by what its caller saw: an
-        // answer, a failure, or its own timeout (waiting in the queue or in
-        // the call), once.
-        match tokio::time::timeout_at(deadline, heard).await {
+        self.heard(sent, tokio::time::timeout_at(deadline, answered).await)
+    }
+
+    /// What the caller of a check sent at `sent` heard: its outcome, the
+    /// end of the drain that held it, or its own timeout (waiting in the
+    /// queue or in the call). Each check counts towards the breaker by what
+    /// its caller saw, once.
+    fn heard(
+        &self,
+        sent: Instant,
+        heard: Result<Result<Outcome, oneshot::error::RecvError>, tokio::time::error::Elapsed>,
+    ) -> Outcome {
+        match heard {
             Ok(Ok(Ok(outcome))) => {
                 self.inner.breaker.success(sent);
                 Ok(outcome)
@@ -124,7 +136,7 @@ impl RedisStore {
         let started = Instant::now();
         // Never the breaker's probe, as in a drain.
         let reply = self
-            .admitted_until(
+            .admitted(
                 self.inner.breaker.admit_without_probe(),
                 0,
                 Some(deadline),
@@ -133,11 +145,7 @@ impl RedisStore {
             .await;
         let round_trip = reply.is_ok().then(|| started.elapsed());
         let outcome = match reply {
-            Ok(reply) => self.read(&batch, &reply).and_then(|mut outcomes| {
-                outcomes.pop().ok_or_else(|| {
-                    Error::store(crate::ErrorKind::Server, "empty reply from the script")
-                })
-            }),
+            Ok(reply) => self.read_one(&batch, &reply),
             Err(err) => {
                 // A failover or a replaced connection may have moved slots:
                 // read the map again.
@@ -182,6 +190,7 @@ impl RedisStore {
                 .admitted(
                     self.inner.breaker.admit_without_probe(),
                     0,
+                    None,
                     |mut conn| async move { call.run(&mut conn, script).await },
                 )
                 .await;
@@ -236,6 +245,7 @@ impl RedisStore {
             .admitted(
                 self.inner.breaker.admit_without_probe(),
                 0,
+                None,
                 |mut conn| async move { call.run(&mut conn, script).await },
             )
             .await
@@ -251,28 +261,6 @@ impl RedisStore {
     pub(super) fn refresh_slots(&self) {
         if let Some(nodes) = &self.inner.nodes {
             nodes.refresh(self);
-        }
-    }
-}
-
-/// What the caller of a batched check waits for: its own call, or its answer
-/// from a drain.
-enum Heard<'a> {
-    /// Its check alone, sent from its own future; boxed, as the call holds
-    /// redis-rs's futures (kilobytes), which every queued check's future
-    /// would otherwise carry too (see the size test in `layer/service.rs`).
-    Inline(Pin<Box<dyn Future<Output = Outcome> + Send + 'a>>),
-    /// Its answer, which the drain that sends its check hands over.
-    Queued(oneshot::Receiver<Outcome>),
-}
-
-impl Future for Heard<'_> {
-    type Output = Result<Outcome, oneshot::error::RecvError>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.get_mut() {
-            Heard::Inline(call) => call.as_mut().poll(cx).map(Ok),
-            Heard::Queued(answer) => Pin::new(answer).poll(cx),
         }
     }
 }

@@ -126,26 +126,23 @@ impl RedisStore {
         let sent = Instant::now();
         let mut batch = Batch::new(clock);
         batch.push(keys, policy, spend);
-        let mut outcomes = match self.inner.breaker.admit() {
+        let outcome = match self.inner.breaker.admit() {
             Admit::Probe(probe) => {
                 let batch = Arc::new(batch);
                 let reply = self.send_probe(probe, Arc::clone(&batch), clock).await?;
-                self.read(&batch, &reply)?
+                self.read_one(&batch, &reply)?
             }
             admit => {
                 let script = self.script_for(clock);
                 let call = &batch;
                 let reply = self
-                    .admitted(admit, 1, |mut conn| async move {
+                    .admitted(admit, 1, None, |mut conn| async move {
                         call.run(&mut conn, script).await
                     })
                     .await?;
-                self.read(&batch, &reply)?
+                self.read_one(&batch, &reply)?
             }
         };
-        let outcome = outcomes
-            .pop()
-            .ok_or_else(|| Error::store(crate::ErrorKind::Server, "empty reply from the script"))?;
         if let (Some(cache), Some(keys)) = (&self.inner.denials, remembered) {
             remember(cache, keys, spend, &outcome.0, sent);
         }

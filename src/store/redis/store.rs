@@ -454,7 +454,7 @@ impl Store for RedisStore {
         // Never the breaker's probe: while the breaker is open a reset fails
         // at once instead of waiting for a hung Redis.
         let admit = self.inner.breaker.admit_without_probe();
-        self.admitted(admit, 1, |mut conn| async move {
+        self.admitted(admit, 1, None, |mut conn| async move {
             del.query_async::<Value>(&mut conn).await
         })
         .await

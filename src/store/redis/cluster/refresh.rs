@@ -49,6 +49,7 @@ impl RedisStore {
                         .await
                 },
                 false,
+                None,
             )
             .await;
         let failure = match read {
