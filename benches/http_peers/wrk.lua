@@ -5,12 +5,18 @@
 -- single hot key "hot". The requests are formatted once per thread in init(), so
 -- request() costs one table lookup and keeps wrk's own CPU use low.
 --
+-- WRK_SEQ=1 (environment): the keys in order instead of at random ("c1", "c2",
+-- ... then "c1" again), so a warm-up of at least WRK_KEYS requests (on one
+-- thread) has seen every key.
+--
 -- done() prints one parseable line:
 --   RESULT requests=N duration_us=N non2xx=N connect=N read=N write=N timeout=N
 --          p50_us=N p90_us=N p99_us=N max_us=N
 -- (wrk counts any status above 399 in errors.status, shown here as non2xx.)
 
 local keys = tonumber(os.getenv("WRK_KEYS") or "10000")
+local seq = os.getenv("WRK_SEQ") == "1"
+local next_key = 0
 local reqs = {}
 local thread_ids = 0
 
@@ -32,6 +38,10 @@ function init(args)
 end
 
 function request()
+  if seq then
+    next_key = next_key % keys + 1
+    return reqs[next_key]
+  end
   return reqs[math.random(keys)]
 end
 
