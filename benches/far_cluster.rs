@@ -1,16 +1,19 @@
 //! Batching on a far Redis Cluster: does it cost a check a round trip?
 //! `RedisStore` on a 3-primary cluster with its default batching against the
-//! same store with batching off (`max_batch(1)`), with every node about 2.5 ms
-//! away ("far") and on loopback ("near", for reference). The single-node
-//! counterpart is `benches/far_redis.sh`.
+//! same store with batching off (`max_batch(1)`), with every node a round trip
+//! of about 2 x `DELAY_MS` away ("far") and on loopback ("near", for
+//! reference). The single-node counterpart is `benches/far_redis.sh`.
 //!
 //! Run: `cargo bench --bench far_cluster --features cluster` (under 3
 //! minutes with the defaults; `ROUNDS=1 DURATION=2` for a quick trial).
-//! Needs redis-server and redis-cli (7.0 or later) and python3.
+//! Needs redis-server and redis-cli (7.0 or later).
 //!
 //! Set-up: 3 cluster primaries without replicas (the test harness's
-//! `RedisCluster::start_without_replicas`), and in front of each a
-//! `benches/far_redis/delay_proxy.py` that holds every chunk `DELAY_MS` each
+//! `RedisCluster::start_without_replicas`), and in front of each the
+//! harness's delay line (`Proxy::start_delayed`, in this process: a reader
+//! thread per direction stamps each chunk with its due time, a writer thread
+//! passes chunks on in order, each at its time, with `std::thread::sleep`;
+//! `TCP_NODELAY` on both sockets) that holds every chunk `DELAY_MS` each
 //! way. For the far runs each primary announces its proxy's port
 //! (`CONFIG SET cluster-announce-port`; the cluster bus keeps its real port,
 //! `cluster-announce-bus-port`), so `CLUSTER SLOTS` names the proxies and
@@ -18,8 +21,10 @@
 //! through its proxy; for the near runs the announced ports are reset (0)
 //! and the store is seeded with the nodes' own addresses. Both are checked
 //! before the runs (every primary's `CLUSTER SLOTS`) and at the end of each
-//! run (the remote ports of this process's TCP connections: a far run must
-//! hold none to a node directly).
+//! run (the ports of this process's TCP connections: a far run must hold
+//! none to a node directly. The proxies run in this process, so their own
+//! connections to the nodes, one for each connection they accepted, are
+//! left out: those to a node are counted less those a proxy accepted).
 //!
 //! Each run: a new store (default batching, or `max_batch(1)`; both with a
 //! 2 s call timeout so that a stall on a busy machine shows as latency, not
@@ -47,13 +52,14 @@
 //!   DURATION [2]       measured seconds per run;  WARMUP [0.5] before it
 //!   CONNS ["1 4 16"]   concurrent callers
 //!   KEYS [1000]        keys, drawn at random per check
-//!   DELAY_MS [0.5]     the proxies' hold per chunk and direction (asyncio
-//!                      rounds it up to its millisecond timer: about 2 to
-//!                      2.5 ms a round trip, measured and printed)
+//!   DELAY_MS [0.5]     the proxies' hold per chunk and direction, in ms
+//!                      (decimals allowed, to the microsecond): a round trip
+//!                      of about 2 x DELAY_MS plus the threads' wake-ups,
+//!                      measured (median `PING` per proxy) and printed
 //!   MODES ["far near"]
 //!   WORKERS [2]        tokio worker threads
 //!
-//! On 2 cores the 3 redis-servers, the 3 Python proxies and the benchmark
+//! On 2 cores the 3 redis-servers, the proxies' threads and the benchmark
 //! share the CPU: the near runs are CPU-bound and only a reference; the far
 //! runs are bound by the round trip.
 
@@ -61,12 +67,11 @@
 mod support;
 
 use std::collections::BTreeSet;
-use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use deadpool_redis::redis;
+use support::Proxy;
 use support::cluster::{RedisCluster, parse_cluster_slots};
 use support::node::Node;
 use tollgate::{Policy, Quota, RedisStore, Store};
@@ -78,7 +83,10 @@ struct Settings {
     warmup: Duration,
     conns: Vec<usize>,
     keys: u64,
-    delay_ms: String,
+    /// `DELAY_MS` as given, for the report.
+    delay_ms: f64,
+    /// The hold per chunk and direction.
+    delay: Duration,
     modes: Vec<Mode>,
     workers: usize,
 }
@@ -95,6 +103,9 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
 
 impl Settings {
     fn from_env() -> Self {
+        let delay_ms = env_or("DELAY_MS", 0.5f64);
+        let delay = Duration::try_from_secs_f64(delay_ms / 1e3)
+            .unwrap_or_else(|_| panic!("DELAY_MS={delay_ms}: milliseconds, 0 or more"));
         let conns = std::env::var("CONNS").unwrap_or_else(|_| "1 4 16".into());
         let modes = std::env::var("MODES").unwrap_or_else(|_| "far near".into());
         Settings {
@@ -106,7 +117,8 @@ impl Settings {
                 .map(|c| c.parse().expect("CONNS: numbers"))
                 .collect(),
             keys: env_or("KEYS", 1000u64).max(1),
-            delay_ms: env_or("DELAY_MS", "0.5".to_string()),
+            delay_ms,
+            delay,
             modes: modes
                 .split_whitespace()
                 .map(|m| match m {
@@ -150,65 +162,13 @@ impl Variant {
     }
 }
 
-/// A `delay_proxy.py` process in front of one node.
-struct DelayProxy {
-    child: Child,
-    port: u16,
-}
-
-impl DelayProxy {
-    /// Starts a proxy on a free port in front of `upstream`, and waits until
-    /// it accepts connections; another port if the first was taken.
-    fn start(upstream: u16, delay_ms: &str) -> Self {
-        let script = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/benches/far_redis/delay_proxy.py"
-        );
-        for _ in 0..5 {
-            let port = support::free_port();
-            let mut child = Command::new("python3")
-                .arg(script)
-                .args([port.to_string(), upstream.to_string(), delay_ms.to_string()])
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("python3");
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while Instant::now() < deadline {
-                if child.try_wait().expect("proxy process").is_some() {
-                    break; // Exited: most likely its port was taken.
-                }
-                if TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                    return DelayProxy { child, port };
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        panic!("delay_proxy.py did not start in front of port {upstream}");
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-}
-
-impl Drop for DelayProxy {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// Has every primary announce its proxy's port (`Some`) or its own (`None`),
 /// the bus on its real port, and waits until every primary's `CLUSTER
 /// SLOTS` names the announced ports; returns them.
-fn announce(primaries: &[Node], proxies: Option<&[DelayProxy]>) -> Vec<u16> {
+fn announce(primaries: &[Node], proxies: Option<&[Proxy]>) -> Vec<u16> {
     let mut want = Vec::new();
     for (i, p) in primaries.iter().enumerate() {
-        let port = proxies.map_or(0, |ps| ps[i].port);
+        let port = proxies.map_or(0, |ps| ps[i].port());
         let bus = p.bus_port().expect("a cluster node has a bus port");
         let _: () = p.cmd(&[
             "CONFIG",
@@ -265,9 +225,9 @@ fn ping_ms(port: u16, n: usize) -> f64 {
     times[times.len() / 2]
 }
 
-/// The remote ports of this process's established TCP connections (its
-/// socket inodes in `/proc/self/fd`, looked up in `/proc/net/tcp`).
-fn my_remote_ports() -> Vec<u16> {
+/// The (local, remote) ports of this process's established TCP connections
+/// (its socket inodes in `/proc/self/fd`, looked up in `/proc/net/tcp`).
+fn my_connections() -> Vec<(u16, u16)> {
     let inodes: BTreeSet<String> = std::fs::read_dir("/proc/self/fd")
         .map(|dir| {
             dir.filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
@@ -278,6 +238,10 @@ fn my_remote_ports() -> Vec<u16> {
                 .collect()
         })
         .unwrap_or_default();
+    let port = |addr: &str| {
+        addr.rsplit_once(':')
+            .and_then(|(_, p)| u16::from_str_radix(p, 16).ok())
+    };
     let mut ports = Vec::new();
     for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
         let text = std::fs::read_to_string(table).unwrap_or_default();
@@ -287,11 +251,8 @@ fn my_remote_ports() -> Vec<u16> {
             if f.len() < 10 || f[3] != "01" || !inodes.contains(f[9]) {
                 continue;
             }
-            if let Some(port) = f[2]
-                .rsplit_once(':')
-                .and_then(|(_, p)| u16::from_str_radix(p, 16).ok())
-            {
-                ports.push(port);
+            if let (Some(local), Some(remote)) = (port(f[1]), port(f[2])) {
+                ports.push((local, remote));
             }
         }
     }
@@ -320,7 +281,9 @@ struct Run {
     calls_per_decision: f64,
     errors: u64,
     denied: u64,
+    /// This process's connections to the proxies.
     via_proxies: usize,
+    /// This process's connections to the nodes, less the proxies' own.
     direct: usize,
 }
 
@@ -408,7 +371,7 @@ async fn run_one(
     };
     tokio::time::sleep_until(until.into()).await;
     // Connections while the store still holds them.
-    let remote = my_remote_ports();
+    let connections = my_connections();
     let after = {
         let primaries = primaries.to_vec();
         tokio::task::spawn_blocking(move || script_calls(&primaries))
@@ -430,6 +393,13 @@ async fn run_one(
             .map_or(f64::NAN, |&ns| ns as f64 / 1e6)
     };
     let node_ports: Vec<u16> = primaries.iter().map(Node::port).collect();
+    let count = |f: &dyn Fn(&(u16, u16)) -> bool| connections.iter().filter(|c| f(c)).count();
+    // The store's connections to the proxies, the proxies' ends of them, and
+    // everything to a node: the proxies' own (one per connection accepted)
+    // and any the store made directly.
+    let via_proxies = count(&|(_, remote)| proxy_ports.contains(remote));
+    let proxied = count(&|(local, _)| proxy_ports.contains(local));
+    let to_nodes = count(&|(_, remote)| node_ports.contains(remote));
     let decisions = lat.len() as f64;
     Run {
         round: 0,
@@ -444,8 +414,8 @@ async fn run_one(
         calls_per_decision: after.saturating_sub(before) as f64 / decisions.max(1.0),
         errors: all.errors,
         denied: all.denied,
-        via_proxies: remote.iter().filter(|p| proxy_ports.contains(p)).count(),
-        direct: remote.iter().filter(|p| node_ports.contains(p)).count(),
+        via_proxies,
+        direct: to_nodes.saturating_sub(proxied),
     }
 }
 
@@ -477,19 +447,19 @@ fn main() {
     eprintln!("far_cluster: starting 3 cluster primaries and their delay proxies...");
     let cluster = RedisCluster::start_without_replicas();
     let primaries = cluster.primaries();
-    let proxies: Vec<DelayProxy> = primaries
+    let proxies: Vec<Proxy> = primaries
         .iter()
-        .map(|p| DelayProxy::start(p.port(), &s.delay_ms))
+        .map(|p| Proxy::start_delayed(p.port(), s.delay))
         .collect();
-    let proxy_ports: Vec<u16> = proxies.iter().map(|p| p.port).collect();
+    let proxy_ports: Vec<u16> = proxies.iter().map(Proxy::port).collect();
     let node_urls: Vec<String> = primaries.iter().map(Node::url).collect();
-    let proxy_urls: Vec<String> = proxies.iter().map(DelayProxy::url).collect();
+    let proxy_urls: Vec<String> = proxies.iter().map(Proxy::url).collect();
     for (p, x) in primaries.iter().zip(&proxies) {
         eprintln!(
             "  primary on port {} (bus {}), its proxy on port {}",
             p.port(),
             p.bus_port().unwrap_or(0),
-            x.port
+            x.port()
         );
     }
     // Round trips, and the slot map each mode gives clients.
@@ -588,7 +558,7 @@ fn main() {
         s.workers
     );
     println!(
-        "PING median by primary, ms: far (delay_proxy.py, {} ms a chunk each way) {}; near {}",
+        "PING median by primary, ms: far (delay line, {} ms a chunk each way) {}; near {}",
         s.delay_ms,
         fmt(&far_ping),
         fmt(&near_ping)
