@@ -30,6 +30,12 @@
 //! Every variant runs on the same multi-thread tokio runtime with 2 workers and
 //! the same router; only the layer differs. See README.md for each limiter's
 //! algorithm and configuration.
+//!
+//! `peer-server delay-proxy LISTEN_PORT UPSTREAM_PORT DELAY_US` is not a
+//! server but the "far" Redis of `benches/far_redis.sh`: a TCP proxy on
+//! 127.0.0.1:LISTEN_PORT to 127.0.0.1:UPSTREAM_PORT that holds every chunk
+//! DELAY_US microseconds in each direction, until killed (see
+//! `mod delay_proxy`; no tokio runtime, no limiter).
 
 use std::error::Error;
 use std::net::SocketAddr;
@@ -583,6 +589,104 @@ mod timeline {
     }
 }
 
+/// `peer-server delay-proxy LISTEN_PORT UPSTREAM_PORT DELAY_US`: a TCP proxy
+/// that holds every chunk `DELAY_US` µs in each direction, for
+/// `benches/far_redis.sh` ("Redis far away" on one machine). It is the delay
+/// line of the test harness's `Proxy` (`tests/support/mod.rs`), without its
+/// fault injection, on plain threads so that a hold is as precise as
+/// `std::thread::sleep` (an event loop's millisecond timer would round
+/// 0.5 ms up to 1 or 2 ms):
+///
+/// - it listens on 127.0.0.1 only and connects each accepted connection to
+///   127.0.0.1:UPSTREAM_PORT, `TCP_NODELAY` on both sockets (as Redis and
+///   its clients set it: a small chunk must not wait for the ACK of the
+///   previous one);
+/// - per connection and direction, a reader thread stamps each chunk it
+///   reads with its due time (read time + delay) and a writer thread passes
+///   the chunks on in order, each at its time: a delay line, so one chunk's
+///   wait does not add to the next one's, and a round trip takes about
+///   2 x DELAY_US plus the threads' wake-ups;
+/// - when one side closes, the writer passes on what it holds, then shuts
+///   the other side down, which ends the other direction too.
+///
+/// It runs until killed.
+mod delay_proxy {
+    use std::io::{Read, Write};
+    use std::net::{Shutdown, TcpListener, TcpStream};
+    use std::sync::mpsc;
+    use std::thread;
+    use std::time::{Duration, Instant};
+
+    use super::BoxError;
+
+    /// Accepts connections on 127.0.0.1:`listen` forever.
+    pub(crate) fn run(listen: u16, upstream: u16, delay: Duration) -> Result<(), BoxError> {
+        let listener = TcpListener::bind(("127.0.0.1", listen))
+            .map_err(|e| format!("cannot bind 127.0.0.1:{listen}: {e}"))?;
+        eprintln!(
+            "peer-server: delay proxy 127.0.0.1:{listen} -> 127.0.0.1:{upstream}, \
+             {delay:?} a chunk each way"
+        );
+        for client in listener.incoming() {
+            let Ok(client) = client else { continue };
+            thread::spawn(move || relay(client, upstream, delay));
+        }
+        Ok(())
+    }
+
+    /// Connects `client` to the upstream (dropping it if that fails) and
+    /// starts a delay line each way.
+    fn relay(client: TcpStream, upstream: u16, delay: Duration) {
+        let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)) else {
+            return;
+        };
+        let _ = client.set_nodelay(true);
+        let _ = server.set_nodelay(true);
+        for (from, to) in [
+            (client.try_clone(), server.try_clone()),
+            (server.try_clone(), client.try_clone()),
+        ] {
+            if let (Ok(from), Ok(to)) = (from, to) {
+                line(from, to, delay);
+            }
+        }
+    }
+
+    /// One direction: a reader thread stamps each chunk read from `from`
+    /// with when it may go on; a writer thread, alone on `to`, writes the
+    /// chunks in order, each at its time.
+    fn line(mut from: TcpStream, mut to: TcpStream, delay: Duration) {
+        let (chunks, due_chunks) = mpsc::channel::<(Instant, Vec<u8>)>();
+        thread::spawn(move || {
+            let mut buf = [0u8; 16 * 1024];
+            loop {
+                let n = match from.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => n,
+                };
+                if chunks
+                    .send((Instant::now() + delay, buf[..n].to_vec()))
+                    .is_err()
+                {
+                    break;
+                }
+            }
+        });
+        thread::spawn(move || {
+            for (due, chunk) in due_chunks {
+                let wait = due.saturating_duration_since(Instant::now());
+                if !wait.is_zero() {
+                    thread::sleep(wait);
+                }
+                if to.write_all(&chunk).is_err() {
+                    break;
+                }
+            }
+            let _ = to.shutdown(Shutdown::Both);
+        });
+    }
+}
+
 fn status(code: StatusCode) -> Response<Body> {
     let mut res = Response::new(Body::empty());
     *res.status_mut() = code;
@@ -593,8 +697,28 @@ fn usage() -> BoxError {
     "usage: peer-server none|governor[-headers]|trlr|tollgate-memory[-bare]|tollgate-redis[-bare]|\
      tollgate-redis-leased[-bare]|tollgate-redis-outage \
      [open|hot] (env PORT, REDIS_URL; for the outage variant ON_STORE_ERROR=allow|deny|fallback|default, \
-     LEASES=1, LEASE_PERIOD_MS)"
+     LEASES=1, LEASE_PERIOD_MS)\n\
+     \x20      peer-server delay-proxy LISTEN_PORT UPSTREAM_PORT DELAY_US"
         .into()
+}
+
+/// `delay-proxy LISTEN_PORT UPSTREAM_PORT DELAY_US` (the arguments after
+/// `delay-proxy`): runs the proxy until killed.
+fn run_delay_proxy(args: &[String]) -> Result<(), BoxError> {
+    let [listen, upstream, delay_us] = args else {
+        return Err(usage());
+    };
+    let number = |name: &str, v: &str| -> Result<u64, BoxError> {
+        v.parse().map_err(|e| format!("{name} {v:?}: {e}").into())
+    };
+    let port = |name: &str, v: &str| -> Result<u16, BoxError> {
+        u16::try_from(number(name, v)?).map_err(|e| format!("{name} {v:?}: {e}").into())
+    };
+    delay_proxy::run(
+        port("LISTEN_PORT", listen)?,
+        port("UPSTREAM_PORT", upstream)?,
+        Duration::from_micros(number("DELAY_US", delay_us)?),
+    )
 }
 
 async fn run() -> Result<(), BoxError> {
@@ -659,6 +783,14 @@ async fn run() -> Result<(), BoxError> {
 }
 
 fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().is_some_and(|a| a == "delay-proxy") {
+        if let Err(e) = run_delay_proxy(&args[1..]) {
+            eprintln!("peer-server: {e}");
+            std::process::exit(1);
+        }
+        return;
+    }
     // Info and above: breaker transitions, store errors (throttled by
     // tollgate), fallback start and end; never the debug event per decision.
     #[cfg(feature = "trace")]
