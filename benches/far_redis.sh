@@ -3,7 +3,13 @@
 # against tower-rate-limit-redis (trlr), and tollgate-redis-leased (leases on)
 # against the same server without a limiter (none), all as benches/http_peers
 # builds them, with Redis behind a proxy that holds every chunk DELAY_MS each
-# way ("far") and on loopback ("near").
+# way ("far") and on loopback ("near"). The proxy is `peer-server delay-proxy`
+# (benches/http_peers/src/main.rs, `mod delay_proxy`): the test harness's
+# delay line on plain threads, a reader per direction stamping each chunk with
+# its due time and a writer passing chunks on in order at their time
+# (std::thread::sleep), TCP_NODELAY on both sockets. A round trip through it
+# takes about 2 x DELAY_MS plus the threads' wake-ups; the script measures it
+# with redis-cli --latency and prints it with the results.
 #
 #   bash benches/far_redis.sh                        # 2 rounds of 8 s, ~12 minutes
 #   ROUNDS=1 DURATION=4 WARMUP=1 bash benches/far_redis.sh   # quick trial
@@ -13,10 +19,8 @@
 #   DURATION [8]      seconds of each measured wrk run;  WARMUP [2] before it
 #   CONNS ["1 4 16"]  wrk connections (wrk -t1)
 #   KEYS [1000]       client keys, chosen at random per request, all admitted
-#   DELAY_MS [0.5]    the proxy's hold per chunk and direction (far_redis/delay_proxy.py:
-#                     asyncio rounds it up to its millisecond timer, so 0.5 ms
-#                     comes to about 2-2.5 ms per round trip; the script prints
-#                     what redis-cli --latency measured through the proxy)
+#   DELAY_MS [0.5]    the proxy's hold per chunk and direction, in ms (decimals
+#                     allowed; passed to the proxy in whole microseconds)
 #   MODES ["far near"]
 #   OUT [a temp dir]  raw results, logs and wrk outputs
 #
@@ -56,9 +60,11 @@ modes=${MODES:-far near}
 variants="tollgate-redis trlr tollgate-redis-leased none"
 
 die() { echo "far_redis.sh: $*" >&2; exit 1; }
-for tool in cargo wrk curl redis-server redis-cli python3 ss timeout; do
+for tool in cargo wrk curl redis-server redis-cli ss timeout; do
   command -v "$tool" >/dev/null || die "$tool not found"
 done
+[[ $delay_ms =~ ^[0-9]+(\.[0-9]+)?$ ]] || die "DELAY_MS=$delay_ms: a number of milliseconds"
+delay_us=$(awk -v ms="$delay_ms" 'BEGIN { printf "%.0f", ms * 1000 }')
 
 port_busy() { ss -Htan "sport = :$1" 2>/dev/null | grep -q .; }
 free_port() {
@@ -106,9 +112,10 @@ redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no \
   --dir "$out" --daemonize yes --pidfile "$out/redis.pid" --logfile "$out/redis.log" >/dev/null
 for _ in $(seq 50); do cli ping >/dev/null 2>&1 && break; sleep 0.1; done
 redis_pid=$(cat "$out/redis.pid")
-python3 "$root/benches/far_redis/delay_proxy.py" "$proxy_port" "$redis_port" "$delay_ms" &
+"$bin" delay-proxy "$proxy_port" "$redis_port" "$delay_us" 2>"$out/proxy.log" &
 proxy_pid=$!
 for _ in $(seq 50); do port_busy "$proxy_port" && break; sleep 0.1; done
+port_busy "$proxy_port" || { cat "$out/proxy.log" >&2; die "the delay proxy did not start"; }
 
 # redis-cli --latency, stopped after 5 s: "min max avg samples" in ms.
 latency() { timeout -s INT 5 redis-cli -h 127.0.0.1 -p "$1" --latency 2>/dev/null | tail -1 || true; }
