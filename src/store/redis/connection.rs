@@ -57,7 +57,12 @@ const RENEW_INTERVAL: Duration = Duration::from_secs(1);
 
 /// redis-rs's response timeout for a store whose calls time out after
 /// `call_timeout`: four times as long, at least one second, so that it never
-/// decides before the store does.
+/// decides before the store does. Only for the connections the store does
+/// not make itself (an application's pool, whose connections come with
+/// redis-rs's 500 ms, and a cluster client): the ones it makes from a URL
+/// or through Sentinel have none, as every call on them is bounded by the
+/// store's own timeout, and a second timer per call would cost a timer
+/// registration and, often, a wake-up of the runtime's driver.
 pub(crate) fn response_timeout(call_timeout: Duration) -> Duration {
     (call_timeout * 4).max(Duration::from_secs(1))
 }
@@ -233,9 +238,10 @@ impl Link {
         connect_timeout: Duration,
     ) -> Self {
         let response_timeout = response_timeout(call_timeout);
+        // No response timeout of redis-rs's own: see `response_timeout`.
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(connect_timeout))
-            .set_response_timeout(Some(response_timeout));
+            .set_response_timeout(None);
         Link {
             inner: Arc::new(Inner {
                 source,
@@ -488,8 +494,12 @@ async fn connect(mut connecting: Connecting) {
     state.attempts += 1;
     match outcome {
         Ok(Ok(mut conn)) => {
-            // Pool connections come with redis-rs's default response timeout.
-            conn.set_response_timeout(inner.response_timeout);
+            // Pool connections come with redis-rs's default response
+            // timeout (500 ms): moved past the store's. The store's own
+            // connections have none (see `response_timeout`).
+            if matches!(inner.source, Source::Pool(_)) {
+                conn.set_response_timeout(inner.response_timeout);
+            }
             state.held = Some(Held {
                 id: inner.next_id.fetch_add(1, Ordering::Relaxed),
                 conn,
