@@ -354,59 +354,29 @@ impl Proxy {
                         (false, client.try_clone(), server.try_clone()),
                         (true, server.try_clone(), client.try_clone()),
                     ] {
-                        let (Ok(mut from), Ok(mut to)) = (from, to) else {
+                        let (Ok(from), Ok(to)) = (from, to) else {
                             continue;
                         };
                         let generation = Arc::clone(&generation);
                         let corrupt = Arc::clone(&corrupt);
                         let cut = Arc::clone(&cut);
                         let chunk_delay = Arc::clone(&chunk_delay);
-                        // The delay line: the reader stamps each chunk with
-                        // when it may go on; the writer, alone on `to`,
-                        // passes them on in order, each at its time.
-                        let (line, out) =
-                            std::sync::mpsc::channel::<(std::time::Instant, Vec<u8>)>();
-                        std::thread::spawn(move || {
-                            use std::io::Read;
-                            let mut buf = [0u8; 16 * 1024];
-                            loop {
-                                let n = match from.read(&mut buf) {
-                                    Ok(0) | Err(_) => break,
-                                    Ok(n) => n,
-                                };
-                                // Blackholed: the bytes vanish, the sockets stay up.
-                                if generation.load(Ordering::SeqCst) != born {
-                                    continue;
-                                }
-                                if replies && corrupt.load(Ordering::SeqCst) {
-                                    corrupt_script_reply(&mut buf[..n]);
-                                }
-                                // A script's reply (a bulk string) lost: the
-                                // connection closes after Redis ran the call.
-                                if replies && cut.load(Ordering::SeqCst) && buf[0] == b'$' {
-                                    let _ = from.shutdown(std::net::Shutdown::Both);
-                                    break;
-                                }
-                                let delay =
-                                    Duration::from_micros(chunk_delay.load(Ordering::SeqCst));
-                                let due = std::time::Instant::now() + delay;
-                                if line.send((due, buf[..n].to_vec())).is_err() {
-                                    break;
-                                }
+                        let delay =
+                            move || Duration::from_micros(chunk_delay.load(Ordering::SeqCst));
+                        delay_line::spawn(from, to, delay, move |chunk| {
+                            // Blackholed: the bytes vanish, the sockets stay up.
+                            if generation.load(Ordering::SeqCst) != born {
+                                return delay_line::Pass::Drop;
                             }
-                        });
-                        std::thread::spawn(move || {
-                            use std::io::Write;
-                            for (due, chunk) in out {
-                                let wait = due.saturating_duration_since(std::time::Instant::now());
-                                if !wait.is_zero() {
-                                    std::thread::sleep(wait);
-                                }
-                                if to.write_all(&chunk).is_err() {
-                                    break;
-                                }
+                            if replies && corrupt.load(Ordering::SeqCst) {
+                                corrupt_script_reply(chunk);
                             }
-                            let _ = to.shutdown(std::net::Shutdown::Both);
+                            // A script's reply (a bulk string) lost: the
+                            // connection closes after Redis ran the call.
+                            if replies && cut.load(Ordering::SeqCst) && chunk[0] == b'$' {
+                                return delay_line::Pass::Cut;
+                            }
+                            delay_line::Pass::On
                         });
                     }
                 });
@@ -508,6 +478,7 @@ impl Drop for Proxy {
 
 pub mod batches;
 pub mod cluster;
+pub mod delay_line;
 pub mod failover;
 pub mod far;
 pub mod grpc;

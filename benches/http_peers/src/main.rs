@@ -61,6 +61,14 @@ enum Case {
     Hot,
 }
 
+/// The harness's delay line, for `delay-proxy`.
+#[allow(
+    dead_code,
+    reason = "the proxy passes every chunk on: no fault injection"
+)]
+#[path = "../../../tests/support/delay_line.rs"]
+mod delay_line;
+
 // ---------------------------------------------------------------------------
 // tollgate: EVERY tollgate-specific line of the server is in this module.
 // When tollgate's API changes, only this module needs updating.
@@ -591,9 +599,9 @@ mod timeline {
 
 /// `peer-server delay-proxy LISTEN_PORT UPSTREAM_PORT DELAY_US`: a TCP proxy
 /// that holds every chunk `DELAY_US` µs in each direction, for
-/// `benches/far_redis.sh` ("Redis far away" on one machine). It is the delay
-/// line of the test harness's `Proxy` (`tests/support/mod.rs`), without its
-/// fault injection, on plain threads so that a hold is as precise as
+/// `benches/far_redis.sh` ("Redis far away" on one machine). It runs the
+/// delay line of the test harness's `Proxy` (`tests/support/delay_line.rs`,
+/// included here), without its fault injection, on plain threads so that a hold is as precise as
 /// `std::thread::sleep` (an event loop's millisecond timer would round
 /// 0.5 ms up to 1 or 2 ms):
 ///
@@ -611,13 +619,12 @@ mod timeline {
 ///
 /// It runs until killed.
 mod delay_proxy {
-    use std::io::{Read, Write};
-    use std::net::{Shutdown, TcpListener, TcpStream};
-    use std::sync::mpsc;
+    use std::net::{TcpListener, TcpStream};
     use std::thread;
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
 
     use super::BoxError;
+    use super::delay_line;
 
     /// Accepts connections on 127.0.0.1:`listen` forever.
     pub(crate) fn run(listen: u16, upstream: u16, delay: Duration) -> Result<(), BoxError> {
@@ -647,43 +654,9 @@ mod delay_proxy {
             (server.try_clone(), client.try_clone()),
         ] {
             if let (Ok(from), Ok(to)) = (from, to) {
-                line(from, to, delay);
+                delay_line::spawn(from, to, move || delay, |_| delay_line::Pass::On);
             }
         }
-    }
-
-    /// One direction: a reader thread stamps each chunk read from `from`
-    /// with when it may go on; a writer thread, alone on `to`, writes the
-    /// chunks in order, each at its time.
-    fn line(mut from: TcpStream, mut to: TcpStream, delay: Duration) {
-        let (chunks, due_chunks) = mpsc::channel::<(Instant, Vec<u8>)>();
-        thread::spawn(move || {
-            let mut buf = [0u8; 16 * 1024];
-            loop {
-                let n = match from.read(&mut buf) {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => n,
-                };
-                if chunks
-                    .send((Instant::now() + delay, buf[..n].to_vec()))
-                    .is_err()
-                {
-                    break;
-                }
-            }
-        });
-        thread::spawn(move || {
-            for (due, chunk) in due_chunks {
-                let wait = due.saturating_duration_since(Instant::now());
-                if !wait.is_zero() {
-                    thread::sleep(wait);
-                }
-                if to.write_all(&chunk).is_err() {
-                    break;
-                }
-            }
-            let _ = to.shutdown(Shutdown::Both);
-        });
     }
 }
 
