@@ -33,7 +33,7 @@ use crate::error::Error;
 use crate::key::present;
 use crate::limiter::Decided;
 use crate::policy::Policy;
-use crate::store::{Unsent, into_safe_key};
+use crate::store::{Unsent, in_scratch, into_safe_key};
 /// The request head back, and what to do with the request.
 pub(crate) struct Checked {
     pub(crate) parts: Parts,
@@ -215,18 +215,14 @@ impl Ask {
     /// should `f` ever check a key itself, onto the heap): a store that
     /// decides at once needs the key no longer than that.
     fn with_key<R>(&self, f: impl FnOnce(&str) -> R) -> R {
-        KEY.with(|buffer| match buffer.try_borrow_mut() {
-            Ok(mut key) => {
-                key.clear();
-                key.push_str(self.policy.name());
-                key.push(':');
-                key.push_str(&self.kind);
-                key.push(':');
-                key.push_str(&self.value);
-                f(&key)
-            }
-            Err(_) => f(&self.key()),
-        })
+        let write = |key: &mut String| {
+            key.push_str(self.policy.name());
+            key.push(':');
+            key.push_str(&self.kind);
+            key.push(':');
+            key.push_str(&self.value);
+        };
+        in_scratch(&KEY, write, f)
     }
 }
 

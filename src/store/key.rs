@@ -13,6 +13,8 @@
 
 use sha2::{Digest, Sha256};
 use std::borrow::Cow;
+use std::cell::RefCell;
+use std::thread::LocalKey;
 
 /// Longest client key kept verbatim; longer ones are hashed.
 pub const MAX_RAW_KEY_LEN: usize = 96;
@@ -43,6 +45,29 @@ pub(crate) fn into_safe_key(key: String) -> String {
     } else {
         hashed(key.as_bytes())
     }
+}
+
+/// Runs `f` on the string `write` makes, written into `buffer`: one per
+/// thread, grown to the longest string it has held, so a check that needs a
+/// key only for the length of `f` allocates none. Should `f` use the same
+/// buffer itself, its string goes on the heap.
+pub(crate) fn in_scratch<R>(
+    buffer: &'static LocalKey<RefCell<String>>,
+    write: impl Fn(&mut String),
+    f: impl FnOnce(&str) -> R,
+) -> R {
+    buffer.with(|buffer| match buffer.try_borrow_mut() {
+        Ok(mut scratch) => {
+            scratch.clear();
+            write(&mut scratch);
+            f(&scratch)
+        }
+        Err(_) => {
+            let mut own = String::new();
+            write(&mut own);
+            f(&own)
+        }
+    })
 }
 
 /// Whether `key` is its own storage-safe form ([`safe_key`] keeps it as it is).

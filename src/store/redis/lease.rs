@@ -48,6 +48,7 @@ use crate::decision::{Decision, QuotaState, States};
 use crate::observe;
 use crate::policy::Policy;
 use crate::quota::ceil_div;
+use crate::store::in_scratch;
 use crate::store::key::safe_key;
 
 /// The default lease period: a lease holds about this long's worth of a
@@ -93,24 +94,12 @@ thread_local! {
 /// same for every key of a store.
 pub(crate) fn lease_name<R>(key: &str, policy: &Policy, f: impl FnOnce(&str) -> R) -> R {
     let write = |name: &mut String| {
-        name.clear();
         name.push_str(&safe_key(key));
         for tail in policy.key_tails() {
             name.push_str(tail);
         }
     };
-    NAME.with(|buffer| match buffer.try_borrow_mut() {
-        Ok(mut name) => {
-            write(&mut name);
-            f(&name)
-        }
-        // `f` never names another key itself; should it, on the heap.
-        Err(_) => {
-            let mut name = String::new();
-            write(&mut name);
-            f(&name)
-        }
-    })
+    in_scratch(&NAME, write, f)
 }
 
 /// What a store's leases have done so far (all counts since the store was
