@@ -52,11 +52,12 @@ def swap(text, old, new):
     if old not in text:
         sys.exit(f"lua_ablation: line not found, update the script: {old}")
     return text.replace(old, new)
-SET = 'call("SET", key, format(VALUE, level, stamp), "PX", format(INT, ttl + MARGIN_MS))'
+SET = 'call("SET", key, value, "PX", format(INT, ttl + MARGIN_MS))'
 GET = 'local stored = call("GET", key)'
-no_set = swap(src, SET, 'local _ = format(VALUE, level, stamp)')
+VALUE = 'local value = format(VALUE, level, stamp)'
+no_set = swap(src, SET, 'local _ = format(INT, ttl + MARGIN_MS)')
 no_calls = swap(no_set, GET, "local stored = false")
-no_format = swap(no_calls, 'local _ = format(VALUE, level, stamp)', "local _ = level")
+no_format = swap(swap(no_calls, VALUE, "local value = level"), 'local _ = format(INT, ttl + MARGIN_MS)', "local _ = ttl")
 variants = {"full": src, "no-set": no_set, "no-calls": no_calls, "no-format": no_format}
 for name, text in variants.items():
     open(f"{out}/{name}.lua", "w").write(text)

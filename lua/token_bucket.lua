@@ -93,237 +93,25 @@ local MAX_HOLDS = 16
 
 -- Integers (all below 2^53) are written with %d where a C long holds them
 -- (every 64-bit build: exact, and much cheaper than %.0f), else with %.0f.
-local INT = "%.0f"
-if format("%d", 2 ^ 53) == "9007199254740992" then
-  INT = "%d"
+-- Lua 5.1's %d converts to a C long; struct's "l" is a C long too, and
+-- asking its size costs far less than formatting a test number.
+local INT, VALUE = "%.0f", "%.0f:%.0f"
+if struct.size("l") >= 8 then
+  INT, VALUE = "%d", "%d:%d"
 end
-local VALUE = INT .. ":" .. INT
-
--- Numbers arrive as strings. Arithmetic converts one (`s + 0`) with a single
--- strtod, where tonumber() runs two; most are "0" or "1" (one quota, cost 1,
--- no debt), and those are looked up instead of converted.
-local known = { ["0"] = 0, ["1"] = 1 }
 
 local nq = ARGV[2] + 0
-local fulls, nums, dens = {}, {}, {}
-local a = 3
-for q = 1, nq do
-  fulls[q], nums[q], dens[q] = ARGV[a] + 0, ARGV[a + 1] + 0, ARGV[a + 2] + 0
-  a = a + 3
-end
-
--- The holds written after a bucket's stamp ("id,h,e;..."), as a list of
--- {id, h, e}; entries that do not read are dropped.
-local function read_holds(text)
-  local holds = {}
-  for id, h, e in string.gmatch(text, "([^;,]+),(%d+),(%d+)") do
-    holds[#holds + 1] = { id, h + 0, e + 0 }
-  end
-  return holds
-end
-
--- The units of a bucket's level that its holds set aside.
-local function held_in(holds)
-  local sum = 0
-  if holds then
-    for i = 1, #holds do
-      sum = sum + holds[i][2]
-    end
-  end
-  return sum
-end
-
--- The bucket stored at key, refilled up to now: level, stamp, whether it
--- was stored (a missing or unreadable value is a full bucket) and its holds
--- (nil when it has none), every hold whose expiry has passed debited whole.
-local function stored_bucket(key, full, num)
-  local stored = call("GET", key) -- tollgate:get
-  if stored then
-    local sep = find(stored, ":", 1, true)
-    local level = sep and tonumber(sub(stored, 1, sep - 1))
-    local sep2 = sep and find(stored, ":", sep + 1, true)
-    local stamp = sep and tonumber(sub(stored, sep + 1, sep2 and sep2 - 1))
-    -- tonumber also reads "nan" and "inf": x - x is 0 only for a finite x.
-    if level and stamp and level - level == 0 and stamp - stamp == 0 then
-      if level > full then
-        level = full
-      end
-      if now > stamp then
-        -- Compare before multiplying so the product stays below 2^53:
-        -- refilled to full once the gap covers ceil((full - level) / num).
-        local missing = full - level
-        local t = floor(missing / num)
-        if t * num < missing then
-          t = t + 1
-        end
-        if now - stamp >= t then
-          level = full
-        else
-          level = level + (now - stamp) * num
-        end
-        stamp = now
-      end
-      local holds
-      if sep2 then
-        holds = {}
-        for _, hold in ipairs(read_holds(sub(stored, sep2 + 1))) do
-          if hold[3] <= now then
-            level = level - hold[2]
-          else
-            holds[#holds + 1] = hold
-          end
-        end
-        if #holds == 0 then
-          holds = nil
-        end
-      end
-      -- A clock behind the stamp (failover) refills nothing and keeps it.
-      return level, stamp, true, holds
-    end
-  end
-  return full, now, false, nil
-end
-
-local reply, r, k = {}, 0, 1
-
--- The debt a reservation may take on in a bucket stamped at `stamp`: a clock
--- behind the stamp (failover) makes every wait start from the stamp, so the
--- time ahead comes off the debt, and the wait stays within max_wait.
-local function debt_at(debt, stamp, num)
-  if debt > 0 and stamp > now then
-    local ahead = stamp - now
-    if ahead * num >= debt then
-      return 0
-    end
-    return debt - ahead * num
-  end
-  return debt
-end
-
--- Spends from one bucket of a decision (if it is admitted), writes it back
--- with its TTL (if `write`), and appends its figures to the
--- reply: remaining, wait_us, reset_after_us. Its holds (nil: none) are
--- written after its stamp, and only what they leave counts as remaining.
-local function finish(key, q, level, stamp, need, allowed, write, holds)
-  local full, num, den = fulls[q], nums[q], dens[q]
-  -- A clock behind the stamp refills nothing until it reaches the stamp, so
-  -- waits start from the stamp.
-  local ahead = stamp - now
-  local wait = 0
-  if allowed then
-    level = level - need
-  end
-  local free = level - held_in(holds)
-  if allowed then
-    if free < 0 then
-      local t = floor(-free / num)
-      if t * num < -free then
-        t = t + 1
-      end
-      wait = ahead + t
-    end
-  elseif free < need then
-    local x = need - free
-    local t = floor(x / num)
-    if t * num < x then
-      t = t + 1
-    end
-    wait = ahead + t
-  end
-  -- ceil((full - free) / num): when the bucket is full again, counted from
-  -- the stamp (with holds: once they are debited whole, from the last
-  -- expiry); the key lives that long plus MARGIN_MS.
-  local missing = full - free
-  local reset = floor(missing / num)
-  if reset * num < missing then
-    reset = reset + 1
-  end
-  if write then
-    local ms = reset + ahead
-    local value = format(VALUE, level, stamp)
-    if holds then
-      local last, parts = now, {}
-      for i = 1, #holds do
-        local hold = holds[i]
-        parts[i] = hold[1] .. "," .. format(INT, hold[2]) .. "," .. format(INT, hold[3])
-        if hold[3] > last then
-          last = hold[3]
-        end
-      end
-      value = value .. ":" .. table.concat(parts, ";")
-      ms = ms + (last - now)
-    end
-    local ttl = floor(ms / 1000)
-    if ttl * 1000 < ms then
-      ttl = ttl + 1
-    end
-    call("SET", key, value, "PX", format(INT, ttl + MARGIN_MS)) -- tollgate:set
-  end
-  if reset > 0 then
-    reset = reset + ahead
-  end
-  local remaining = 0
-  if free > 0 then
-    remaining = floor(free / den)
-  end
-  reply[r + 1], reply[r + 2], reply[r + 3] = remaining, wait, reset
-  r = r + 3
-end
-
--- An adjustment after the fact (debt -1), decided by a response: cost
--- tokens spent from the bucket (a charge) or, when cost is negative, given
--- back to it (a refund), whatever its level. A refund fills the bucket up to
--- full at most, so it never admits more than if the refunded request had
--- never come; a charge takes it into debt down to -full at most (one
--- bucket's worth, the most one request may cost), which the next admission
--- waits to see refilled. Always applied; the reply is that of an admitted
--- check of nothing. A bucket not stored that ends full is not written: it
--- stays as it was.
-local function adjust(key, q, cost)
-  local full, num, den = fulls[q], nums[q], dens[q]
-  local level, stamp, stored, holds = stored_bucket(key, full, num)
-  -- Exact wherever the clamps do not apply: both operands are below 2^53.
-  level = level - cost * den
-  if level > full then
-    level = full
-  elseif level < -full then
-    level = -full
-  end
-  finish(key, q, level, stamp, 0, true, stored or level < full, holds)
-end
-
--- The hold of `holds` (nil: none) whose id is `id`, and its place.
-local function hold_of(holds, id)
-  if holds then
-    for i = 1, #holds do
-      if holds[i][1] == id then
-        return holds[i], i
-      end
-    end
-  end
-  return nil
-end
-
--- A report of hold `id`, which spent `spent` units: debits them (never more
--- than the hold) and releases the hold. Returns the level, the holds (nil
--- when none are left) and whether the hold was there.
-local function release(level, holds, id, spent)
-  local hold, at = hold_of(holds, id)
-  if not hold then
-    return level, holds, false
-  end
-  if spent > hold[2] then
-    spent = hold[2]
-  end
-  table.remove(holds, at)
-  if #holds == 0 then
-    holds = nil
-  end
-  return level - spent, holds, true
-end
-
+local a = 3 + 3 * nq
 local nd = ARGV[a] + 0
 a = a + 1
+
+-- What a decision's figures go into (see the end), and the next key.
+local reply, r, k = {}, 0, 1
+
+-- The first decision left to the general steps (below the compact form):
+-- none when every decision is a compact-form check of a bucket without
+-- holds, the common case.
+local rest = 1
 if nd < 0 then
   -- The compact form: checks of quota 1, one key each, the common case under
   -- load. The steps of stored_bucket and finish, written out for one quota
@@ -331,15 +119,25 @@ if nd < 0 then
   -- a decision costs Redis). Keep them in step with those two;
   -- tests/redis_store.rs (the_compact_form_decides_as_the_long_form) compares
   -- the two forms on random calls.
-  local full, num, den = fulls[1], nums[1], dens[1]
+  local full, num, den = ARGV[3] + 0, ARGV[4] + 0, ARGV[5] + 0
   -- Stored values and TTLs as text, by level (for buckets stamped now) and by
   -- TTL: under load most checks of a call leave their bucket at the same
   -- level with the same TTL, and formatting numbers is a large part of what
-  -- a write costs.
-  local at_now, ttls = {}, {}
+  -- a write costs. Only for calls of several checks (tables cost a call
+  -- too).
+  local at_now, ttls
+  if nd < -1 then
+    at_now, ttls = {}, {}
+  end
+  rest = 1 - nd
   for i = 1, -nd do
-    local cost = known[ARGV[a]] or ARGV[a] + 0
-    a = a + 1
+    -- Most costs are "1": compared, not converted.
+    local cost = ARGV[a + i - 1]
+    if cost == "1" then
+      cost = 1
+    else
+      cost = cost + 0
+    end
     local need = cost * den
     if need > full then
       return redis.error_reply("ERR tollgate: cost exceeds capacity")
@@ -375,12 +173,10 @@ if nd < 0 then
       end
     end
     if leased then
-      -- A bucket with holds (leases): the general steps.
-      local level, stamp, _, holds = stored_bucket(key, full, num)
-      local allowed = level - held_in(holds) >= need
-      r = r + 1
-      reply[r] = allowed and 1 or 0
-      finish(key, 1, level, stamp, need, allowed, allowed and cost > 0, holds)
+      -- A bucket with holds (leases): this check and the ones after it
+      -- go to the general steps.
+      rest = i
+      break
     else
       -- finish
       local ahead = stamp - now
@@ -407,7 +203,7 @@ if nd < 0 then
           ttl = ttl + 1
         end
         local value
-        if stamp == now then
+        if at_now and stamp == now then
           value = at_now[level]
           if not value then
             value = format(VALUE, level, stamp)
@@ -416,10 +212,15 @@ if nd < 0 then
         else
           value = format(VALUE, level, stamp)
         end
-        local px = ttls[ttl]
-        if not px then
+        local px
+        if ttls then
+          px = ttls[ttl]
+          if not px then
+            px = format(INT, ttl + MARGIN_MS)
+            ttls[ttl] = px
+          end
+        else
           px = format(INT, ttl + MARGIN_MS)
-          ttls[ttl] = px
         end
         call("SET", key, value, "PX", px) -- tollgate:compact-set
       end
@@ -430,158 +231,408 @@ if nd < 0 then
       if level > 0 then
         remaining = floor(level / den)
       end
+      if nd == -1 then
+        -- A call of one check (as the store sends a check alone): its
+        -- reply without the table (see the end).
+        return struct.pack("<dddd", allowed and 1 or 0, remaining, wait, reset)
+      end
       reply[r + 1], reply[r + 2], reply[r + 3], reply[r + 4] =
         allowed and 1 or 0, remaining, wait, reset
       r = r + 4
     end
   end
-else
-  -- A decision over one quota (the common case) is decided at once; one over
-  -- several reads all its buckets first, since it is admitted only if every
-  -- bucket holds the cost. Per quota of such a decision: index, level, stamp.
-  local qs, lv, st, hs = {}, {}, {}, {}
-  for _ = 1, nd do
-    local n, cost = known[ARGV[a]] or ARGV[a] + 0, known[ARGV[a + 1]] or ARGV[a + 1] + 0
-    local marker = known[ARGV[a + 3]] or ARGV[a + 3] + 0
-    if n == 1 and marker >= 0 then
-      local q, debt = known[ARGV[a + 2]] or ARGV[a + 2] + 0, marker
-      a = a + 4
-      local full, need = fulls[q], cost * dens[q]
+end
+
+if rest <= (nd < 0 and -nd or nd) then
+  -- The general steps. A script's local functions and tables are made anew
+  -- on every call (and each function's upvalues with it), so they are made
+  -- here, only in a call that needs them.
+
+  -- Numbers arrive as strings. Arithmetic converts one (`s + 0`) with a single
+  -- strtod, where tonumber() runs two; most are "0" or "1" (one quota, cost 1,
+  -- no debt), and those are looked up instead of converted.
+  local known = { ["0"] = 0, ["1"] = 1 }
+
+  -- Per quota: full (capacity x den), num, den.
+  local fulls, nums, dens = {}, {}, {}
+  local b = 3
+  for q = 1, nq do
+    fulls[q], nums[q], dens[q] = ARGV[b] + 0, ARGV[b + 1] + 0, ARGV[b + 2] + 0
+    b = b + 3
+  end
+
+  -- The holds written after a bucket's stamp ("id,h,e;..."), as a list of
+  -- {id, h, e}; entries that do not read are dropped.
+  local function read_holds(text)
+    local holds = {}
+    for id, h, e in string.gmatch(text, "([^;,]+),(%d+),(%d+)") do
+      holds[#holds + 1] = { id, h + 0, e + 0 }
+    end
+    return holds
+  end
+
+  -- The units of a bucket's level that its holds set aside.
+  local function held_in(holds)
+    local sum = 0
+    if holds then
+      for i = 1, #holds do
+        sum = sum + holds[i][2]
+      end
+    end
+    return sum
+  end
+
+  -- The bucket stored at key, refilled up to now: level, stamp, whether it
+  -- was stored (a missing or unreadable value is a full bucket) and its holds
+  -- (nil when it has none), every hold whose expiry has passed debited whole.
+  local function stored_bucket(key, full, num)
+    local stored = call("GET", key) -- tollgate:get
+    if stored then
+      local sep = find(stored, ":", 1, true)
+      local level = sep and tonumber(sub(stored, 1, sep - 1))
+      local sep2 = sep and find(stored, ":", sep + 1, true)
+      local stamp = sep and tonumber(sub(stored, sep + 1, sep2 and sep2 - 1))
+      -- tonumber also reads "nan" and "inf": x - x is 0 only for a finite x.
+      if level and stamp and level - level == 0 and stamp - stamp == 0 then
+        if level > full then
+          level = full
+        end
+        if now > stamp then
+          -- Compare before multiplying so the product stays below 2^53:
+          -- refilled to full once the gap covers ceil((full - level) / num).
+          local missing = full - level
+          local t = floor(missing / num)
+          if t * num < missing then
+            t = t + 1
+          end
+          if now - stamp >= t then
+            level = full
+          else
+            level = level + (now - stamp) * num
+          end
+          stamp = now
+        end
+        local holds
+        if sep2 then
+          holds = {}
+          for _, hold in ipairs(read_holds(sub(stored, sep2 + 1))) do
+            if hold[3] <= now then
+              level = level - hold[2]
+            else
+              holds[#holds + 1] = hold
+            end
+          end
+          if #holds == 0 then
+            holds = nil
+          end
+        end
+        -- A clock behind the stamp (failover) refills nothing and keeps it.
+        return level, stamp, true, holds
+      end
+    end
+    return full, now, false, nil
+  end
+
+  -- The debt a reservation may take on in a bucket stamped at `stamp`: a clock
+  -- behind the stamp (failover) makes every wait start from the stamp, so the
+  -- time ahead comes off the debt, and the wait stays within max_wait.
+  local function debt_at(debt, stamp, num)
+    if debt > 0 and stamp > now then
+      local ahead = stamp - now
+      if ahead * num >= debt then
+        return 0
+      end
+      return debt - ahead * num
+    end
+    return debt
+  end
+
+  -- Spends from one bucket of a decision (if it is admitted), writes it back
+  -- with its TTL (if `write`), and appends its figures to the
+  -- reply: remaining, wait_us, reset_after_us. Its holds (nil: none) are
+  -- written after its stamp, and only what they leave counts as remaining.
+  local function finish(key, q, level, stamp, need, allowed, write, holds)
+    local full, num, den = fulls[q], nums[q], dens[q]
+    -- A clock behind the stamp refills nothing until it reaches the stamp, so
+    -- waits start from the stamp.
+    local ahead = stamp - now
+    local wait = 0
+    if allowed then
+      level = level - need
+    end
+    local free = level - held_in(holds)
+    if allowed then
+      if free < 0 then
+        local t = floor(-free / num)
+        if t * num < -free then
+          t = t + 1
+        end
+        wait = ahead + t
+      end
+    elseif free < need then
+      local x = need - free
+      local t = floor(x / num)
+      if t * num < x then
+        t = t + 1
+      end
+      wait = ahead + t
+    end
+    -- ceil((full - free) / num): when the bucket is full again, counted from
+    -- the stamp (with holds: once they are debited whole, from the last
+    -- expiry); the key lives that long plus MARGIN_MS.
+    local missing = full - free
+    local reset = floor(missing / num)
+    if reset * num < missing then
+      reset = reset + 1
+    end
+    if write then
+      local ms = reset + ahead
+      local value = format(VALUE, level, stamp)
+      if holds then
+        local last, parts = now, {}
+        for i = 1, #holds do
+          local hold = holds[i]
+          parts[i] = hold[1] .. "," .. format(INT, hold[2]) .. "," .. format(INT, hold[3])
+          if hold[3] > last then
+            last = hold[3]
+          end
+        end
+        value = value .. ":" .. table.concat(parts, ";")
+        ms = ms + (last - now)
+      end
+      local ttl = floor(ms / 1000)
+      if ttl * 1000 < ms then
+        ttl = ttl + 1
+      end
+      call("SET", key, value, "PX", format(INT, ttl + MARGIN_MS)) -- tollgate:set
+    end
+    if reset > 0 then
+      reset = reset + ahead
+    end
+    local remaining = 0
+    if free > 0 then
+      remaining = floor(free / den)
+    end
+    reply[r + 1], reply[r + 2], reply[r + 3] = remaining, wait, reset
+    r = r + 3
+  end
+
+  -- An adjustment after the fact (debt -1), decided by a response: cost
+  -- tokens spent from the bucket (a charge) or, when cost is negative, given
+  -- back to it (a refund), whatever its level. A refund fills the bucket up to
+  -- full at most, so it never admits more than if the refunded request had
+  -- never come; a charge takes it into debt down to -full at most (one
+  -- bucket's worth, the most one request may cost), which the next admission
+  -- waits to see refilled. Always applied; the reply is that of an admitted
+  -- check of nothing. A bucket not stored that ends full is not written: it
+  -- stays as it was.
+  local function adjust(key, q, cost)
+    local full, num, den = fulls[q], nums[q], dens[q]
+    local level, stamp, stored, holds = stored_bucket(key, full, num)
+    -- Exact wherever the clamps do not apply: both operands are below 2^53.
+    level = level - cost * den
+    if level > full then
+      level = full
+    elseif level < -full then
+      level = -full
+    end
+    finish(key, q, level, stamp, 0, true, stored or level < full, holds)
+  end
+
+  -- The hold of `holds` (nil: none) whose id is `id`, and its place.
+  local function hold_of(holds, id)
+    if holds then
+      for i = 1, #holds do
+        if holds[i][1] == id then
+          return holds[i], i
+        end
+      end
+    end
+    return nil
+  end
+
+  -- A report of hold `id`, which spent `spent` units: debits them (never more
+  -- than the hold) and releases the hold. Returns the level, the holds (nil
+  -- when none are left) and whether the hold was there.
+  local function release(level, holds, id, spent)
+    local hold, at = hold_of(holds, id)
+    if not hold then
+      return level, holds, false
+    end
+    if spent > hold[2] then
+      spent = hold[2]
+    end
+    table.remove(holds, at)
+    if #holds == 0 then
+      holds = nil
+    end
+    return level - spent, holds, true
+  end
+
+  if nd < 0 then
+    -- The compact form's checks from the first bucket with holds on
+    -- (leases): the general steps of the same checks.
+    for i = rest, -nd do
+      local cost = known[ARGV[a + i - 1]] or ARGV[a + i - 1] + 0
+      local full, need = fulls[1], cost * dens[1]
       if need > full then
         return redis.error_reply("ERR tollgate: cost exceeds capacity")
       end
-      local key = KEYS[k]
-      local level, stamp, _, holds = stored_bucket(key, full, nums[q])
-      local allowed = level - held_in(holds) - need >= -debt_at(debt, stamp, nums[q])
+      local key = KEYS[i]
+      local level, stamp, _, holds = stored_bucket(key, full, nums[1])
+      local allowed = level - held_in(holds) >= need
       r = r + 1
       reply[r] = allowed and 1 or 0
-      finish(key, q, level, stamp, need, allowed, allowed and cost > 0, holds)
-      k = k + 1
-    elseif marker == -1 then
-      -- An adjustment: each bucket on its own.
-      a = a + 2
-      r = r + 1
-      reply[r] = 1
-      for i = 1, n do
-        adjust(KEYS[k + i - 1], known[ARGV[a]] or ARGV[a] + 0, cost)
-        a = a + 2
-      end
-      k = k + n
-    elseif marker == -2 then
-      -- A lease: a check of cost and, if admitted, a hold on every bucket.
-      a = a + 2
-      local id, want, life = ARGV[a + 2 * n], ARGV[a + 2 * n + 1] + 0, ARGV[a + 2 * n + 2] + 0
-      local rid, rspent = ARGV[a + 2 * n + 3], ARGV[a + 2 * n + 4] + 0
-      local allowed, grant, again, found = true, want, nil, 0
-      for i = 1, n do
-        local q = known[ARGV[a]] or ARGV[a] + 0
-        a = a + 2
-        local full, num, den = fulls[q], nums[q], dens[q]
-        local need = cost * den
-        if need > full then
-          return redis.error_reply("ERR tollgate: cost exceeds capacity")
-        end
-        local level, stamp, _, holds = stored_bucket(KEYS[k + i - 1], full, num)
-        -- The report it carries (rid "0": none) first.
-        local released
-        level, holds, released = release(level, holds, rid, rspent * den)
-        if released then
-          found = 1
-        end
-        qs[i], lv[i], st[i], hs[i] = q, level, stamp, holds
-        local hold = hold_of(holds, id)
-        if hold then
-          again = hold[2] / den
-        end
-        local free = level - held_in(holds) - need
-        if free < 0 then
-          allowed = false
-        end
-        -- At most half of what the cost leaves, in whole tokens.
-        local share = 0
-        if free > 0 and (holds == nil or #holds < MAX_HOLDS) then
-          share = floor(free / (2 * den))
-        end
-        if share < grant then
-          grant = share
-        end
-      end
-      a = a + 5
-      r = r + 1
-      if again then
-        -- Resent: it was admitted and granted; answered as it was, with
-        -- nothing spent again.
-        reply[r] = 1
-        for i = 1, n do
-          finish(KEYS[k + i - 1], qs[i], lv[i], st[i], 0, true, found == 1, hs[i])
-        end
-        grant = again
-      else
-        reply[r] = allowed and 1 or 0
-        if not allowed or grant < 1 then
-          grant = 0
-        end
-        for i = 1, n do
-          local q = qs[i]
-          local holds = hs[i]
-          if grant > 0 then
-            holds = holds or {}
-            holds[#holds + 1] = { id, grant * dens[q], now + life }
-          end
-          local write = (allowed and (cost > 0 or grant > 0)) or found == 1
-          finish(KEYS[k + i - 1], q, lv[i], st[i], cost * dens[q], allowed, write, holds)
-        end
-      end
-      reply[r + 1], reply[r + 2] = grant, found
-      r = r + 2
-      k = k + n
-    elseif marker == -3 then
-      -- A lease's report: cost is what the hold's holder spent of it.
-      a = a + 2
-      local id = ARGV[a + 2 * n]
-      local found = 0
-      r = r + 1
-      reply[r] = 1
-      for i = 1, n do
-        local q = known[ARGV[a]] or ARGV[a] + 0
-        a = a + 2
-        local full, den = fulls[q], dens[q]
-        local key = KEYS[k + i - 1]
-        local level, stamp, _, holds = stored_bucket(key, full, nums[q])
-        local released
-        level, holds, released = release(level, holds, id, cost * den)
-        if released then
-          found = 1
-        end
-        finish(key, q, level, stamp, 0, true, released, holds)
-      end
-      a = a + 1
-      r = r + 1
-      reply[r] = found
-      k = k + n
-    else
-      a = a + 2
-      local allowed = true
-      for i = 1, n do
-        local q, debt = known[ARGV[a]] or ARGV[a] + 0, known[ARGV[a + 1]] or ARGV[a + 1] + 0
-        a = a + 2
+      finish(key, 1, level, stamp, need, allowed, allowed and cost > 0, holds)
+    end
+  else
+    -- A decision over one quota (the common case) is decided at once; one over
+    -- several reads all its buckets first, since it is admitted only if every
+    -- bucket holds the cost. Per quota of such a decision: index, level, stamp.
+    local qs, lv, st, hs = {}, {}, {}, {}
+    for _ = 1, nd do
+      local n, cost = known[ARGV[a]] or ARGV[a] + 0, known[ARGV[a + 1]] or ARGV[a + 1] + 0
+      local marker = known[ARGV[a + 3]] or ARGV[a + 3] + 0
+      if n == 1 and marker >= 0 then
+        local q, debt = known[ARGV[a + 2]] or ARGV[a + 2] + 0, marker
+        a = a + 4
         local full, need = fulls[q], cost * dens[q]
         if need > full then
           return redis.error_reply("ERR tollgate: cost exceeds capacity")
         end
-        local level, stamp, _, holds = stored_bucket(KEYS[k + i - 1], full, nums[q])
-        qs[i], lv[i], st[i], hs[i] = q, level, stamp, holds
-        if level - held_in(holds) - need < -debt_at(debt, stamp, nums[q]) then
-          allowed = false
+        local key = KEYS[k]
+        local level, stamp, _, holds = stored_bucket(key, full, nums[q])
+        local allowed = level - held_in(holds) - need >= -debt_at(debt, stamp, nums[q])
+        r = r + 1
+        reply[r] = allowed and 1 or 0
+        finish(key, q, level, stamp, need, allowed, allowed and cost > 0, holds)
+        k = k + 1
+      elseif marker == -1 then
+        -- An adjustment: each bucket on its own.
+        a = a + 2
+        r = r + 1
+        reply[r] = 1
+        for i = 1, n do
+          adjust(KEYS[k + i - 1], known[ARGV[a]] or ARGV[a] + 0, cost)
+          a = a + 2
         end
+        k = k + n
+      elseif marker == -2 then
+        -- A lease: a check of cost and, if admitted, a hold on every bucket.
+        a = a + 2
+        local id, want, life = ARGV[a + 2 * n], ARGV[a + 2 * n + 1] + 0, ARGV[a + 2 * n + 2] + 0
+        local rid, rspent = ARGV[a + 2 * n + 3], ARGV[a + 2 * n + 4] + 0
+        local allowed, grant, again, found = true, want, nil, 0
+        for i = 1, n do
+          local q = known[ARGV[a]] or ARGV[a] + 0
+          a = a + 2
+          local full, num, den = fulls[q], nums[q], dens[q]
+          local need = cost * den
+          if need > full then
+            return redis.error_reply("ERR tollgate: cost exceeds capacity")
+          end
+          local level, stamp, _, holds = stored_bucket(KEYS[k + i - 1], full, num)
+          -- The report it carries (rid "0": none) first.
+          local released
+          level, holds, released = release(level, holds, rid, rspent * den)
+          if released then
+            found = 1
+          end
+          qs[i], lv[i], st[i], hs[i] = q, level, stamp, holds
+          local hold = hold_of(holds, id)
+          if hold then
+            again = hold[2] / den
+          end
+          local free = level - held_in(holds) - need
+          if free < 0 then
+            allowed = false
+          end
+          -- At most half of what the cost leaves, in whole tokens.
+          local share = 0
+          if free > 0 and (holds == nil or #holds < MAX_HOLDS) then
+            share = floor(free / (2 * den))
+          end
+          if share < grant then
+            grant = share
+          end
+        end
+        a = a + 5
+        r = r + 1
+        if again then
+          -- Resent: it was admitted and granted; answered as it was, with
+          -- nothing spent again.
+          reply[r] = 1
+          for i = 1, n do
+            finish(KEYS[k + i - 1], qs[i], lv[i], st[i], 0, true, found == 1, hs[i])
+          end
+          grant = again
+        else
+          reply[r] = allowed and 1 or 0
+          if not allowed or grant < 1 then
+            grant = 0
+          end
+          for i = 1, n do
+            local q = qs[i]
+            local holds = hs[i]
+            if grant > 0 then
+              holds = holds or {}
+              holds[#holds + 1] = { id, grant * dens[q], now + life }
+            end
+            local write = (allowed and (cost > 0 or grant > 0)) or found == 1
+            finish(KEYS[k + i - 1], q, lv[i], st[i], cost * dens[q], allowed, write, holds)
+          end
+        end
+        reply[r + 1], reply[r + 2] = grant, found
+        r = r + 2
+        k = k + n
+      elseif marker == -3 then
+        -- A lease's report: cost is what the hold's holder spent of it.
+        a = a + 2
+        local id = ARGV[a + 2 * n]
+        local found = 0
+        r = r + 1
+        reply[r] = 1
+        for i = 1, n do
+          local q = known[ARGV[a]] or ARGV[a] + 0
+          a = a + 2
+          local full, den = fulls[q], dens[q]
+          local key = KEYS[k + i - 1]
+          local level, stamp, _, holds = stored_bucket(key, full, nums[q])
+          local released
+          level, holds, released = release(level, holds, id, cost * den)
+          if released then
+            found = 1
+          end
+          finish(key, q, level, stamp, 0, true, released, holds)
+        end
+        a = a + 1
+        r = r + 1
+        reply[r] = found
+        k = k + n
+      else
+        a = a + 2
+        local allowed = true
+        for i = 1, n do
+          local q, debt = known[ARGV[a]] or ARGV[a] + 0, known[ARGV[a + 1]] or ARGV[a + 1] + 0
+          a = a + 2
+          local full, need = fulls[q], cost * dens[q]
+          if need > full then
+            return redis.error_reply("ERR tollgate: cost exceeds capacity")
+          end
+          local level, stamp, _, holds = stored_bucket(KEYS[k + i - 1], full, nums[q])
+          qs[i], lv[i], st[i], hs[i] = q, level, stamp, holds
+          if level - held_in(holds) - need < -debt_at(debt, stamp, nums[q]) then
+            allowed = false
+          end
+        end
+        r = r + 1
+        reply[r] = allowed and 1 or 0
+        for i = 1, n do
+          local q = qs[i]
+          finish(KEYS[k + i - 1], q, lv[i], st[i], cost * dens[q], allowed, allowed and cost > 0, hs[i])
+        end
+        k = k + n
       end
-      r = r + 1
-      reply[r] = allowed and 1 or 0
-      for i = 1, n do
-        local q = qs[i]
-        finish(KEYS[k + i - 1], q, lv[i], st[i], cost * dens[q], allowed, allowed and cost > 0, hs[i])
-      end
-      k = k + n
     end
   end
 end
@@ -591,6 +642,10 @@ end
 -- read, where a list of integers costs it a parse per number, and it costs
 -- Redis less to send than a table. unpack() puts each value on Lua's stack,
 -- so a long reply is packed in chunks.
+if r == 4 then
+  -- One check of one quota (the usual call when checks are not batched).
+  return struct.pack("<dddd", reply[1], reply[2], reply[3], reply[4])
+end
 if r <= 1024 then
   return struct.pack("<" .. string.rep("d", r), unpack(reply, 1, r))
 end

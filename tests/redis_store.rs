@@ -236,15 +236,15 @@ fn numbers(reply: Vec<u8>) -> Vec<i64> {
         .collect()
 }
 
-/// The script writes integers with `%d` where a C long holds 53 bits, and with
-/// `%.0f` elsewhere (32-bit builds). This Redis takes the first way; the
+/// The script writes integers with `%d` where a C long holds 53 bits (a
+/// `struct` "l" of 8 bytes), and with `%.0f` elsewhere (32-bit builds). This Redis takes the first way; the
 /// second is forced here by making the check fail. Both, on the same fixed
 /// clock and the same calls (spends, a reservation that takes the level below
 /// zero, a denial, a two-quota decision, batched and alone), must store the same
 /// values with the same TTLs and answer the same replies.
 #[tokio::test]
 async fn both_number_formats_store_and_answer_the_same() {
-    const CHECK: &str = "if format(\"%d\", 2 ^ 53) == \"9007199254740992\" then";
+    const CHECK: &str = "if struct.size(\"l\") >= 8 then";
     const CLOCK: &str = "local now = redis.call(\"TIME\") -- tollgate:clock";
     assert!(SCRIPT.contains(CHECK) && SCRIPT.contains(CLOCK));
     // A fixed clock (1 763 000 000.123456 s) so the two scripts see the same time.
@@ -448,6 +448,73 @@ async fn the_compact_form_decides_as_the_long_form() {
         admitted > 100 && denied > 100,
         "{admitted} admitted, {denied} denied"
     );
+}
+
+/// The compact form hands a bucket with holds (leases) and every check after
+/// it to the script's general steps: a call of one check, and a call of
+/// several whose second meets holds, decide, store and reply exactly as the
+/// same checks in the long form, on the same clock.
+#[test]
+fn compact_checks_of_held_buckets_decide_as_the_long_form() {
+    const CLOCK: &str = "local now = redis.call(\"TIME\") -- tollgate:clock";
+    assert!(SCRIPT.contains(CLOCK));
+    let source = SCRIPT.replacen(
+        CLOCK,
+        "local now = {math.floor(tonumber(ARGV[1]) / 1000000), tonumber(ARGV[1]) % 1000000}",
+        1,
+    );
+    let server = RedisServer::start();
+    // 10 per second: full 10 x 100 000 units, 1 unit a µs.
+    let quota = ["1", "1000000", "1", "100000"];
+    let now: u64 = 1_763_000_000_000_000;
+    let eval = |keys: &[String], at: u64, decisions: &[&str]| -> Vec<i64> {
+        let n = keys.len().to_string();
+        let at = at.to_string();
+        let mut cmd = vec!["EVAL", source.as_str(), n.as_str()];
+        cmd.extend(keys.iter().map(String::as_str));
+        cmd.push(at.as_str());
+        cmd.extend(quota);
+        cmd.extend(decisions.iter().copied());
+        numbers(server.cmd(&cmd))
+    };
+    let key = |prefix: &str, k: u32| format!("{prefix}:{{x}}:{k}");
+    for prefix in ["l", "c"] {
+        // Key 1 of each form: a lease of cost 1 that holds up to 4 tokens
+        // for 10 s (id 7, no report).
+        let lease = eval(
+            &[key(prefix, 1)],
+            now,
+            &["1", "1", "1", "1", "-2", "7", "4", "10000000", "0", "0"],
+        );
+        assert_eq!(lease[0], 1, "{lease:?}");
+        assert!(lease[4] > 0, "no hold granted: {lease:?}");
+    }
+    let later = now + 50_000;
+    // One check alone, of the held key.
+    let long = eval(&[key("l", 1)], later, &["1", "1", "1", "1", "0"]);
+    let compact = eval(&[key("c", 1)], later, &["-1", "1"]);
+    assert_eq!(long, compact);
+    // Four checks; the second meets the holds, the others plain buckets.
+    let (ks, costs) = ([0, 1, 2, 1], ["2", "1", "3", "9"]);
+    let mut long_args = vec!["4"];
+    for cost in costs {
+        long_args.extend(["1", cost, "1", "0"]);
+    }
+    let mut compact_args = vec!["-4"];
+    compact_args.extend(costs);
+    let long = eval(&ks.map(|k| key("l", k)), later, &long_args);
+    let compact = eval(&ks.map(|k| key("c", k)), later, &compact_args);
+    assert_eq!(long, compact);
+    // The held key's last check asked more than its free tokens: denied.
+    assert_eq!(long[12], 0, "{long:?}");
+    for k in 0..3 {
+        let l: Option<String> = server.cmd(&["GET", &key("l", k)]);
+        let c: Option<String> = server.cmd(&["GET", &key("c", k)]);
+        assert_eq!(l, c, "key {k}");
+        assert!(l.is_some(), "key {k} not stored");
+    }
+    let held: String = server.cmd(&["GET", &key("c", 1)]);
+    assert!(held.contains(":7,"), "the hold is gone: {held}");
 }
 
 /// A reply too long to pack at once (the script packs 1 024 numbers at a
