@@ -1,6 +1,7 @@
 //! The rate limit headers that describe a decision (IETF draft or legacy),
 //! shared by HTTP and gRPC answers and by forwarded responses.
 
+use std::cell::RefCell;
 use std::time::Duration;
 
 use http::{HeaderMap, HeaderValue};
@@ -144,6 +145,76 @@ pub(crate) fn ratelimit_value(policy: &Policy, decision: &Decision) -> String {
     out
 }
 
+/// The `RateLimit` field value of a one-quota policy, one item: `item`,
+/// `;r=` and `r`, then `;t=` and `t` if there is one. Written into a string
+/// of exactly its length, as [`ratelimit_value`].
+fn one_item(item: &str, r: u64, t: Option<u64>) -> String {
+    let len = item.len() + ";r=".len() + digits(r) + t.map_or(0, |t| ";t=".len() + digits(t));
+    let mut out = String::with_capacity(len);
+    let mut digits = itoa::Buffer::new();
+    out.push_str(item);
+    out.push_str(";r=");
+    out.push_str(digits.format(r));
+    if let Some(t) = t {
+        out.push_str(";t=");
+        out.push_str(digits.format(t));
+    }
+    out
+}
+
+/// The last `RateLimit` value a thread wrote for a one-quota policy, and
+/// what it says.
+struct Written {
+    item: Box<str>,
+    r: u64,
+    t: Option<u64>,
+    value: HeaderValue,
+}
+
+thread_local! {
+    /// See [`one_item_value`].
+    static WRITTEN: RefCell<Option<Written>> = const { RefCell::new(None) };
+}
+
+/// The `RateLimit` header value of a one-quota policy's item. The value a
+/// thread wrote last is kept and given again (a counted reference, no
+/// formatting) while the next ones say the same: clients with room to
+/// spare, the common case, all hear the same `r` and `t` (`r` one below the
+/// capacity for a client whose bucket refilled since its last request).
+fn one_item_value(item: &str, r: u64, t: Option<u64>) -> Option<HeaderValue> {
+    let write = || HeaderValue::try_from(one_item(item, r, t)).ok();
+    WRITTEN.with(|written| {
+        let Ok(mut written) = written.try_borrow_mut() else {
+            return write();
+        };
+        if let Some(w) = written.as_ref()
+            && w.r == r
+            && w.t == t
+            && *w.item == *item
+        {
+            return Some(w.value.clone());
+        }
+        let value = write()?;
+        match written.as_mut() {
+            Some(w) => {
+                if *w.item != *item {
+                    w.item = item.into();
+                }
+                (w.r, w.t, w.value) = (r, t, value.clone());
+            }
+            None => {
+                *written = Some(Written {
+                    item: item.into(),
+                    r,
+                    t,
+                    value: value.clone(),
+                });
+            }
+        }
+        Some(value)
+    })
+}
+
 /// How many decimal digits `n` is written with.
 fn digits(n: u64) -> usize {
     n.checked_ilog10().map_or(1, |d| d as usize + 1)
@@ -165,7 +236,13 @@ pub(crate) fn add_report(
                 target.append(RATELIMIT_POLICY, header.clone());
             }
             // Item names, `;r=`, `;t=`, digits and ", ": always a valid value.
-            if let Ok(v) = HeaderValue::try_from(ratelimit_value(policy, decision)) {
+            let value = match (items(policy), decision.states()) {
+                ([item], [state]) => {
+                    one_item_value(item, sf_integer(state.remaining()), item_t(decision, state))
+                }
+                _ => HeaderValue::try_from(ratelimit_value(policy, decision)).ok(),
+            };
+            if let Some(v) = value {
                 target.append(RATELIMIT, v);
             }
         }
@@ -324,6 +401,36 @@ mod tests {
                 assert_eq!(value.capacity(), value.len(), "{value}");
             }
         }
+    }
+
+    /// A one-quota value is written as the general one, and given again
+    /// while it says the same; a value that says anything else (another
+    /// policy's item, another `r` or `t`) is written anew.
+    #[test]
+    fn one_item_values_are_reused_only_while_they_say_the_same() {
+        let store = MemoryStore::new();
+        let p = policy(&[Quota::per_second(10).unwrap()]);
+        let other = Policy::new("other", [Quota::per_second(10).unwrap()]).unwrap();
+        let header =
+            |policy: &Policy, d: &Decision| map(HeaderStyle::Ietf, policy, d)[RATELIMIT].clone();
+        let first = store.decide_at("a", &p, 1, 0).unwrap();
+        assert_eq!(header(&p, &first), ratelimit_value(&p, &first).as_str());
+        // Another client in the same state: the same bytes, not a copy.
+        let same = store.decide_at("b", &p, 1, 0).unwrap();
+        let (x, y) = (header(&p, &first), header(&p, &same));
+        assert_eq!(x, y);
+        assert_eq!(x.as_bytes().as_ptr(), y.as_bytes().as_ptr());
+        // Another remaining, another policy: written anew, and right.
+        let second = store.decide_at("a", &p, 1, 0).unwrap();
+        assert_eq!(header(&p, &second), "\"p\";r=8;t=1");
+        let elsewhere = store.decide_at("o", &other, 1, 0).unwrap();
+        assert_eq!(header(&other, &elsewhere), "\"other\";r=9;t=1");
+        assert_eq!(header(&p, &first), "\"p\";r=9;t=1");
+        // A denial's value too.
+        let _ = store.decide_at("c", &p, 10, 0).unwrap();
+        let denied = store.decide_at("c", &p, 1, 0).unwrap();
+        assert!(!denied.allowed());
+        assert_eq!(header(&p, &denied), ratelimit_value(&p, &denied).as_str());
     }
 
     #[tokio::test]
