@@ -130,7 +130,7 @@ impl<A: KeyExtractor, B: KeyExtractor> KeyExtractor for Or<A, B> {
 
 /// An empty key is no key: otherwise every request without one would share
 /// a single bucket.
-pub(crate) fn present(key: Option<String>) -> Option<String> {
+fn present(key: Option<String>) -> Option<String> {
     key.filter(|k| !k.is_empty())
 }
 

@@ -2,6 +2,7 @@
 
 use http::HeaderName;
 use http::request::Parts;
+use std::borrow::Cow;
 
 use super::extractor::{KeyExtractor, Kind};
 use crate::store::{hashed_key, safe_key};
@@ -72,20 +73,30 @@ impl KeyExtractor for Header {
     }
 
     async fn extract(&self, parts: &Parts) -> Option<String> {
+        self.key_of(parts).map(Cow::into_owned)
+    }
+}
+
+impl Header {
+    /// The key of `parts`, as [`extract`](KeyExtractor::extract) makes it,
+    /// borrowed from the request when it is kept as it is (a short, plain
+    /// value with [`verbatim`](Self::verbatim)): the layer uses it without
+    /// a copy of its own.
+    pub(crate) fn key_of<'p>(&self, parts: &'p Parts) -> Option<Cow<'p, str>> {
         let mut values = parts.headers.get_all(&self.name).iter();
         let value = values.next()?;
         if value.is_empty() || values.next().is_some() {
             return None;
         }
         if !self.verbatim {
-            return Some(hashed_key(value.as_bytes()));
+            return Some(Cow::Owned(hashed_key(value.as_bytes())));
         }
         // `safe_key_bytes`, for less: a safe key is visible ASCII, which
         // `to_str` checks more cheaply than UTF-8 validation, and a value
         // that is not is hashed either way.
         Some(match value.to_str() {
-            Ok(text) => safe_key(text).into_owned(),
-            Err(_) => hashed_key(value.as_bytes()),
+            Ok(text) => safe_key(text),
+            Err(_) => Cow::Owned(hashed_key(value.as_bytes())),
         })
     }
 }

@@ -149,7 +149,6 @@ mod route;
 mod tonic_hint;
 
 pub use client_ip::{ClientIp, ClientIpBuilder};
-pub(crate) use combine::present;
 pub use combine::{And, KeyExtractorExt, Or};
 pub use extension::Extension;
 pub use extractor::{KeyExtractor, Kind};

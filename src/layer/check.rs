@@ -9,6 +9,7 @@
 //! whole check as one boxed future ([`check`]). The boxed futures own the
 //! request head, so the request body (`Send` but not `Sync`) is never
 //! borrowed across an `.await`.
+use std::borrow::Cow;
 use std::cell::RefCell;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -30,7 +31,6 @@ use super::report::shadow_report;
 use super::settle::{By, Ticket};
 use crate::decision::Decision;
 use crate::error::Error;
-use crate::key::present;
 use crate::limiter::Decided;
 use crate::policy::Policy;
 use crate::store::{Unsent, in_scratch, into_safe_key};
@@ -61,7 +61,7 @@ pub(crate) enum Now {
     Decided(Verdict),
     /// The key is known, the store has to be asked: send it with
     /// [`check_unsent`].
-    Unsent(Ask, Unsent),
+    Unsent(Ask<'static>, Unsent),
     /// Something has to be awaited (an extractor whose future waits, delay
     /// mode): [`check`] does it all.
     Wait,
@@ -97,7 +97,7 @@ pub(crate) fn check_now(config: &Config, parts: &mut Parts) -> Now {
             });
             match decided {
                 Ok(decided) => outcome(config, ask, decided, None),
-                Err(unsent) => return Now::Unsent(ask, unsent),
+                Err(unsent) => return Now::Unsent(ask.into_owned(), unsent),
             }
         }
     };
@@ -108,7 +108,7 @@ pub(crate) fn check_now(config: &Config, parts: &mut Parts) -> Now {
 pub(crate) async fn check_unsent(
     config: Arc<Config>,
     mut parts: Parts,
-    ask: Ask,
+    ask: Ask<'static>,
     unsent: Unsent,
 ) -> Checked {
     // The limiter's named future, awaited here: an `async fn` in between
@@ -187,13 +187,14 @@ fn verdict(config: &Config, parts: &mut Parts, result: Result<After, Answer>) ->
     Verdict::Forward(after)
 }
 
-/// What a request asks of the store: its policy, key and cost.
-pub(crate) struct Ask {
+/// What a request asks of the store: its policy, key and cost; the key
+/// borrowed from the request (`'p`) when it can be.
+pub(crate) struct Ask<'p> {
     policy: Policy,
     /// The kind of the key's extractor (for answers and reports).
     kind: Arc<str>,
     /// The client key, made safe. The storage key is `policy:kind:value`.
-    value: String,
+    value: Cow<'p, str>,
     cost: u64,
 }
 
@@ -204,7 +205,18 @@ thread_local! {
     static KEY: RefCell<String> = const { RefCell::new(String::new()) };
 }
 
-impl Ask {
+impl Ask<'_> {
+    /// The same, owning its key: for a check that outlives the request
+    /// head's borrow.
+    fn into_owned(self) -> Ask<'static> {
+        Ask {
+            policy: self.policy,
+            kind: self.kind,
+            value: Cow::Owned(self.value.into_owned()),
+            cost: self.cost,
+        }
+    }
+
     /// The storage key, `name:kind:value`, on the heap: for the checks that
     /// keep it (a store that has to be asked, a settlement).
     fn key(&self) -> String {
@@ -227,17 +239,17 @@ impl Ask {
 }
 
 /// A request before the store is asked.
-enum Prepared {
+enum Prepared<'p> {
     /// Decided without the store: `Ok` forwards (exempt, or no key and
     /// missing keys are allowed), `Err` answers.
     Early(Result<After, Answer>),
-    Ask(Ask),
+    Ask(Ask<'p>),
 }
 
 /// Chooses the policy, extracts the key (without waiting unless `wait`: a
 /// waiting extractor then leaves this pending for good) and prices the
 /// request.
-async fn prepare(config: &Config, parts: &Parts, wait: bool) -> Prepared {
+async fn prepare<'p>(config: &Config, parts: &'p Parts, wait: bool) -> Prepared<'p> {
     let (policy, own_key) = match &config.select {
         None => (config.limiter.policy().clone(), None),
         Some(select) => match select(parts) {
@@ -249,12 +261,12 @@ async fn prepare(config: &Config, parts: &Parts, wait: bool) -> Prepared {
     };
     // A table rule with a key of its own uses it; everything else the layer's.
     let key = own_key.as_ref().unwrap_or(&config.key);
-    let (kind, value) = match present(key.extract(parts, wait).await) {
+    let (kind, value) = match present_key(key.extract(parts, wait).await) {
         Some(value) => (key.name(), value),
         None => match &config.missing {
             Missing::Allow => return Prepared::Early(Ok(After::default())),
             Missing::Reject => return Prepared::Early(Err(missing(key))),
-            Missing::Fallback(other) => match present(other.extract(parts, wait).await) {
+            Missing::Fallback(other) => match present_key(other.extract(parts, wait).await) {
                 Some(value) => (other.name(), value),
                 None => {
                     return Prepared::Early(Err(Answer::MissingKey {
@@ -272,12 +284,17 @@ async fn prepare(config: &Config, parts: &Parts, wait: bool) -> Prepared {
         return Prepared::Early(Err(too_costly(cost, policy, kind)));
     }
     // The value is made safe here: `from_fn` extractors return whatever
-    // their closure built. The policy name comes first in the storage key:
-    // policies with different names never share a bucket.
+    // their closure built. A borrowed one is a `Header`'s, already made safe
+    // (see `Extractor::extract`). The policy name comes first in the storage
+    // key: policies with different names never share a bucket.
+    let value = match value {
+        Cow::Borrowed(value) => Cow::Borrowed(value),
+        Cow::Owned(value) => Cow::Owned(into_safe_key(value)),
+    };
     Prepared::Ask(Ask {
         policy,
         kind: Arc::clone(kind),
-        value: into_safe_key(value),
+        value,
         cost,
     })
 }
@@ -286,7 +303,7 @@ async fn prepare(config: &Config, parts: &Parts, wait: bool) -> Prepared {
 /// delay mode, once its hold is over), `Err` to answer it.
 fn outcome(
     config: &Config,
-    ask: Ask,
+    ask: Ask<'_>,
     decided: Decided,
     delayed: Option<Delayed>,
 ) -> Result<After, Answer> {
@@ -379,7 +396,7 @@ fn outcome(
 /// off: admitted if it needs no wait, refused (429) otherwise. So the bound
 /// never refuses a request its bucket admits now, and never holds more. A
 /// free request (cost 0) only looks, and is never held.
-async fn ask(config: &Config, ask: &Ask) -> (Decided, Option<Hold>) {
+async fn ask(config: &Config, ask: &Ask<'_>) -> (Decided, Option<Hold>) {
     let key = &ask.key();
     let Ask {
         policy, kind, cost, ..
@@ -416,6 +433,11 @@ fn bucket_key(name: &str, kind: &str, value: &str) -> String {
     key.push(':');
     key.push_str(value);
     key
+}
+
+/// A key that is there and not empty.
+fn present_key(key: Option<Cow<'_, str>>) -> Option<Cow<'_, str>> {
+    key.filter(|k| !k.is_empty())
 }
 
 fn missing(key: &Extractor) -> Answer {

@@ -2,6 +2,8 @@
 //! `impl Future`, which cannot be called through `dyn`, so the layer keeps
 //! its extractors as [`Extractor`]s.
 
+use std::any::Any;
+use std::borrow::Cow;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -11,7 +13,7 @@ use std::task::{Context, Poll, Waker};
 
 use http::request::Parts;
 
-use crate::key::{KeyExtractor, Kind};
+use crate::key::{Header, KeyExtractor, Kind};
 
 /// A boxed future, as the object-safe extractor wrapper returns.
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -47,16 +49,21 @@ pub(crate) struct Extractor {
     /// Set when the extractor's future was once not ready at its first
     /// poll: from then on it is boxed and awaited (see [`Extraction`]).
     waits: Arc<AtomicBool>,
+    /// The extractor itself when it is a [`Header`], whose key the layer
+    /// borrows from the request instead of taking a copy.
+    header: Option<Header>,
 }
 
 impl Extractor {
     pub(crate) fn new(key: impl KeyExtractor) -> Self {
         let kind = key.kind();
+        let header = (&key as &dyn Any).downcast_ref::<Header>().cloned();
         Extractor {
             name: Arc::from(kind.as_str()),
             kind,
             inner: Arc::new(key),
             waits: Arc::new(AtomicBool::new(false)),
+            header,
         }
     }
 
@@ -74,10 +81,20 @@ impl Extractor {
     /// one of this extractor) is boxed and awaited instead, or, when `wait`
     /// is false (the layer's try without waiting), left for later:
     /// [`Extraction::NotNow`].
-    pub(crate) fn extract<'a>(&'a self, parts: &'a Parts, wait: bool) -> Extraction<'a> {
+    ///
+    /// A [`Header`]'s key is borrowed from the request when it is kept as it
+    /// is (the same key its `extract` returns, without the copy).
+    pub(crate) fn extract<'a, 'p: 'a>(
+        &'a self,
+        parts: &'p Parts,
+        wait: bool,
+    ) -> Extraction<'a, 'p> {
+        if let Some(header) = &self.header {
+            return Extraction::Ready(Some(header.key_of(parts)));
+        }
         if !self.waits.load(Ordering::Relaxed) {
             match self.inner.extract_now(parts) {
-                Poll::Ready(key) => return Extraction::Ready(Some(key)),
+                Poll::Ready(key) => return Extraction::Ready(Some(key.map(Cow::Owned))),
                 Poll::Pending => self.waits.store(true, Ordering::Relaxed),
             }
         }
@@ -89,21 +106,22 @@ impl Extractor {
     }
 }
 
-/// The key of one request: extracted at once, or a future to await.
-pub(crate) enum Extraction<'a> {
-    Ready(Option<Option<String>>),
+/// The key of one request (borrowed from the request `'p`, or owned):
+/// extracted at once, or a future to await.
+pub(crate) enum Extraction<'a, 'p> {
+    Ready(Option<Option<Cow<'p, str>>>),
     Later(BoxFuture<'a, Option<String>>),
     /// Not extracted: the extractor waits, and the caller does not.
     NotNow,
 }
 
-impl Future for Extraction<'_> {
-    type Output = Option<String>;
+impl<'p> Future for Extraction<'_, 'p> {
+    type Output = Option<Cow<'p, str>>;
 
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<String>> {
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.get_mut() {
             Extraction::Ready(key) => Poll::Ready(key.take().flatten()),
-            Extraction::Later(future) => future.as_mut().poll(cx),
+            Extraction::Later(future) => future.as_mut().poll(cx).map(|key| key.map(Cow::Owned)),
             Extraction::NotNow => Poll::Pending,
         }
     }
