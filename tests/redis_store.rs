@@ -457,12 +457,17 @@ async fn the_compact_form_decides_as_the_long_form() {
 #[test]
 fn compact_checks_of_held_buckets_decide_as_the_long_form() {
     const CLOCK: &str = "local now = redis.call(\"TIME\") -- tollgate:clock";
-    assert!(SCRIPT.contains(CLOCK));
-    let source = SCRIPT.replacen(
-        CLOCK,
-        "local now = {math.floor(tonumber(ARGV[1]) / 1000000), tonumber(ARGV[1]) % 1000000}",
-        1,
-    );
+    const MARGIN: &str = "local MARGIN_MS = 1 -- tollgate:margin";
+    assert!(SCRIPT.contains(CLOCK) && SCRIPT.contains(MARGIN));
+    // The clock from ARGV[1] (µs); keys outlive the test (1 000 s), so Redis
+    // expires none of them while the test's clock stands still.
+    let source = SCRIPT
+        .replacen(
+            CLOCK,
+            "local now = {math.floor(tonumber(ARGV[1]) / 1000000), tonumber(ARGV[1]) % 1000000}",
+            1,
+        )
+        .replacen(MARGIN, "local MARGIN_MS = 1000000", 1);
     let server = RedisServer::start();
     // 10 per second: full 10 x 100 000 units, 1 unit a µs.
     let quota = ["1", "1000000", "1", "100000"];

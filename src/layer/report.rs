@@ -183,7 +183,9 @@ thread_local! {
 /// capacity for a client whose bucket refilled since its last request).
 fn one_item_value(item: &str, r: u64, t: Option<u64>) -> Option<HeaderValue> {
     let write = || HeaderValue::try_from(one_item(item, r, t)).ok();
-    WRITTEN.with(|written| {
+    // Written anew while the thread's locals are torn down, or should the
+    // cell be in use.
+    let kept = WRITTEN.try_with(|written| {
         let Ok(mut written) = written.try_borrow_mut() else {
             return write();
         };
@@ -212,7 +214,8 @@ fn one_item_value(item: &str, r: u64, t: Option<u64>) -> Option<HeaderValue> {
             }
         }
         Some(value)
-    })
+    });
+    kept.unwrap_or_else(|_| write())
 }
 
 /// How many decimal digits `n` is written with.
