@@ -326,6 +326,22 @@ async fn both_number_formats_store_and_answer_the_same() {
     }
 }
 
+/// The script on the test's clock, read from `ARGV[1]` (µs), with keys that
+/// outlive the test (1 000 s), so Redis expires none of them while the
+/// test's clock runs apart from its own.
+fn script_on_argv_clock() -> String {
+    const CLOCK: &str = "local now = redis.call(\"TIME\") -- tollgate:clock";
+    const MARGIN: &str = "local MARGIN_MS = 1 -- tollgate:margin";
+    assert!(SCRIPT.contains(CLOCK) && SCRIPT.contains(MARGIN));
+    SCRIPT
+        .replacen(
+            CLOCK,
+            "local now = {math.floor(tonumber(ARGV[1]) / 1000000), tonumber(ARGV[1]) % 1000000}",
+            1,
+        )
+        .replacen(MARGIN, "local MARGIN_MS = 1000000", 1)
+}
+
 /// The script's compact form (`-D`, then one cost per decision; the store
 /// sends it when every decision of a call is a check of one quota) decides
 /// exactly as the long form (`D`, then `1, cost, 1, 0` per decision): the
@@ -334,18 +350,7 @@ async fn both_number_formats_store_and_answer_the_same() {
 /// call.
 #[tokio::test]
 async fn the_compact_form_decides_as_the_long_form() {
-    const CLOCK: &str = "local now = redis.call(\"TIME\") -- tollgate:clock";
-    const MARGIN: &str = "local MARGIN_MS = 1 -- tollgate:margin";
-    assert!(SCRIPT.contains(CLOCK) && SCRIPT.contains(MARGIN));
-    // The clock from ARGV[1] (µs); keys outlive the test (1 000 s), so Redis
-    // expires none of them while the test's clock runs apart from its own.
-    let source = SCRIPT
-        .replacen(
-            CLOCK,
-            "local now = {math.floor(tonumber(ARGV[1]) / 1000000), tonumber(ARGV[1]) % 1000000}",
-            1,
-        )
-        .replacen(MARGIN, "local MARGIN_MS = 1000000", 1);
+    let source = script_on_argv_clock();
     let server = RedisServer::start();
     let mut conn = server.conn();
     // (full, num, den): 10 per second, and a burst of 3 refilled 3 per 2 s.
@@ -456,18 +461,7 @@ async fn the_compact_form_decides_as_the_long_form() {
 /// same checks in the long form, on the same clock.
 #[test]
 fn compact_checks_of_held_buckets_decide_as_the_long_form() {
-    const CLOCK: &str = "local now = redis.call(\"TIME\") -- tollgate:clock";
-    const MARGIN: &str = "local MARGIN_MS = 1 -- tollgate:margin";
-    assert!(SCRIPT.contains(CLOCK) && SCRIPT.contains(MARGIN));
-    // The clock from ARGV[1] (µs); keys outlive the test (1 000 s), so Redis
-    // expires none of them while the test's clock stands still.
-    let source = SCRIPT
-        .replacen(
-            CLOCK,
-            "local now = {math.floor(tonumber(ARGV[1]) / 1000000), tonumber(ARGV[1]) % 1000000}",
-            1,
-        )
-        .replacen(MARGIN, "local MARGIN_MS = 1000000", 1);
+    let source = script_on_argv_clock();
     let server = RedisServer::start();
     // 10 per second: full 10 x 100 000 units, 1 unit a µs.
     let quota = ["1", "1000000", "1", "100000"];
