@@ -145,23 +145,6 @@ pub(crate) fn ratelimit_value(policy: &Policy, decision: &Decision) -> String {
     out
 }
 
-/// The `RateLimit` field value of a one-quota policy, one item: `item`,
-/// `;r=` and `r`, then `;t=` and `t` if there is one. Written into a string
-/// of exactly its length, as [`ratelimit_value`].
-fn one_item(item: &str, r: u64, t: Option<u64>) -> String {
-    let len = item.len() + ";r=".len() + digits(r) + t.map_or(0, |t| ";t=".len() + digits(t));
-    let mut out = String::with_capacity(len);
-    let mut digits = itoa::Buffer::new();
-    out.push_str(item);
-    out.push_str(";r=");
-    out.push_str(digits.format(r));
-    if let Some(t) = t {
-        out.push_str(";t=");
-        out.push_str(digits.format(t));
-    }
-    out
-}
-
 /// The last `RateLimit` value a thread wrote for a one-quota policy, and
 /// what it says.
 struct Written {
@@ -181,8 +164,14 @@ thread_local! {
 /// formatting) while the next ones say the same: clients with room to
 /// spare, the common case, all hear the same `r` and `t` (`r` one below the
 /// capacity for a client whose bucket refilled since its last request).
-fn one_item_value(item: &str, r: u64, t: Option<u64>) -> Option<HeaderValue> {
-    let write = || HeaderValue::try_from(one_item(item, r, t)).ok();
+/// `value` writes it when it is not kept.
+fn one_item_value(
+    item: &str,
+    r: u64,
+    t: Option<u64>,
+    value: impl Fn() -> String,
+) -> Option<HeaderValue> {
+    let write = || HeaderValue::try_from(value()).ok();
     // Written anew while the thread's locals are torn down, or should the
     // cell be in use.
     let kept = WRITTEN.try_with(|written| {
@@ -240,9 +229,12 @@ pub(crate) fn add_report(
             }
             // Item names, `;r=`, `;t=`, digits and ", ": always a valid value.
             let value = match (items(policy), decision.states()) {
-                ([item], [state]) => {
-                    one_item_value(item, sf_integer(state.remaining()), item_t(decision, state))
-                }
+                ([item], [state]) => one_item_value(
+                    item,
+                    sf_integer(state.remaining()),
+                    item_t(decision, state),
+                    || ratelimit_value(policy, decision),
+                ),
                 _ => HeaderValue::try_from(ratelimit_value(policy, decision)).ok(),
             };
             if let Some(v) = value {
