@@ -190,9 +190,11 @@ fn verdict(config: &Config, parts: &mut Parts, result: Result<After, Answer>) ->
 /// What a request asks of the store: its policy, key and cost; the key
 /// borrowed from the request (`'p`) when it can be.
 pub(crate) struct Ask<'p> {
-    policy: Policy,
-    /// The kind of the key's extractor (for answers and reports).
-    kind: Arc<str>,
+    /// Borrowed from the layer's configuration unless a table rule chose it.
+    policy: Cow<'p, Policy>,
+    /// The kind of the key's extractor (for answers and reports), borrowed
+    /// as the policy is.
+    kind: Cow<'p, Arc<str>>,
     /// The client key, made safe. The storage key is `policy:kind:value`.
     value: Cow<'p, str>,
     cost: u64,
@@ -210,8 +212,8 @@ impl Ask<'_> {
     /// head's borrow.
     fn into_owned(self) -> Ask<'static> {
         Ask {
-            policy: self.policy,
-            kind: self.kind,
+            policy: Cow::Owned(self.policy.into_owned()),
+            kind: Cow::Owned(self.kind.into_owned()),
             value: Cow::Owned(self.value.into_owned()),
             cost: self.cost,
         }
@@ -249,25 +251,25 @@ enum Prepared<'p> {
 /// Chooses the policy, extracts the key (without waiting unless `wait`: a
 /// waiting extractor then leaves this pending for good) and prices the
 /// request.
-async fn prepare<'p>(config: &Config, parts: &'p Parts, wait: bool) -> Prepared<'p> {
+async fn prepare<'p>(config: &'p Config, parts: &'p Parts, wait: bool) -> Prepared<'p> {
     let (policy, own_key) = match &config.select {
-        None => (config.limiter.policy().clone(), None),
+        None => (Cow::Borrowed(config.limiter.policy()), None),
         Some(select) => match select(parts) {
-            Selected::Default => (config.limiter.policy().clone(), None),
-            Selected::Policy(p) => (p, None),
-            Selected::Keyed(p, key) => (p, Some(key)),
+            Selected::Default => (Cow::Borrowed(config.limiter.policy()), None),
+            Selected::Policy(p) => (Cow::Owned(p), None),
+            Selected::Keyed(p, key) => (Cow::Owned(p), Some(key)),
             Selected::Exempt => return Prepared::Early(Ok(After::default())),
         },
     };
     // A table rule with a key of its own uses it; everything else the layer's.
     let key = own_key.as_ref().unwrap_or(&config.key);
-    let (kind, value) = match present_key(key.extract(parts, wait).await) {
-        Some(value) => (key.name(), value),
+    let (fallback, value) = match present_key(key.extract(parts, wait).await) {
+        Some(value) => (None, value),
         None => match &config.missing {
             Missing::Allow => return Prepared::Early(Ok(After::default())),
             Missing::Reject => return Prepared::Early(Err(missing(key))),
             Missing::Fallback(other) => match present_key(other.extract(parts, wait).await) {
-                Some(value) => (other.name(), value),
+                Some(value) => (Some(other), value),
                 None => {
                     return Prepared::Early(Err(Answer::MissingKey {
                         kind: format!("{} or {}", key.kind(), other.kind()),
@@ -276,12 +278,19 @@ async fn prepare<'p>(config: &Config, parts: &'p Parts, wait: bool) -> Prepared<
             },
         },
     };
+    // The kind is borrowed from the configuration unless a rule's own key
+    // found it.
+    let kind = match (fallback, &own_key) {
+        (Some(other), _) => Cow::Borrowed(other.name()),
+        (None, None) => Cow::Borrowed(config.key.name()),
+        (None, Some(own)) => Cow::Owned(Arc::clone(own.name())),
+    };
     let cost = match &config.cost {
         Cost::Fixed(n) => *n,
         Cost::Dynamic(f) => f(parts),
     };
     if cost > policy.max_cost() {
-        return Prepared::Early(Err(too_costly(cost, policy, kind)));
+        return Prepared::Early(Err(too_costly(cost, policy.into_owned(), &kind)));
     }
     // The value is made safe here: `from_fn` extractors return whatever
     // their closure built. A borrowed one is a `Header`'s, already made safe
@@ -293,7 +302,7 @@ async fn prepare<'p>(config: &Config, parts: &'p Parts, wait: bool) -> Prepared<
     };
     Prepared::Ask(Ask {
         policy,
-        kind: Arc::clone(kind),
+        kind,
         value,
         cost,
     })
@@ -335,16 +344,16 @@ fn outcome(
     let after = match decided {
         Decided::Store(decision) if decision.allowed() => After {
             ticket: ticket(&decision, &policy, By::Store),
-            headers: Deferred::new(config.headers, policy),
+            headers: Deferred::new(config.headers, &policy),
             decision: Some(decision),
             decision_in_response: false,
             marks: Marks::new(None, None, delayed),
         },
         Decided::Store(decision) => {
             return Err(Answer::TooMany {
-                policy,
+                policy: policy.into_owned(),
                 decision,
-                kind: Arc::clone(&kind),
+                kind: kind.into_owned(),
             });
         }
         // The fallback decided under this instance's share of the quotas:
@@ -355,7 +364,7 @@ fn outcome(
             error,
         } if decision.allowed() => After {
             ticket: ticket(&decision, &policy, By::Fallback(policy.clone())),
-            headers: Deferred::new(config.headers, policy),
+            headers: Deferred::new(config.headers, &policy),
             decision: Some(decision),
             decision_in_response: false,
             marks: Marks::new(Some(StoreFailure::new(error)), None, delayed),
@@ -370,7 +379,7 @@ fn outcome(
             });
         }
         Decided::Failed(Error::CostExceedsCapacity { .. }) => {
-            return Err(too_costly(cost, policy, &kind));
+            return Err(too_costly(cost, policy.into_owned(), &kind));
         }
         // Every other error means no decision could be made; the layer never
         // turns it into a service error. (A full MemoryStore evicts rather

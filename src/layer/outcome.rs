@@ -118,8 +118,11 @@ pub(crate) struct Deferred {
 impl Deferred {
     /// The fields `policy` gives a decision in `style`; none for
     /// [`HeaderStyle::None`].
-    pub(crate) fn new(style: HeaderStyle, policy: Policy) -> Option<Self> {
-        (style != HeaderStyle::None).then_some(Deferred { style, policy })
+    pub(crate) fn new(style: HeaderStyle, policy: &Policy) -> Option<Self> {
+        (style != HeaderStyle::None).then(|| Deferred {
+            style,
+            policy: policy.clone(),
+        })
     }
 }
 

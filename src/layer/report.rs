@@ -262,7 +262,7 @@ pub(crate) fn shadow_report(answer: Answer, style: HeaderStyle) -> After {
         Answer::TooMany {
             policy, decision, ..
         } => After {
-            headers: Deferred::new(style, policy),
+            headers: Deferred::new(style, &policy),
             decision: Some(decision),
             ..After::default()
         },
