@@ -344,7 +344,7 @@ fn outcome(
     let after = match decided {
         Decided::Store(decision) if decision.allowed() => After {
             ticket: ticket(&decision, &policy, By::Store),
-            headers: Deferred::new(config.headers, &policy),
+            headers: Deferred::new(config.headers, policy),
             decision: Some(decision),
             decision_in_response: false,
             marks: Marks::new(None, None, delayed),
@@ -364,7 +364,7 @@ fn outcome(
             error,
         } if decision.allowed() => After {
             ticket: ticket(&decision, &policy, By::Fallback(policy.clone())),
-            headers: Deferred::new(config.headers, &policy),
+            headers: Deferred::new(config.headers, Cow::Owned(policy)),
             decision: Some(decision),
             decision_in_response: false,
             marks: Marks::new(Some(StoreFailure::new(error)), None, delayed),

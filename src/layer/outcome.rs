@@ -3,6 +3,7 @@
 //! them is the job of `http_answer.rs` and `grpc/` (answers) and `future.rs`
 //! (a forwarded response's fields).
 
+use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -118,10 +119,10 @@ pub(crate) struct Deferred {
 impl Deferred {
     /// The fields `policy` gives a decision in `style`; none for
     /// [`HeaderStyle::None`].
-    pub(crate) fn new(style: HeaderStyle, policy: &Policy) -> Option<Self> {
+    pub(crate) fn new(style: HeaderStyle, policy: Cow<'_, Policy>) -> Option<Self> {
         (style != HeaderStyle::None).then(|| Deferred {
             style,
-            policy: policy.clone(),
+            policy: policy.into_owned(),
         })
     }
 }

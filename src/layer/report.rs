@@ -1,6 +1,7 @@
 //! The rate limit headers that describe a decision (IETF draft or legacy),
 //! shared by HTTP and gRPC answers and by forwarded responses.
 
+use std::borrow::Cow;
 use std::cell::RefCell;
 use std::time::Duration;
 
@@ -262,7 +263,7 @@ pub(crate) fn shadow_report(answer: Answer, style: HeaderStyle) -> After {
         Answer::TooMany {
             policy, decision, ..
         } => After {
-            headers: Deferred::new(style, &policy),
+            headers: Deferred::new(style, Cow::Owned(policy)),
             decision: Some(decision),
             ..After::default()
         },
