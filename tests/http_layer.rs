@@ -127,6 +127,58 @@ async fn burst_is_cut_at_capacity_then_admitted_after_retry_after() {
     assert!(again.body.starts_with("allowed=true"), "{}", again.body);
 }
 
+/// `axum_body()` changes only the body type: through a real socket, the
+/// same admissions, headers and 429 answer as the default layer's.
+#[cfg(feature = "axum")]
+#[tokio::test]
+async fn axum_bodies_answer_as_the_wrapped_ones() {
+    let redis = RedisServer::start();
+    let limit = |name: &str| {
+        RateLimitLayer::new(redis.store(), named(name, [slow()]))
+            .key(Header::new("x-client").verbatim())
+    };
+    let wrapped = TestServer::axum(app(limit("api"))).await;
+    let plain = TestServer::axum(
+        Router::new()
+            .route("/", get(echo))
+            .layer(limit("api").axum_body()),
+    )
+    .await;
+    let client = Client::new();
+    let get_as = |server: &TestServer, who: &'static str| {
+        let url = server.url("/");
+        let client = &client;
+        async move { client.get_with(&url, &[("x-client", who.as_bytes())]).await }
+    };
+    for n in 0..4 {
+        // Both servers share the buckets in Redis; each client spends its 3
+        // through one of them. The reset (`t`, `Retry-After`, the 429's
+        // text) may differ by a second between the two: only its presence is
+        // compared.
+        let (a, b) = (get_as(&wrapped, "w").await, get_as(&plain, "p").await);
+        assert_eq!(a.status, b.status, "request {n}: {a:?} / {b:?}");
+        // A 429's text names its wait: compared above by its presence only.
+        if a.status == StatusCode::OK {
+            assert_eq!(a.body, b.body, "request {n}");
+        }
+        for name in ["ratelimit-policy", "content-type", "cache-control"] {
+            assert_eq!(a.header(name), b.header(name), "request {n}: {name}");
+        }
+        let r = |reply: &support::http::Reply| reply.header("ratelimit").map(without_t);
+        assert_eq!(r(&a), r(&b), "request {n}");
+        assert_eq!(a.retry_after().is_some(), b.retry_after().is_some());
+    }
+    // The client spent through the other server is refused here too.
+    let refused = get_as(&plain, "w").await;
+    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
+    assert!(
+        refused.body.starts_with("Too Many Requests"),
+        "{}",
+        refused.body
+    );
+    assert!(refused.retry_after().is_some_and(|s| s > 0), "{refused:?}");
+}
+
 #[tokio::test]
 async fn headers_equal_the_decision_the_handler_sees() {
     let redis = RedisServer::start();

@@ -276,9 +276,11 @@ async fn delay_mode_settles_as_checks_do() {
 
 /// gRPC calls are settled by `grpc-status`: from the trailers after the
 /// body (a call that succeeded, refunded under "count only failures"), or
-/// from the headers of a trailers-only answer (an error, kept).
+/// from the headers of a trailers-only answer (an error, kept). `axum_body`:
+/// the service as an axum router behind `RateLimitLayer::axum_body`, whose
+/// one wrapped body is the one watched for its trailers.
 #[cfg(feature = "tonic")]
-async fn grpc_calls_settle_by_their_status(store: AnyStore) {
+async fn grpc_calls_settle_by_their_status(store: AnyStore, axum_body: bool) {
     use support::grpc::{GrpcServer, within};
     use tonic_health::pb::HealthCheckRequest;
 
@@ -292,7 +294,11 @@ async fn grpc_calls_settle_by_their_status(store: AnyStore) {
     let layer = RateLimitLayer::new(store.clone(), policy())
         .key(Global)
         .count_only_failures();
-    let server = GrpcServer::start(layer).await;
+    let server = match axum_body {
+        #[cfg(feature = "axum")]
+        true => GrpcServer::start_axum(layer.axum_body()).await,
+        _ => GrpcServer::start(layer).await,
+    };
     let mut client = server.client().await;
     let limiter = RateLimiter::new(store, policy());
     let settles_to = |want: u64| {
@@ -330,14 +336,16 @@ async fn grpc_calls_settle_by_their_status(store: AnyStore) {
 #[cfg(feature = "tonic")]
 #[tokio::test]
 async fn grpc_calls_settle_by_their_status_in_memory() {
-    grpc_calls_settle_by_their_status(MemoryStore::new().into()).await;
+    grpc_calls_settle_by_their_status(MemoryStore::new().into(), false).await;
+    #[cfg(feature = "axum")]
+    grpc_calls_settle_by_their_status(MemoryStore::new().into(), true).await;
 }
 
 #[cfg(feature = "tonic")]
 #[tokio::test]
 async fn grpc_calls_settle_by_their_status_on_redis() {
     let redis = RedisServer::start();
-    grpc_calls_settle_by_their_status(redis.store().into()).await;
+    grpc_calls_settle_by_their_status(redis.store().into(), false).await;
 }
 
 /// Redis runs a refund's call and the reply is lost with its connection: the

@@ -65,6 +65,32 @@ impl<B> ResponseBody<B> {
     }
 }
 
+/// What a [`ResponseBody`] holds, taken apart (see
+/// [`Bodies`](super::Bodies)).
+#[cfg(feature = "axum")]
+pub(crate) enum Taken<B> {
+    /// The inner service's body, with nothing to watch.
+    Plain(B),
+    /// The layer's own answer.
+    Own(Option<Bytes>),
+    /// The inner service's body, watched for a gRPC status in its trailers.
+    Watched(ResponseBody<B>),
+}
+
+#[cfg(feature = "axum")]
+impl<B> ResponseBody<B> {
+    pub(crate) fn taken(self) -> Taken<B> {
+        match self.kind {
+            Kind::Inner {
+                body,
+                trailing: None,
+            } => Taken::Plain(body),
+            Kind::Own { data } => Taken::Own(data),
+            kind @ Kind::Inner { .. } => Taken::Watched(ResponseBody { kind }),
+        }
+    }
+}
+
 impl<B> std::fmt::Debug for ResponseBody<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match &self.kind {

@@ -1,6 +1,7 @@
 //! [`ResponseFuture`]: first the check, then the inner service.
 
 use std::future::Future;
+use std::marker::PhantomData;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
@@ -9,6 +10,7 @@ use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
+use super::bodies::{Bodies, Wrapped};
 use super::body::ResponseBody;
 use super::check::{Checked, Verdict};
 use super::dyn_key::BoxFuture;
@@ -23,12 +25,13 @@ pin_project! {
     /// `call`; otherwise it decides the request first (a Redis call, a key
     /// extractor that waits, delay mode), then calls the inner service or
     /// answers by itself.
-    pub struct ResponseFuture<S, ReqBody>
+    pub struct ResponseFuture<S, ReqBody, M = Wrapped>
     where
         S: Service<Request<ReqBody>>,
     {
         #[pin]
         state: State<S, ReqBody>,
+        bodies: PhantomData<fn() -> M>,
     }
 }
 
@@ -59,7 +62,7 @@ pin_project! {
     }
 }
 
-impl<S, ReqBody> ResponseFuture<S, ReqBody>
+impl<S, ReqBody, M> ResponseFuture<S, ReqBody, M>
 where
     S: Service<Request<ReqBody>>,
 {
@@ -71,6 +74,7 @@ where
                 future,
                 after: Some(after),
             },
+            bodies: PhantomData,
         }
     }
 
@@ -78,6 +82,7 @@ where
     pub(crate) fn answered(res: Response<Bytes>) -> Self {
         ResponseFuture {
             state: State::Answered { res: Some(res) },
+            bodies: PhantomData,
         }
     }
 
@@ -89,15 +94,17 @@ where
                 inner: Some(inner),
                 body: Some(body),
             },
+            bodies: PhantomData,
         }
     }
 }
 
-impl<S, ReqBody, ResBody> Future for ResponseFuture<S, ReqBody>
+impl<S, ReqBody, ResBody, M> Future for ResponseFuture<S, ReqBody, M>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    M: Bodies<ResBody>,
 {
-    type Output = Result<Response<ResponseBody<ResBody>>, S::Error>;
+    type Output = Result<Response<M::Body>, S::Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
@@ -108,7 +115,9 @@ where
                     let after = match verdict {
                         Verdict::Respond(res) => {
                             this.state.set(State::Done);
-                            return Poll::Ready(Ok(res.map(ResponseBody::own)));
+                            return Poll::Ready(Ok(
+                                res.map(|data| M::body(ResponseBody::own(data)))
+                            ));
                         }
                         Verdict::Forward(after) => after,
                     };
@@ -134,7 +143,7 @@ where
                         Some(ticket) => settle_now(ticket, res.status(), res.headers()),
                         None => None,
                     };
-                    let mut res = res.map(|body| ResponseBody::settling(body, trailing));
+                    let mut res = res.map(|body| M::body(ResponseBody::settling(body, trailing)));
                     if let Some(after) = after {
                         if let (Some(headers), Some(decision)) = (&after.headers, &after.decision) {
                             add_report(res.headers_mut(), headers.style, &headers.policy, decision);
@@ -172,7 +181,7 @@ where
                         polled_after_completion()
                     };
                     this.state.set(State::Done);
-                    return Poll::Ready(Ok(res.map(ResponseBody::own)));
+                    return Poll::Ready(Ok(res.map(|data| M::body(ResponseBody::own(data)))));
                 }
                 StateProj::Done => polled_after_completion(),
             }

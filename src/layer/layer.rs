@@ -6,6 +6,8 @@ use std::sync::Arc;
 use http::request::Parts;
 use tower_layer::Layer;
 
+#[cfg(feature = "axum")]
+use super::bodies::AxumBody;
 use super::config::{Config, Cost, Holding};
 use super::dyn_key::Extractor;
 use super::options::{Choice, Delay, HeaderStyle, MissingKey, OnStoreError, Rejection};
@@ -299,10 +301,87 @@ impl RateLimitLayer {
     pub fn waiting(&self) -> usize {
         self.config.delay.as_ref().map_or(0, Holding::waiting)
     }
+
+    /// The same layer for axum services, whose responses keep axum's `Body`
+    /// instead of a [`ResponseBody`](super::ResponseBody) around it: the last
+    /// call of the configuration.
+    ///
+    /// axum's `Router::layer` and `route_layer` turn every other body type
+    /// into a `Body` by boxing it, once per response, and every frame then
+    /// passes through both. With this, a forwarded response's body is passed
+    /// on as it is, which saves that allocation and those calls. The layer's
+    /// own answers become `Body`s of their bytes (one allocation, as before),
+    /// and the one forwarded body still wrapped (and so boxed) is a gRPC
+    /// response whose cost is settled by the status in its trailers
+    /// ([`settle`](Self::settle)).
+    ///
+    /// The inner service must answer `Response<axum::body::Body>`, as axum's
+    /// routers, routes and handlers do; anything else keeps the default
+    /// layer. The layer returned is configured: keep a clone of this one to
+    /// read [`waiting`](Self::waiting) (the two share their state), or call
+    /// it on the returned layer.
+    ///
+    /// ```
+    /// use axum::{Router, routing::get};
+    /// use tollgate::{MemoryStore, Quota, RateLimitLayer};
+    ///
+    /// let limit = RateLimitLayer::new(MemoryStore::new(), Quota::per_second(10).unwrap());
+    /// let app: Router = Router::new()
+    ///     .route("/", get(|| async { "hello" }))
+    ///     .layer(limit.axum_body());
+    /// ```
+    #[cfg(feature = "axum")]
+    pub fn axum_body(self) -> AxumRateLimitLayer {
+        AxumRateLimitLayer {
+            config: self.config,
+        }
+    }
 }
 
 impl<S> Layer<S> for RateLimitLayer {
     type Service = RateLimit<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        RateLimit::new(inner, Arc::clone(&self.config))
+    }
+}
+
+/// A [`RateLimitLayer`] whose responses keep axum's `Body`: see
+/// [`RateLimitLayer::axum_body`].
+#[cfg(feature = "axum")]
+#[derive(Clone)]
+#[must_use]
+pub struct AxumRateLimitLayer {
+    config: Arc<Config>,
+}
+
+#[cfg(feature = "axum")]
+impl AxumRateLimitLayer {
+    /// The policy of requests that no table rule or selector chose: see
+    /// [`RateLimitLayer::default_policy`].
+    pub fn default_policy(&self) -> &Policy {
+        self.config.limiter.policy()
+    }
+
+    /// In delay mode, how many requests this layer (with its clones and the
+    /// layer it was made from) holds now: see [`RateLimitLayer::waiting`].
+    pub fn waiting(&self) -> usize {
+        self.config.delay.as_ref().map_or(0, Holding::waiting)
+    }
+}
+
+#[cfg(feature = "axum")]
+impl fmt::Debug for AxumRateLimitLayer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("AxumRateLimitLayer")
+            .field(&self.config)
+            .finish()
+    }
+}
+
+#[cfg(feature = "axum")]
+impl<S> Layer<S> for AxumRateLimitLayer {
+    type Service = RateLimit<S, AxumBody>;
 
     fn layer(&self, inner: S) -> Self::Service {
         RateLimit::new(inner, Arc::clone(&self.config))

@@ -15,6 +15,7 @@
 // (table_file) -> layer.
 // tests/layout.rs checks that no file of src/ imports, directly or not, a
 // file that imports it.
+mod bodies;
 mod body;
 mod check;
 mod config;
@@ -30,12 +31,16 @@ mod outcome;
 mod report;
 mod rule;
 mod rule_key;
+mod sealed;
 mod service;
 mod settle;
 mod table;
 #[cfg(feature = "serde")]
 mod table_file;
 
+#[cfg(feature = "axum")]
+pub use bodies::AxumBody;
+pub use bodies::{Bodies, Wrapped};
 pub use body::ResponseBody;
 pub use future::ResponseFuture;
 pub use grpc::{GRPC_RETRY_PUSHBACK_MS, grpc_method, is_grpc};
@@ -43,6 +48,8 @@ pub use headers::{
     RATELIMIT, RATELIMIT_POLICY, STORE_RETRY_AFTER, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING,
     X_RATELIMIT_RESET,
 };
+#[cfg(feature = "axum")]
+pub use layer::AxumRateLimitLayer;
 pub use layer::RateLimitLayer;
 pub use options::{
     Choice, DEFAULT_MAX_WAITING, Delay, HeaderStyle, MissingKey, OnStoreError, Rejection,

@@ -1,13 +1,14 @@
 //! [`RateLimit`]: the middleware service.
 
 use std::fmt;
+use std::marker::PhantomData;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use http::{Request, Response};
 use tower_service::Service;
 
-use super::body::ResponseBody;
+use super::bodies::{Bodies, Wrapped};
 use super::check::{Checked, Now, Verdict, check, check_now, check_unsent};
 use super::config::Config;
 use super::dyn_key::BoxFuture;
@@ -17,17 +18,25 @@ use super::future::ResponseFuture;
 ///
 /// Built by [`RateLimitLayer`](super::RateLimitLayer); see the
 /// [module docs](crate::layer) for an example and the responses it sends. Its
-/// responses carry a [`ResponseBody`] around the inner service's body, so the
-/// layer can answer by itself whatever that body type is.
+/// responses carry a [`ResponseBody`](super::ResponseBody) around the inner
+/// service's body, so the layer can answer by itself whatever that body type
+/// is; with `M` = [`AxumBody`](super::AxumBody)
+/// ([`RateLimitLayer::axum_body`](super::RateLimitLayer::axum_body)) they keep
+/// axum's `Body` (see [`Bodies`]).
 #[must_use]
-pub struct RateLimit<S> {
+pub struct RateLimit<S, M = Wrapped> {
     inner: S,
     config: Arc<Config>,
+    bodies: PhantomData<fn() -> M>,
 }
 
-impl<S> RateLimit<S> {
+impl<S, M> RateLimit<S, M> {
     pub(crate) fn new(inner: S, config: Arc<Config>) -> Self {
-        RateLimit { inner, config }
+        RateLimit {
+            inner,
+            config,
+            bodies: PhantomData,
+        }
     }
 
     /// The inner service.
@@ -46,13 +55,13 @@ impl<S> RateLimit<S> {
     }
 }
 
-impl<S: Clone> Clone for RateLimit<S> {
+impl<S: Clone, M> Clone for RateLimit<S, M> {
     fn clone(&self) -> Self {
         RateLimit::new(self.inner.clone(), Arc::clone(&self.config))
     }
 }
 
-impl<S: fmt::Debug> fmt::Debug for RateLimit<S> {
+impl<S: fmt::Debug, M> fmt::Debug for RateLimit<S, M> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimit")
             .field("inner", &self.inner)
@@ -61,13 +70,14 @@ impl<S: fmt::Debug> fmt::Debug for RateLimit<S> {
     }
 }
 
-impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S>
+impl<S, ReqBody, ResBody, M> Service<Request<ReqBody>> for RateLimit<S, M>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
+    M: Bodies<ResBody>,
 {
-    type Response = Response<ResponseBody<ResBody>>;
+    type Response = Response<M::Body>;
     type Error = S::Error;
-    type Future = ResponseFuture<S, ReqBody>;
+    type Future = ResponseFuture<S, ReqBody, M>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)

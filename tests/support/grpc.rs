@@ -137,6 +137,36 @@ impl GrpcServer {
         }
     }
 
+    /// The health service as an axum router (tonic's
+    /// `Routes::into_axum_router`) behind `layer` (made with
+    /// `RateLimitLayer::axum_body`), served by tonic's server: the layer's
+    /// responses keep axum's `Body`.
+    #[cfg(feature = "axum")]
+    pub async fn start_axum(layer: tollgate::layer::AxumRateLimitLayer) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("local addr");
+        let (reporter, health) = tonic_health::server::health_reporter();
+        let (tx, rx) = oneshot::channel::<()>();
+        let router = tonic::service::Routes::new(health)
+            .into_axum_router()
+            .layer(layer);
+        let task = tokio::spawn(async move {
+            let _ = Server::builder()
+                .add_routes(tonic::service::Routes::from(router))
+                .serve_with_incoming_shutdown(TcpIncoming::from(listener), async {
+                    let _ = rx.await;
+                })
+                .await;
+        });
+        GrpcServer {
+            addr,
+            tls: None,
+            reporter,
+            shutdown: Some(tx),
+            task,
+        }
+    }
+
     /// Like [`start`](Self::start), with a [`Probe`] between the rate limit
     /// layer and the health service, so clients see in the metadata what
     /// the service saw in its request extensions.

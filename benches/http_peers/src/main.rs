@@ -98,7 +98,8 @@ mod tollgate_limiter {
     /// up as non-2xx responses instead of as free throughput.
     ///
     /// `bare`: no rate limit headers (`HeaderStyle::None`) instead of the
-    /// default IETF `RateLimit` headers.
+    /// default IETF `RateLimit` headers. Responses keep axum's `Body`
+    /// (`axum_body()`), as tower_governor's do.
     pub(crate) fn layer(
         router: Router,
         case: Case,
@@ -117,13 +118,15 @@ mod tollgate_limiter {
                 RateLimitLayer::new(MemoryStore::new(), quota)
                     .key(key)
                     .headers(headers)
-                    .on_store_error(OnStoreError::Deny),
+                    .on_store_error(OnStoreError::Deny)
+                    .axum_body(),
             ),
             Some(url) => router.layer(
                 RateLimitLayer::new(RedisStore::from_url(url)?, quota)
                     .key(key)
                     .headers(headers)
-                    .on_store_error(OnStoreError::Deny),
+                    .on_store_error(OnStoreError::Deny)
+                    .axum_body(),
             ),
         })
     }
@@ -148,7 +151,8 @@ mod tollgate_limiter {
         let layer = RateLimitLayer::new(store.clone(), quota(case)?)
             .key(Header::new(KEY_HEADER).verbatim())
             .headers(headers)
-            .on_store_error(OnStoreError::Deny);
+            .on_store_error(OnStoreError::Deny)
+            .axum_body();
         Ok((router.layer(layer), store))
     }
 
