@@ -17,7 +17,11 @@ use tonic::transport::{
 };
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_client::HealthClient;
-use tonic_health::server::HealthReporter;
+use tonic_health::pb::health_server::HealthServer;
+use tonic_health::server::{HealthReporter, HealthService};
+
+/// What ends a test server: its handle dropped (see [`GrpcServer`]).
+type Shutdown = std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// `/grpc.health.v1.Health/Check`, the unary method of the health service.
 pub const CHECK: &str = "/grpc.health.v1.Health/Check";
@@ -110,31 +114,20 @@ impl GrpcServer {
     }
 
     async fn serve(layer: RateLimitLayer, identity: Option<(String, String)>) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let addr = listener.local_addr().expect("local addr");
-        let (reporter, health) = tonic_health::server::health_reporter();
-        let (tx, rx) = oneshot::channel::<()>();
         let mut builder = Server::builder();
         if let Some((cert, key)) = &identity {
             let tls = ServerTlsConfig::new().identity(Identity::from_pem(cert, key));
             builder = builder.tls_config(tls).expect("server TLS configuration");
         }
-        let task = tokio::spawn(async move {
+        let cert = identity.map(|(cert, _)| cert);
+        Self::spawn(cert, |health, incoming, shutdown| async move {
             let _ = builder
                 .layer(layer)
                 .add_service(health)
-                .serve_with_incoming_shutdown(TcpIncoming::from(listener), async {
-                    let _ = rx.await;
-                })
+                .serve_with_incoming_shutdown(incoming, shutdown)
                 .await;
-        });
-        GrpcServer {
-            addr,
-            tls: identity.map(|(cert, _)| cert),
-            reporter,
-            shutdown: Some(tx),
-            task,
-        }
+        })
+        .await
     }
 
     /// The health service as an axum router (tonic's
@@ -143,52 +136,55 @@ impl GrpcServer {
     /// responses keep axum's `Body`.
     #[cfg(feature = "axum")]
     pub async fn start_axum(layer: tollgate::layer::AxumRateLimitLayer) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let addr = listener.local_addr().expect("local addr");
-        let (reporter, health) = tonic_health::server::health_reporter();
-        let (tx, rx) = oneshot::channel::<()>();
-        let router = tonic::service::Routes::new(health)
-            .into_axum_router()
-            .layer(layer);
-        let task = tokio::spawn(async move {
+        Self::spawn(None, |health, incoming, shutdown| async move {
+            let router = tonic::service::Routes::new(health)
+                .into_axum_router()
+                .layer(layer);
             let _ = Server::builder()
                 .add_routes(tonic::service::Routes::from(router))
-                .serve_with_incoming_shutdown(TcpIncoming::from(listener), async {
-                    let _ = rx.await;
-                })
+                .serve_with_incoming_shutdown(incoming, shutdown)
                 .await;
-        });
-        GrpcServer {
-            addr,
-            tls: None,
-            reporter,
-            shutdown: Some(tx),
-            task,
-        }
+        })
+        .await
     }
 
     /// Like [`start`](Self::start), with a [`Probe`] between the rate limit
     /// layer and the health service, so clients see in the metadata what
     /// the service saw in its request extensions.
     pub async fn start_probed(layer: RateLimitLayer) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let addr = listener.local_addr().expect("local addr");
-        let (reporter, health) = tonic_health::server::health_reporter();
-        let (tx, rx) = oneshot::channel::<()>();
-        let task = tokio::spawn(async move {
+        Self::spawn(None, |health, incoming, shutdown| async move {
             // The first layer added is the outer one: the probe runs inside.
             let _ = Server::builder()
                 .layer(layer)
                 .layer(tower::layer::layer_fn(Probe))
                 .add_service(health)
-                .serve_with_incoming_shutdown(TcpIncoming::from(listener), async {
-                    let _ = rx.await;
-                })
+                .serve_with_incoming_shutdown(incoming, shutdown)
                 .await;
+        })
+        .await
+    }
+
+    /// Binds a free loopback port and runs `serve(health, incoming,
+    /// shutdown)` in a task: the health service, the port's connections, and
+    /// what ends the server when its handle drops. `tls`: the certificate the
+    /// server presents, if it serves TLS.
+    async fn spawn<F, Fut>(tls: Option<String>, serve: F) -> Self
+    where
+        F: FnOnce(HealthServer<HealthService>, TcpIncoming, Shutdown) -> Fut,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("local addr");
+        let reporter = HealthReporter::new();
+        let health = HealthServer::new(HealthService::from_health_reporter(reporter.clone()));
+        let (tx, rx) = oneshot::channel::<()>();
+        let shutdown = Box::pin(async move {
+            let _ = rx.await;
         });
+        let task = tokio::spawn(serve(health, TcpIncoming::from(listener), shutdown));
         GrpcServer {
             addr,
-            tls: None,
+            tls,
             reporter,
             shutdown: Some(tx),
             task,
