@@ -332,9 +332,7 @@ impl RateLimitLayer {
     /// ```
     #[cfg(feature = "axum")]
     pub fn axum_body(self) -> AxumRateLimitLayer {
-        AxumRateLimitLayer {
-            config: self.config,
-        }
+        AxumRateLimitLayer { layer: self }
     }
 }
 
@@ -352,7 +350,7 @@ impl<S> Layer<S> for RateLimitLayer {
 #[derive(Clone)]
 #[must_use]
 pub struct AxumRateLimitLayer {
-    config: Arc<Config>,
+    layer: RateLimitLayer,
 }
 
 #[cfg(feature = "axum")]
@@ -360,13 +358,13 @@ impl AxumRateLimitLayer {
     /// The policy of requests that no table rule or selector chose: see
     /// [`RateLimitLayer::default_policy`].
     pub fn default_policy(&self) -> &Policy {
-        self.config.limiter.policy()
+        self.layer.default_policy()
     }
 
     /// In delay mode, how many requests this layer (with its clones and the
     /// layer it was made from) holds now: see [`RateLimitLayer::waiting`].
     pub fn waiting(&self) -> usize {
-        self.config.delay.as_ref().map_or(0, Holding::waiting)
+        self.layer.waiting()
     }
 }
 
@@ -374,7 +372,7 @@ impl AxumRateLimitLayer {
 impl fmt::Debug for AxumRateLimitLayer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_tuple("AxumRateLimitLayer")
-            .field(&self.config)
+            .field(&self.layer)
             .finish()
     }
 }
@@ -384,7 +382,7 @@ impl<S> Layer<S> for AxumRateLimitLayer {
     type Service = RateLimit<S, AxumBody>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        RateLimit::new(inner, Arc::clone(&self.config))
+        RateLimit::new(inner, Arc::clone(&self.layer.config))
     }
 }
 
