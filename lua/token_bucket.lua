@@ -19,10 +19,12 @@
 --             take on (0 for a check; for a reservation, the level may go that
 --             many units below zero: the reserved tokens are due later; -1 on
 --             every quota for an adjustment after the fact, see `adjust`;
---             -2 on every quota for a lease, then five more arguments: the
+--             -2 on every quota for a lease, then seven more arguments: the
 --             hold's id, the most tokens wanted, its lifetime in
---             microseconds, and a report it carries: a hold's id ("0":
---             none) and what it spent; -3 on every quota for a lease's report, then the
+--             microseconds, a report it carries: a hold's id ("0":
+--             none) and what it spent, and its roomy size and lifetime (0 0:
+--             none), asked for instead when every bucket is at least 3/4 free
+--             besides the cost; -3 on every quota for a lease's report, then the
 --             hold's id, the cost being the tokens it spent. See "Leases").
 --             Compact form, when every decision is a check (no debt) of the
 --             first quota alone: -D, then per decision only its cost. It
@@ -54,8 +56,9 @@
 -- that nobody else can spend, so the bucket's bound holds as without leases.
 --
 -- Reply, per decision: allowed (1/0), then per quota: remaining, wait_us,
--- reset_after_us, then, for a lease, the tokens granted (0: none) and
--- whether the hold it reports was there, and, for a report, 1 if the hold
+-- reset_after_us, then, for a lease, the tokens granted (0: none) and its
+-- flags: 1 if the hold it reports was there, plus 2 if it got its roomy size
+-- and lifetime (never for a lease sent again), and, for a report, 1 if the hold
 -- was there (0: it expired, or was reported before); all integers below 2^53, sent as one string of
 -- little-endian doubles (struct.pack "<d" each; see the end), which loses
 -- nothing.
@@ -522,7 +525,9 @@ if rest <= (nd < 0 and -nd or nd) then
         a = a + 2
         local id, want, life = ARGV[a + 2 * n], ARGV[a + 2 * n + 1] + 0, ARGV[a + 2 * n + 2] + 0
         local rid, rspent = ARGV[a + 2 * n + 3], ARGV[a + 2 * n + 4] + 0
-        local allowed, grant, again, found = true, want, nil, 0
+        local rwant, rlife = ARGV[a + 2 * n + 5] + 0, ARGV[a + 2 * n + 6] + 0
+        local allowed, grant, again, found = true, nil, nil, 0
+        local roomy = rwant > 0
         for i = 1, n do
           local q = known[ARGV[a]] or ARGV[a] + 0
           a = a + 2
@@ -547,16 +552,25 @@ if rest <= (nd < 0 and -nd or nd) then
           if free < 0 then
             allowed = false
           end
+          if 4 * free < 3 * full then
+            roomy = false
+          end
           -- At most half of what the cost leaves, in whole tokens.
           local share = 0
           if free > 0 and (holds == nil or #holds < MAX_HOLDS) then
             share = floor(free / (2 * den))
           end
-          if share < grant then
+          if grant == nil or share < grant then
             grant = share
           end
         end
-        a = a + 5
+        if roomy then
+          want, life = rwant, rlife
+        end
+        if want < grant then
+          grant = want
+        end
+        a = a + 7
         r = r + 1
         if again then
           -- Resent: it was admitted and granted; answered as it was, with
@@ -565,7 +579,7 @@ if rest <= (nd < 0 and -nd or nd) then
           for i = 1, n do
             finish(KEYS[k + i - 1], qs[i], lv[i], st[i], 0, true, found == 1, hs[i])
           end
-          grant = again
+          grant, roomy = again, false
         else
           reply[r] = allowed and 1 or 0
           if not allowed or grant < 1 then
@@ -582,7 +596,7 @@ if rest <= (nd < 0 and -nd or nd) then
             finish(KEYS[k + i - 1], q, lv[i], st[i], cost * dens[q], allowed, write, holds)
           end
         end
-        reply[r + 1], reply[r + 2] = grant, found
+        reply[r + 1], reply[r + 2] = grant, found + (roomy and 2 or 0)
         r = r + 2
         k = k + n
       elseif marker == -3 then

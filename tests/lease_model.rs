@@ -26,6 +26,9 @@ use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use support::RedisServer;
 use tollgate::{Policy, Quota, RedisStore};
 
+/// How many times its plain life a roomy lease lives.
+const ROOMY_LIVES: u64 = 32;
+
 /// A realistic Redis clock (microseconds since the epoch, November 2025).
 const EPOCH_US: u64 = 1_763_000_000_000_000;
 
@@ -41,12 +44,16 @@ enum Step {
     /// An instance spends from its oldest hold in process, if it can.
     Local { inst: usize, cost: u64 },
     /// An instance asks for a lease, carrying the report of its oldest
-    /// closed hold if `carry`. When `lost`, the reply is lost and the store
-    /// sends the same request again, as it does after a broken connection.
+    /// closed hold if `carry`, and naming a roomy size (0: none; granted
+    /// instead, for 32 times the life, when the bucket is at least 3/4
+    /// free). When `lost`,
+    /// the reply is lost and the store sends the same request again, as it
+    /// does after a broken connection.
     Lease {
         inst: usize,
         want: u64,
         life_ms: u64,
+        roomy: u64,
         carry: bool,
         lost: bool,
     },
@@ -62,11 +69,19 @@ fn step() -> impl Strategy<Value = Step> {
         1 => (0..300_000u64).prop_map(Step::ClockBack),
         4 => (1..4u64).prop_map(|cost| Step::Check { cost }),
         8 => (0..3usize, 1..3u64).prop_map(|(inst, cost)| Step::Local { inst, cost }),
-        3 => (0..3usize, 1..30u64, 50..3_000u64, any::<bool>(), prop::bool::weighted(0.2))
-            .prop_map(|(inst, want, life_ms, carry, lost)| Step::Lease {
+        3 => (
+            0..3usize,
+            1..30u64,
+            50..3_000u64,
+            prop_oneof![Just(0u64), 1..60u64],
+            any::<bool>(),
+            prop::bool::weighted(0.2)
+        )
+            .prop_map(|(inst, want, life_ms, roomy, carry, lost)| Step::Lease {
                 inst,
                 want,
                 life_ms,
+                roomy,
                 carry,
                 lost
             }),
@@ -181,6 +196,8 @@ struct Request {
     id: u64,
     want: u64,
     life_ms: u64,
+    /// The roomy size (0: none).
+    roomy: u64,
     report: Option<(u64, u64)>,
 }
 
@@ -195,6 +212,7 @@ struct Tally {
     gone: AtomicU64,
     again: AtomicU64,
     expired_here: AtomicU64,
+    roomy: AtomicU64,
 }
 
 fn bump(counter: &AtomicU64) {
@@ -281,6 +299,7 @@ fn run_case(rig: &Rig, key: &str, quota: Quota, steps: &[Step]) -> Result<(), Fa
                 inst,
                 want,
                 life_ms,
+                roomy,
                 carry,
                 lost,
             } => {
@@ -299,6 +318,7 @@ fn run_case(rig: &Rig, key: &str, quota: Quota, steps: &[Step]) -> Result<(), Fa
                     id,
                     want,
                     life_ms,
+                    roomy,
                     report,
                 };
                 if lost {
@@ -408,17 +428,25 @@ fn lease(
         id,
         want,
         life_ms,
+        roomy,
         report,
     } = request;
     let quota = policy.quotas()[0];
     let d = den(&quota);
-    let life = Duration::from_millis(life_ms);
-    let (got, granted, found) = rig
+    let full = quota.capacity() * d;
+    let (got, granted, found, got_roomy) = rig
         .runtime
-        .block_on(
-            rig.store
-                .lease_at(key, policy, 0, want, life, id, report, redis_now),
-        )
+        .block_on(rig.store.lease_at(
+            key,
+            policy,
+            0,
+            want,
+            Duration::from_millis(life_ms),
+            id,
+            report,
+            roomy,
+            redis_now,
+        ))
         .map_err(|e| Failure::Mismatch(format!("step {i}: lease failed: {e}")))?;
     let (mut level, stamp, mut holds) = read(stored, &quota, redis_now);
     let mut model_found = false;
@@ -429,14 +457,22 @@ fn lease(
         let h = holds.remove(at);
         level -= ((spent * d).min(h.units)) as i64;
     }
-    let (model_grant, write) = if let Some(h) = holds.iter().find(|h| h.id == id) {
-        (h.units / d, model_found)
+    // A lease sent again is answered as it was, never as roomy: its
+    // holder then uses it for the plain life, which is never longer.
+    let (model_grant, write, model_roomy) = if let Some(h) = holds.iter().find(|h| h.id == id) {
+        (h.units / d, model_found, false)
     } else {
         let free = level - held(&holds);
         let share = if free > 0 && holds.len() < 16 {
             free as u64 / (2 * d)
         } else {
             0
+        };
+        let (want, life_ms, is_roomy) = if roomy > 0 && 4 * i128::from(free) >= 3 * i128::from(full)
+        {
+            (roomy, ROOMY_LIVES * life_ms, true)
+        } else {
+            (want, life_ms, false)
         };
         let grant = want.min(share);
         if grant > 0 {
@@ -446,14 +482,24 @@ fn lease(
                 expiry: redis_now + life_ms * 1_000,
             });
         }
-        (grant, grant > 0 || model_found)
+        (grant, grant > 0 || model_found, is_roomy)
     };
-    if !got.allowed() || granted != model_grant || found != model_found {
+    if !got.allowed() || granted != model_grant || found != model_found || got_roomy != model_roomy
+    {
         return Err(Failure::Mismatch(format!(
-            "step {i}: lease {id} (resent {resent}): got {} / {granted} / {found}, model {model_grant} / {model_found}",
+            "step {i}: lease {id} (resent {resent}): got {} / {granted} / {found} / roomy {got_roomy}, model {model_grant} / {model_found} / roomy {model_roomy}",
             got.allowed()
         )));
     }
+    if got_roomy {
+        bump(&rig.tally.roomy);
+    }
+    // The life the holder uses: the one the reply says it got.
+    let life_ms = if got_roomy {
+        ROOMY_LIVES * life_ms
+    } else {
+        life_ms
+    };
     if got.remaining() != remaining(level, &holds, &quota) {
         return Err(Failure::Mismatch(format!(
             "step {i}: lease {id}: remaining {} against the model's {}",
@@ -541,6 +587,7 @@ fn leases_keep_the_bound_and_agree_with_the_model() {
         ("reports that found their hold", &t.found),
         ("reports of a hold Redis had expired", &t.gone),
         ("holds not spent once past their time here", &t.expired_here),
+        ("roomy leases granted", &t.roomy),
     ];
     for (what, n) in counts {
         let n = n.load(Ordering::Relaxed);

@@ -13,8 +13,8 @@ use crate::quota::Quota;
 ///
 /// A decision with numbers in `extra` (a lease: 2, a report: 1) has them
 /// after its quotas' figures, and they take the wait's place: a report's
-/// one as it is, a lease's two as twice the first plus the second (a 0 or
-/// a 1).
+/// one as it is, a lease's two packed as [`LeaseReply::packed`] reads
+/// them.
 pub(crate) fn outcomes(
     shapes: &[Policy],
     extra: &[u8],
@@ -83,11 +83,11 @@ pub(crate) fn outcomes(
         };
         match *rest {
             [first, second, ref tail @ ..] if more(i) == 2 => {
-                let flag = number(second)?;
-                if flag > 1 {
+                let flags = number(second)?;
+                if flags > 3 {
                     return Err(malformed());
                 }
-                wait = number(first)?.checked_mul(2).ok_or_else(malformed)? + flag;
+                wait = number(first)?.checked_mul(4).ok_or_else(malformed)? + flags;
                 rest = tail;
             }
             [first, ref tail @ ..] if more(i) == 1 => {
@@ -100,6 +100,29 @@ pub(crate) fn outcomes(
         out.push((decision, wait));
     }
     Ok(out)
+}
+
+/// What the script answered a lease: the tokens granted (0: none), whether
+/// the report it carried found its hold, and whether it got its roomy size
+/// and life (every bucket was at least 3/4 free besides its cost).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct LeaseReply {
+    pub(crate) granted: u64,
+    pub(crate) found: bool,
+    pub(crate) roomy: bool,
+}
+
+impl LeaseReply {
+    /// Read from the number [`outcomes`] gives a lease: four times the
+    /// grant, plus 1 if the report found its hold, plus 2 if roomy (the
+    /// script's second number, `found + 2 * roomy`).
+    pub(crate) fn packed(packed: u64) -> Self {
+        LeaseReply {
+            granted: packed >> 2,
+            found: packed & 1 == 1,
+            roomy: packed & 2 == 2,
+        }
+    }
 }
 
 /// The script's reply read as numbers. The script packs them into one string
@@ -186,6 +209,30 @@ mod tests {
         let shapes = [Policy::from(Quota::per_second(1).unwrap())];
         let nan = read(Value::BulkString(packed(&[1.0, 0.0, 0.0, f64::NAN]))).unwrap();
         let err = outcomes(&shapes, &[], &nan).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Server, "{err:?}");
+    }
+
+    #[test]
+    fn a_lease_reply_reads_its_grant_and_both_flags() {
+        let shapes = [Policy::from(Quota::per_second(1).unwrap())];
+        for (flags, found, roomy) in [
+            (0, false, false),
+            (1, true, false),
+            (2, false, true),
+            (3, true, true),
+        ] {
+            let out = outcomes(&shapes, &[2], &[1, 0, 0, 0, 7, flags]).unwrap();
+            let reply = LeaseReply::packed(out[0].1);
+            assert_eq!(
+                reply,
+                LeaseReply {
+                    granted: 7,
+                    found,
+                    roomy
+                }
+            );
+        }
+        let err = outcomes(&shapes, &[2], &[1, 0, 0, 0, 7, 4]).unwrap_err();
         assert_eq!(err.kind(), ErrorKind::Server, "{err:?}");
     }
 

@@ -8,6 +8,7 @@ use redis::aio::ConnectionLike;
 use redis::{RedisError, ServerErrorKind};
 
 use super::decode::{self, Numbers};
+use super::lease::ROOMY;
 use super::script::Script;
 use crate::decision::Decision;
 use crate::error::Error;
@@ -29,13 +30,17 @@ pub(crate) enum Spend {
     /// `life_us` microseconds of Redis time (see [`super::lease`]). Sent
     /// again, it is answered as it was the first time. It may carry the
     /// report of an earlier hold of the same buckets (`report`: its id and
-    /// what it spent), made first.
+    /// what it spent), made first. With a `roomy_want` (0: none), a lease
+    /// on buckets that are all at least 3/4 free besides its cost asks for
+    /// that many tokens instead, for [`ROOMY`] times the life; the reply
+    /// says which it got.
     Lease {
         cost: u64,
         want: u64,
         life_us: u64,
         id: u64,
         report: Option<(u64, u64)>,
+        roomy_want: u64,
     },
     /// Hold `id` spent `spent` tokens: debit them and release the rest.
     Report { spent: u64, id: u64 },
@@ -73,8 +78,9 @@ pub(crate) struct Batch {
     /// Per decision: its policy, whose quotas read the reply back.
     shapes: Vec<Policy>,
     /// Per decision: how many numbers its reply has after its quotas'
-    /// figures (a lease: its grant and whether its report found its hold;
-    /// a report: whether it found its hold).
+    /// figures (a lease: its grant, and whether its report found its hold
+    /// and whether it got its roomy size; a report: whether it found its
+    /// hold).
     extra: Vec<u8>,
     /// Per decision: n, cost, then per quota: 1-based quota index, debt
     /// (-1 on every quota of an adjustment, whose cost is signed).
@@ -172,15 +178,19 @@ impl Batch {
                 life_us,
                 id,
                 report,
+                roomy_want,
                 ..
             } => {
                 let (rid, rspent) = report.unwrap_or((0, 0));
+                let roomy_life_us = life_us.saturating_mul(u64::from(ROOMY));
                 self.args.extend([
                     signed(id),
                     signed(want),
                     signed(life_us),
                     signed(rid),
                     signed(rspent),
+                    signed(roomy_want),
+                    signed(roomy_life_us),
                 ]);
             }
             Spend::Report { id, .. } => self.args.push(signed(id)),
@@ -314,8 +324,8 @@ impl Batch {
 
     /// What the reply says of each decision, in order: the decision and, for
     /// an admitted reservation, the wait until its tokens are due (for a
-    /// lease: twice the tokens granted, plus 1 if the hold it reports was
-    /// there; for a report: 1 if its hold was there).
+    /// lease: [`LeaseReply::packed`](super::decode::LeaseReply); for a
+    /// report: 1 if its hold was there).
     pub(crate) fn outcomes(&self, reply: &[i64]) -> Result<Vec<(Decision, u64)>, Error> {
         decode::outcomes(&self.shapes, &self.extra, reply)
     }

@@ -13,14 +13,18 @@
 //! What leases cost is under-admission, bounded by the holds outstanding.
 //!
 //! - **Size:** a decayed count of the key's local demand (tokens asked for
-//!   over about one lease period; [`ROOMY`] periods, counted as at most an
-//!   eighth of the smallest capacity, while the buckets had 3/4 free or more
-//!   at the last lease), minus what is still held; the script
-//!   grants at most half of what the bucket has free, so a key near its
-//!   limit gets no lease and is decided in Redis, exactly, check by check.
+//!   over about one lease period), minus what is still held. Every lease
+//!   also names a roomy size and life ([`ROOMY`] periods, counted as at
+//!   most an eighth of the smallest capacity), which the script grants
+//!   instead when every bucket is at least 3/4 free besides the cost, so a
+//!   key with room to spare gets a lease for half a minute or so from its
+//!   first one. The script grants at most half of what the bucket has
+//!   free, so a key near its limit gets no lease and is decided in Redis,
+//!   exactly, check by check.
 //! - **Renewal:** the next lease is asked for (in the background) when
-//!   what is held falls under half a period's demand, or the newest hold
-//!   is in the last quarter of its life.
+//!   what is held falls under half a period's demand (under a roomy
+//!   lease: two periods'), or the newest hold is in the last quarter of
+//!   its life.
 //! - **Expiry:** a hold is used here until its life, counted from when its
 //!   request was *sent*, less a margin; Redis counts it from when it ran
 //!   the call, later.
@@ -63,12 +67,13 @@ const MIN_LEASE: u64 = 2;
 
 /// How many periods a lease covers when the key's buckets are at least
 /// 3/4 free: nobody is near the limit, and a key in steady use asks for a
-/// lease every half minute or so instead of every period. What such a
+/// lease every half minute or so instead of every period (the script
+/// decides, with the buckets in front of it). What such a
 /// lease covers is at most 1/[`ROOMY_SHARE`] of the smallest capacity (or
 /// one period's demand, if more); it asks for one and a half times that,
 /// less what is held, so a key that goes idle leaves at most 3/16 of the
 /// capacity held.
-const ROOMY: u32 = 32;
+pub(crate) const ROOMY: u32 = 32;
 
 /// The share of the smallest capacity a lease covering [`ROOMY`] periods
 /// holds at most: 1 / this.
@@ -182,8 +187,9 @@ struct Entry {
     asking: bool,
     /// No lease is asked for before then (after a grant of nothing).
     quiet_until: Option<Instant>,
-    /// At the last lease, at least 3/4 of every bucket was free besides
-    /// it: leases cover [`ROOMY`] periods.
+    /// The last lease got its roomy size and life (every bucket was at
+    /// least 3/4 free besides its cost): renewed when under two periods'
+    /// demand is held, not half of one.
     roomy: bool,
 }
 
@@ -238,6 +244,10 @@ pub(crate) struct Ask {
     pub(crate) carried: Option<u64>,
     /// How long it lives in Redis.
     pub(crate) life: Duration,
+    /// The size asked for instead (0: none), for [`ROOMY`] times the life,
+    /// when every bucket is at least 3/4 free besides the cost (the reply
+    /// says which it got).
+    pub(crate) roomy_want: u64,
 }
 
 /// The leases of one store (see the module docs).
@@ -378,8 +388,8 @@ impl Leases {
             *outstanding -= cost;
             decided = Some(local_decision(policy, hold.left));
         }
-        // Ask for the next lease when what is held is under half a
-        // period's demand, or the newest hold is in its last quarter.
+        // Ask for the next lease when what is held runs low (see `low`),
+        // or the newest hold is in its last quarter.
         if entry.asking
             || entry.holds.len() >= MAX_HOLDS
             || entry.quiet_until.is_some_and(|t| now < t)
@@ -401,31 +411,46 @@ impl Leases {
             clippy::cast_sign_loss,
             reason = "a decayed count of tokens, non-negative and far below 2^64"
         )]
-        let wanted = (entry.demand / young).ceil() as u64;
+        let per_period = (entry.demand / young).ceil() as u64;
+        // A roomy lease covers `ROOMY` periods, at most an eighth of the
+        // smallest capacity (or one period, if more).
+        let cap = (entry.policy.max_cost() / ROOMY_SHARE).max(per_period);
+        let roomy_wanted = per_period.saturating_mul(u64::from(ROOMY)).min(cap);
         let aging = entry
             .holds
             .back()
             .is_none_or(|h| h.until.saturating_duration_since(now) < h.life / 4);
-        let periods = if entry.roomy { ROOMY } else { 1 };
-        let wanted = if entry.roomy {
-            let cap = (entry.policy.max_cost() / ROOMY_SHARE).max(wanted);
-            wanted.saturating_mul(u64::from(periods)).min(cap)
+        // Low: under half a period's demand left (a lease of one period),
+        // or, under a roomy lease, under two periods' (or half of it, if
+        // it covers less than four): enough to last while the next is
+        // asked for, without asking again each time a young key's count
+        // moves.
+        let low = if entry.roomy {
+            held < (roomy_wanted / 2).min(per_period.saturating_mul(2))
         } else {
-            wanted
+            2 * held < per_period
         };
-        // Enough for a period and a half, less what is still held: asked
-        // for when under half a period is left, a lease lasts about a
-        // period. It lives two.
-        let want = (wanted + wanted / 2).saturating_sub(held);
-        if want >= MIN_LEASE && (2 * held < wanted || aging) {
+        // Enough for a period and a half (a roomy lease: `ROOMY` of them),
+        // less what is still held: asked for when under half a period is
+        // left, a lease lasts about a period. It lives two. The script
+        // grants the roomy size and life when every bucket is at least 3/4
+        // free besides the cost, the plain ones otherwise.
+        let want = (per_period + per_period / 2).saturating_sub(held);
+        let roomy_want = (roomy_wanted + roomy_wanted / 2).saturating_sub(held);
+        if want.max(roomy_want) >= MIN_LEASE && (low || aging) {
             entry.asking = true;
             errand.lease = Some(Ask {
                 name: entry.name.clone(),
                 keys: entry.keys.clone(),
                 policy: entry.policy.clone(),
-                want,
+                want: if want >= MIN_LEASE { want } else { 0 },
+                life: 2 * self.config.period,
+                roomy_want: if roomy_want >= MIN_LEASE {
+                    roomy_want
+                } else {
+                    0
+                },
                 carried: entry.spent.pop_front(),
-                life: 2 * periods * self.config.period,
             });
         }
         decided
@@ -505,7 +530,7 @@ impl Leases {
     /// A lease on the buckets named `name` (storage keys `keys`) for
     /// `policy` answered: `granted` tokens (0: none) held for `life` from a
     /// request sent at `sent`, or `None` when the call failed; `roomy`:
-    /// whether every bucket had at least 3/4 free besides it. A hold whose
+    /// whether the script granted the roomy size and life. A hold whose
     /// key was evicted meanwhile comes back to be reported.
     #[allow(clippy::too_many_arguments, reason = "one answer, read apart")]
     pub(crate) fn answered(

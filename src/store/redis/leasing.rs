@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::decode::LeaseReply;
 use super::encode::Spend;
-use super::lease::{Ask, Errand, LeaseStats, Leases, WHOLE, lease_name};
+use super::lease::{Ask, Errand, LeaseStats, Leases, ROOMY, WHOLE, lease_name};
 use super::store::RedisStore;
 use crate::decision::Decision;
 use crate::policy::Policy;
@@ -69,6 +70,7 @@ impl RedisStore {
             want,
             carried,
             life,
+            roomy_want,
         }) = errand.lease
         {
             let id = leases.id();
@@ -96,20 +98,25 @@ impl RedisStore {
                     life_us,
                     id,
                     report: carried.map(|id| (id, WHOLE)),
+                    roomy_want,
                 };
                 let answer = store.send(keys, &policy, spend, None).await.ok();
-                let granted = answer.as_ref().map(|(_, packed)| packed / 2);
-                // Roomy: every bucket 3/4 free or more besides this hold.
-                let roomy = answer.as_ref().is_some_and(|(decision, packed)| {
-                    decision.states().iter().all(|s| {
-                        let free = s.remaining().saturating_add(packed / 2);
-                        free.saturating_mul(4) >= s.quota().capacity().saturating_mul(3)
-                    })
-                });
+                let reply = answer.map(|(_, packed)| LeaseReply::packed(packed));
+                let granted = reply.map(|r| r.granted);
+                // The script says which size and life it granted.
+                let got_roomy = reply.is_some_and(|r| r.roomy);
+                let life = if got_roomy { life * ROOMY } else { life };
                 let orphan = match (guard.keys.take(), &store.inner.leases) {
-                    (Some(keys), Some(leases)) => {
-                        leases.answered(&guard.name, &keys, &policy, id, granted, sent, life, roomy)
-                    }
+                    (Some(keys), Some(leases)) => leases.answered(
+                        &guard.name,
+                        &keys,
+                        &policy,
+                        id,
+                        granted,
+                        sent,
+                        life,
+                        got_roomy,
+                    ),
                     _ => None,
                 };
                 if let Some(report) = orphan {

@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use super::decode::LeaseReply;
 use super::encode::{Batch, Spend};
 use super::store::RedisStore;
 use crate::decision::Decision;
@@ -94,8 +95,11 @@ impl RedisStore {
     /// microsecond clock (cargo feature `test-util`): a check of `cost` on
     /// `key`'s buckets that, admitted, also holds at most `want` tokens for
     /// the hold named `id` for `life`, first reporting `report` (a hold's
-    /// id and the tokens it spent), if any. Returns the decision, the
-    /// tokens granted, and whether the reported hold was there. Ids are
+    /// id and the tokens it spent), if any; with a `roomy_want` (0: none),
+    /// asking for that many tokens instead, for 32 times `life`, when
+    /// every bucket is at least 3/4 free besides the cost. Returns the
+    /// decision, the tokens granted, whether the reported hold was there,
+    /// and whether the roomy size and life were granted. Ids are
     /// the caller's to keep unique, below 2^63 (the store's own leases
     /// count up from a random point).
     #[allow(
@@ -111,8 +115,9 @@ impl RedisStore {
         life: Duration,
         id: u64,
         report: Option<(u64, u64)>,
+        roomy_want: u64,
         now_us: u64,
-    ) -> Result<(Decision, u64, bool), Error> {
+    ) -> Result<(Decision, u64, bool, bool), Error> {
         validate(policy, cost)?;
         let keys = policy
             .quotas()
@@ -125,9 +130,11 @@ impl RedisStore {
             life_us: micros(life),
             id,
             report,
+            roomy_want,
         };
         let (decision, packed) = self.send(keys, policy, spend, Some(now_us)).await?;
-        Ok((decision, packed / 2, packed % 2 == 1))
+        let reply = LeaseReply::packed(packed);
+        Ok((decision, reply.granted, reply.found, reply.roomy))
     }
 
     /// The report of hold `id` of `key`'s buckets, which spent `spent`
