@@ -222,7 +222,7 @@ impl RedisStoreBuilder {
     /// that no other instance can take. What leases cost is
     /// under-admission: tokens held by one instance and not spent are lost
     /// to the others until reported (or, if the report never comes, until
-    /// the hold expires, after two lease periods, or 16 while the
+    /// the hold expires, after two lease periods, or 64 while the
     /// key is far from its limit). See the
     /// [Redis store docs](crate::store#leases).
     ///

@@ -8,7 +8,6 @@ use redis::aio::ConnectionLike;
 use redis::{RedisError, ServerErrorKind};
 
 use super::decode::{self, Numbers};
-use super::lease::ROOMY;
 use super::script::Script;
 use crate::decision::Decision;
 use crate::error::Error;
@@ -55,6 +54,13 @@ impl Spend {
         }
     }
 }
+
+/// How many periods a roomy lease covers, and so how many times its plain
+/// life it lives: a lease on buckets that are all at least 3/4 free
+/// (nobody near the limit; the script decides, with the buckets in front of
+/// it), so that a key in steady use asks for a lease every half minute or so
+/// instead of every period.
+pub(crate) const ROOMY: u32 = 32;
 
 /// How a spread batch finds a key's hash slot: the cluster's CRC16
 /// (`cluster/slots.rs`), handed in by the cluster code.

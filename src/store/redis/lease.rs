@@ -47,7 +47,7 @@ use std::time::Duration;
 use hashbrown::HashTable;
 use tokio::time::Instant;
 
-use super::encode::Spend;
+use super::encode::{ROOMY, Spend};
 use crate::decision::{Decision, QuotaState, States};
 use crate::observe;
 use crate::policy::Policy;
@@ -65,18 +65,11 @@ pub const DEFAULT_LEASE_KEYS: usize = 100_000;
 /// The fewest tokens worth a lease: below it, checks go to Redis.
 const MIN_LEASE: u64 = 2;
 
-/// How many periods a lease covers when the key's buckets are at least
-/// 3/4 free: nobody is near the limit, and a key in steady use asks for a
-/// lease every half minute or so instead of every period (the script
-/// decides, with the buckets in front of it). What such a
-/// lease covers is at most 1/[`ROOMY_SHARE`] of the smallest capacity (or
+/// The share of the smallest capacity a lease covering [`ROOMY`] periods
+/// holds at most: 1 / this. What such a lease covers is at most that (or
 /// one period's demand, if more); it asks for one and a half times that,
 /// less what is held, so a key that goes idle leaves at most 3/16 of the
 /// capacity held.
-pub(crate) const ROOMY: u32 = 32;
-
-/// The share of the smallest capacity a lease covering [`ROOMY`] periods
-/// holds at most: 1 / this.
 const ROOMY_SHARE: u64 = 8;
 
 /// Holds a key has at once, at most: the one in use and the next.

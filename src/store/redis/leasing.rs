@@ -8,8 +8,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::decode::LeaseReply;
-use super::encode::Spend;
-use super::lease::{Ask, Errand, LeaseStats, Leases, ROOMY, WHOLE, lease_name};
+use super::encode::{ROOMY, Spend};
+use super::lease::{Ask, Errand, LeaseStats, Leases, WHOLE, lease_name};
 use super::store::RedisStore;
 use crate::decision::Decision;
 use crate::policy::Policy;
