@@ -232,7 +232,12 @@ async fn run_pool_per_decision(server: &RedisServer, keys: u64, max_size: Option
     let pool = config
         .create_pool(Some(deadpool_redis::Runtime::Tokio1))
         .expect("pool");
-    let store = RedisStore::from_pool(pool.clone());
+    // Leases off: this measures each decision's way to Redis and back.
+    let store = RedisStore::builder()
+        .pool(pool.clone())
+        .leases(false)
+        .build()
+        .expect("store");
     let script = Arc::new(Script::new(SCRIPT));
     let q = quota();
     let period_us = q.period().as_micros() as u64;

@@ -32,7 +32,10 @@ async fn main() -> Result<(), Box<dyn Error>> {
     // Redis when REDIS_URL is set, memory otherwise: one type either way.
     let store: AnyStore = match std::env::var("REDIS_URL") {
         Ok(url) if !url.is_empty() => {
-            let store = RedisStore::from_url(&url)?;
+            // Leases off: with them (the default), a check decided in this
+            // process shows as remaining what this instance holds, not the
+            // shared bucket this demo counts down.
+            let store = RedisStore::builder().url(url).leases(false).build()?;
             // The start-up check names the server (never its password).
             match store.ping().await {
                 Ok(rtt) => println!("store: RedisStore at {} (ping {rtt:?})", store.host()),

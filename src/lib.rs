@@ -7,7 +7,9 @@
 //! - [`Quota`]: a bucket capacity and a refill rate (`Quota::per_second(10)` means
 //!   ten tokens a second).
 //! - [`Store`]: where buckets live: [`RedisStore`] (shared by every instance,
-//!   time from Redis `TIME`, one round trip per decision) or [`MemoryStore`].
+//!   time from Redis `TIME`, one round trip per decision, and checks with
+//!   room to spare decided in process from tokens Redis holds for this
+//!   instance: [leases](crate::store#leases)) or [`MemoryStore`].
 //! - [`RateLimiter`]: `check`, `reserve` and `acquire` (wait for tokens in one
 //!   store call), `peek` and `reset` over a store.
 //! - [`Decision`]: what a check answers: allowed, limit, remaining, retry-after,

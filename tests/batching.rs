@@ -29,6 +29,7 @@ fn a_batch_answers_as_its_checks_sent_one_by_one() {
         let case = cases.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let store = |name: &str| {
             RedisStore::builder()
+                .leases(false)
                 .pool(server.pool())
                 .prefix(format!("case{case}:{name}:"))
                 .timeout(Duration::from_secs(5))
@@ -139,6 +140,7 @@ async fn with_redis_far_away_a_check_waits_one_round_trip_not_two() {
             .unwrap()
     };
     let store = RedisStore::builder()
+        .leases(false)
         .url(proxy.url())
         .timeout(Duration::from_secs(10))
         .connect_timeout(Duration::from_secs(10))

@@ -437,6 +437,7 @@ async fn the_applications_cluster_pool_works_as_seeds_do(cluster: &RedisCluster)
         .create_pool(Some(deadpool_redis::Runtime::Tokio1))
         .expect("cluster pool");
     let store = RedisStore::builder()
+        .leases(false)
         .cluster_pool(pool.clone())
         .prefix("pool:")
         .timeout(Duration::from_secs(5))
@@ -612,18 +613,30 @@ async fn fail_a_primary_under_load(cluster: &Arc<RedisCluster>, fault: Fault) ->
 fn cluster_configuration_mistakes_are_refused_at_build() {
     let refused = support::refused_at_build;
     let none: [&str; 0] = [];
-    let m = refused(RedisStore::builder().cluster(none));
+    let m = refused(RedisStore::builder().leases(false).cluster(none));
     assert!(m.contains("at least one seed"), "{m}");
-    let m = refused(RedisStore::builder().cluster(["redis://:s3cret@127.0.0.1:7000/3"]));
+    let m = refused(
+        RedisStore::builder()
+            .leases(false)
+            .cluster(["redis://:s3cret@127.0.0.1:7000/3"]),
+    );
     assert!(m.contains("only database 0"), "{m}");
-    let m = refused(RedisStore::builder().cluster(["redis://:s3cret@127.0.0.1:notaport"]));
+    let m = refused(
+        RedisStore::builder()
+            .leases(false)
+            .cluster(["redis://:s3cret@127.0.0.1:notaport"]),
+    );
     assert!(m.contains("127.0.0.1"), "{m}");
     let m = refused(
-        RedisStore::builder().cluster(["redis://:s3cret@10.0.0.1:7000", "redis://:other@10.0.0.2"]),
+        RedisStore::builder()
+            .leases(false)
+            .cluster(["redis://:s3cret@10.0.0.1:7000", "redis://:other@10.0.0.2"]),
     );
     assert!(m.contains("password"), "{m}");
     let m = refused(
-        RedisStore::builder().cluster(["redis://:s3cret@10.0.0.1:7000", "rediss://10.0.0.2"]),
+        RedisStore::builder()
+            .leases(false)
+            .cluster(["redis://:s3cret@10.0.0.1:7000", "rediss://10.0.0.2"]),
     );
     assert!(m.contains("mix"), "{m}");
     // Nothing connects before the first check: unreachable seeds build.
@@ -632,7 +645,9 @@ fn cluster_configuration_mistakes_are_refused_at_build() {
     assert!(!format!("{store:?}").contains("s3cret"));
     let debug = format!(
         "{:?}",
-        RedisStore::builder().cluster(["redis://:s3cret@10.0.0.1:7000"])
+        RedisStore::builder()
+            .leases(false)
+            .cluster(["redis://:s3cret@10.0.0.1:7000"])
     );
     assert!(!debug.contains("s3cret"), "{debug}");
 }

@@ -699,6 +699,7 @@ fn cluster_far_away_a_check_waits_one_round_trip_not_two() {
     }
     let ping = far::ping_median(&proxies[0].url());
     let store = RedisStore::builder()
+        .leases(false)
         .cluster(proxies.iter().map(support::Proxy::url))
         .prefix("far:")
         .timeout(Duration::from_secs(10))

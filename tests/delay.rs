@@ -28,6 +28,7 @@ use tollgate::{Policy, Quota, RedisStore};
 /// no `NOSCRIPT` round comes into the counts.
 async fn unbatched(server: &RedisServer) -> RedisStore {
     let store = RedisStore::builder()
+        .leases(false)
         .pool(server.pool())
         .timeout(Duration::from_secs(5))
         .max_batch(1)

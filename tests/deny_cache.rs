@@ -15,6 +15,7 @@ use tollgate::{Decision, Policy, Quota, RedisStore, Store};
 
 fn store(server: &RedisServer, deny_cache: usize) -> RedisStore {
     RedisStore::builder()
+        .leases(false)
         .pool(server.pool())
         .timeout(Duration::from_secs(5))
         .deny_cache(deny_cache)

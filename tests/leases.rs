@@ -246,7 +246,11 @@ async fn an_evicted_key_gives_its_holds_back() {
 async fn a_local_decision_never_overstates_what_remains() {
     let server = RedisServer::start();
     let store = leased(&server, Duration::from_secs(1));
-    let plain = RedisStore::builder().pool(server.pool()).build().unwrap();
+    let plain = RedisStore::builder()
+        .pool(server.pool())
+        .leases(false)
+        .build()
+        .unwrap();
     let policy = Policy::from(Quota::per_minute(600).unwrap());
     let mut local = 0;
     for _ in 0..300 {
@@ -268,6 +272,43 @@ async fn a_local_decision_never_overstates_what_remains() {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     assert!(local > 0, "no decision was made in process");
+}
+
+/// Leases are on by default: a store built with nothing said about them
+/// decides a key with room to spare in process once its first lease is
+/// granted (a roomy one, from the first), and `.leases(false)` turns them
+/// off.
+#[tokio::test]
+async fn leases_are_on_by_default() {
+    let server = RedisServer::start();
+    let store = |leases: Option<bool>| {
+        let builder = RedisStore::builder()
+            .url(server.url())
+            .timeout(Duration::from_secs(5));
+        match leases {
+            Some(on) => builder.leases(on),
+            None => builder,
+        }
+        .build()
+        .unwrap()
+    };
+    let (default, off) = (store(None), store(Some(false)));
+    let policy = Policy::from(Quota::per_minute(6_000).unwrap());
+    for _ in 0..200 {
+        assert!(default.check("d", &policy, 1).await.unwrap().allowed());
+        assert!(off.check("o", &policy, 1).await.unwrap().allowed());
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let stats = default.lease_stats();
+    assert!(stats.local_decisions > 100, "{stats:?}");
+    // The first lease was roomy (a plain one would last a few checks at
+    // this pace, and 200 checks would take dozens).
+    assert!(stats.requests <= 4, "{stats:?}");
+    let stats = off.lease_stats();
+    assert_eq!((stats.requests, stats.local_decisions), (0, 0), "{stats:?}");
+    let keys: Vec<String> = server.cmd(&["KEYS", "*{o}*"]);
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    assert_eq!(holds(&server, &keys[0]), None);
 }
 
 /// A policy of two quotas: a lease holds the same tokens on both buckets,

@@ -48,6 +48,7 @@ fn a_connect_dropped_with_its_runtime_does_not_stall_the_store() {
     // A connect timeout far longer than the first runtime lives: its connect
     // is still waiting on the frozen server when that runtime shuts down.
     let store = RedisStore::builder()
+        .leases(false)
         .url(server.url())
         .timeout(Duration::from_millis(200))
         .connect_timeout(Duration::from_secs(10))
@@ -75,6 +76,7 @@ fn a_connect_whose_task_never_ran_does_not_stall_the_store() {
     let server = RedisServer::start();
     // Unbatched, so the check's first poll is what starts the connect.
     let store = RedisStore::builder()
+        .leases(false)
         .url(server.url())
         .timeout(Duration::from_millis(500))
         .max_batch(1)

@@ -740,6 +740,7 @@ fn redis_time_path(deny_cache: bool) {
     let server = RedisServer::start();
     let runtime = runtime();
     let mut builder = tollgate::RedisStore::builder()
+        .leases(false)
         .pool(server.pool())
         .timeout(Duration::from_secs(5));
     if !deny_cache {

@@ -83,6 +83,7 @@ async fn an_outage_shows_in_events_and_metrics_without_client_keys() {
 
     let mut redis = RedisServer::start();
     let store = RedisStore::builder()
+        .leases(false)
         .url(redis.url())
         .timeout(Duration::from_millis(100))
         .build()

@@ -1174,6 +1174,7 @@ fn failed_calls(server: &RedisServer, command: &str) -> u64 {
 async fn the_builder_prefix_names_every_key_and_bad_prefixes_are_refused() {
     let server = RedisServer::start();
     let prefixed = RedisStore::builder()
+        .leases(false)
         .pool(server.pool())
         .prefix("app-1.rl:v2/")
         .timeout(Duration::from_secs(5))
@@ -1215,6 +1216,7 @@ async fn the_builder_prefix_names_every_key_and_bad_prefixes_are_refused() {
     let longest = "aZ09._:/-".repeat(8)[..64].to_owned();
     for ok in [longest.as_str(), ""] {
         let store = RedisStore::builder()
+            .leases(false)
             .url(server.url())
             .prefix(ok)
             .build()
@@ -1233,6 +1235,7 @@ async fn the_builder_prefix_names_every_key_and_bad_prefixes_are_refused() {
         too_long.as_str(),
     ] {
         let err = RedisStore::builder()
+            .leases(false)
             .url(server.url())
             .prefix(bad)
             .build()
@@ -1246,8 +1249,8 @@ async fn the_builder_prefix_names_every_key_and_bad_prefixes_are_refused() {
 }
 
 /// A store built without `.timeout(..)` gives up after 100 ms, whichever
-/// constructor built it: against a frozen server every check fails with
-/// `Error::Timeout(100 ms)`.
+/// constructor built it (with the defaults, leases on): against a frozen
+/// server every check fails with `Error::Timeout(100 ms)`.
 #[tokio::test]
 async fn the_default_timeout_is_100_ms() {
     assert_eq!(tollgate::store::DEFAULT_TIMEOUT, Duration::from_millis(100));
@@ -1267,9 +1270,11 @@ async fn the_default_timeout_is_100_ms() {
         let _ = until_answered(store, "x", &quotas, 1).await;
     }
     server.freeze();
+    // A key none of them has checked, so none holds a lease on it (leases
+    // are on by default): the check has to reach the frozen server.
     for (name, store) in &stores {
         let start = Instant::now();
-        let err = store.check("x", &quotas, 1).await.unwrap_err();
+        let err = store.check("y", &quotas, 1).await.unwrap_err();
         let took = start.elapsed();
         assert!(
             matches!(err, Error::Timeout(t) if t == Duration::from_millis(100)),
@@ -1422,6 +1427,7 @@ async fn a_dead_connection_is_replaced_after_a_timeout() {
     let proxy = support::Proxy::start(server.port());
     let timeout = Duration::from_millis(100);
     let store = RedisStore::builder()
+        .leases(false)
         .url(proxy.url())
         .timeout(timeout)
         .build()
@@ -1468,6 +1474,7 @@ async fn a_demoted_primary_is_left_for_the_new_one() {
     let new = RedisServer::start();
     let proxy = support::Proxy::start(old.port());
     let store = RedisStore::builder()
+        .leases(false)
         .pool(
             deadpool_redis::Config::from_url(proxy.url())
                 .create_pool(Some(deadpool_redis::Runtime::Tokio1))

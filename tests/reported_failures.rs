@@ -58,6 +58,7 @@ async fn malformed_replies_and_dropped_batches_are_reported_store_errors() {
     let proxy = Proxy::start(server.port());
     let stores = [1, 64].map(|max_batch| {
         RedisStore::builder()
+            .leases(false)
             .url(proxy.url())
             .max_batch(max_batch)
             .build()
@@ -83,6 +84,7 @@ async fn malformed_replies_and_dropped_batches_are_reported_store_errors() {
     // spare.
     let timeout = Duration::from_secs(4);
     let store = RedisStore::builder()
+        .leases(false)
         .url(server.url())
         .timeout(timeout)
         .build()

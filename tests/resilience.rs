@@ -21,6 +21,7 @@ const TIMEOUT: Duration = Duration::from_millis(100);
 
 fn store_at(url: String) -> RedisStore {
     RedisStore::builder()
+        .leases(false)
         .url(url)
         .timeout(TIMEOUT)
         .build()
@@ -99,6 +100,7 @@ async fn checks_behind_hung_calls_are_answered_by_their_own_deadlines() {
     const LONG: Duration = Duration::from_secs(1);
     let server = RedisServer::start();
     let store = RedisStore::builder()
+        .leases(false)
         .url(server.url())
         .timeout(LONG)
         .max_batch(2)
@@ -237,6 +239,7 @@ async fn the_probes_of_a_frozen_redis_keep_no_check_waiting() {
     const LONG: Duration = Duration::from_secs(1);
     let server = RedisServer::start();
     let store = RedisStore::builder()
+        .leases(false)
         .url(server.url())
         .timeout(LONG)
         // Short cool-downs: a probe about every second (its call's timeout
@@ -380,6 +383,7 @@ async fn a_connect_slower_than_the_call_timeout_still_completes() {
     let proxy = Proxy::start(server.port());
     proxy.delay_new_connections(Duration::from_millis(400));
     let store = RedisStore::builder()
+        .leases(false)
         .url(proxy.url())
         .timeout(TIMEOUT)
         .connect_timeout(Duration::from_secs(5))
@@ -487,6 +491,7 @@ async fn out_of_memory_is_an_error_of_its_own_and_the_fallback_limits() {
 
     let limiter = RateLimiter::new(
         RedisStore::builder()
+            .leases(false)
             .url(server.url())
             .timeout(TIMEOUT)
             .circuit_breaker(CircuitBreaker::disabled())

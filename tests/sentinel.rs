@@ -79,20 +79,33 @@ async fn sentinel_primary_killed_under_load_checks_resume_on_the_new_primary() {
 fn sentinel_configuration_mistakes_are_refused_at_build() {
     let refused = support::refused_at_build;
     let none: [&str; 0] = [];
-    let m = refused(RedisStore::builder().sentinel(none, "mymaster"));
+    let m = refused(
+        RedisStore::builder()
+            .leases(false)
+            .sentinel(none, "mymaster"),
+    );
     assert!(m.contains("at least one sentinel"), "{m}");
-    let m = refused(RedisStore::builder().sentinel(["redis://10.0.0.1:26379"], ""));
+    let m = refused(
+        RedisStore::builder()
+            .leases(false)
+            .sentinel(["redis://10.0.0.1:26379"], ""),
+    );
     assert!(m.contains("master name"), "{m}");
-    let m = refused(RedisStore::builder().sentinel(
+    let m = refused(RedisStore::builder().leases(false).sentinel(
         ["redis://:s3cret@10.0.0.1:26379", "redis://10.0.0.2:26379"],
         "m",
     ));
     assert!(m.contains("same scheme, credentials and database"), "{m}");
-    let m = refused(RedisStore::builder().sentinel(["redis://:s3cret@10.0.0.1:notaport"], "m"));
+    let m = refused(
+        RedisStore::builder()
+            .leases(false)
+            .sentinel(["redis://:s3cret@10.0.0.1:notaport"], "m"),
+    );
     assert!(m.contains("10.0.0.1"), "{m}");
     // Credentials for the primary only make sense with sentinels.
     let m = refused(
         RedisStore::builder()
+            .leases(false)
             .url("redis://127.0.0.1:6379")
             .sentinel_primary_auth(Some("app"), "s3cret"),
     );
@@ -100,6 +113,7 @@ fn sentinel_configuration_mistakes_are_refused_at_build() {
 
     // Nothing connects before the first check.
     let store = RedisStore::builder()
+        .leases(false)
         .sentinel(["redis://:s3cret@10.0.0.1:26379"], "mymaster")
         .sentinel_primary_auth(None, "s3cret")
         .build()
@@ -110,6 +124,7 @@ fn sentinel_configuration_mistakes_are_refused_at_build() {
     let debug = format!(
         "{:?}",
         RedisStore::builder()
+            .leases(false)
             .sentinel(["redis://:s3cret@10.0.0.1:26379"], "mymaster")
             .sentinel_primary_auth(Some("app"), "s3cret")
     );

@@ -254,6 +254,7 @@ async fn the_fallback_settles_what_it_decided() {
     // No Redis listens here: the fallback decides every request, and takes
     // the refunds of the ones it admitted.
     let dead = tollgate::RedisStore::builder()
+        .leases(false)
         .url(format!("redis://127.0.0.1:{}", support::free_port()))
         .timeout(Duration::from_millis(200))
         .build()
@@ -356,6 +357,7 @@ async fn a_refund_whose_reply_is_lost_is_made_once() {
     let redis = RedisServer::start();
     let proxy = support::Proxy::start(redis.port());
     let store = tollgate::RedisStore::builder()
+        .leases(false)
         .url(proxy.url())
         .timeout(Duration::from_secs(5))
         .build()

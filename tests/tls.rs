@@ -42,6 +42,7 @@ async fn tls_a_certificate_that_does_not_verify_fails_clearly_naming_the_host() 
     server.reset_stats();
     let wrong_ca = store_trusting(url.clone(), server.wrong_ca_pem());
     let system_roots = RedisStore::builder()
+        .leases(false)
         .url(url.clone())
         .timeout(Duration::from_secs(5))
         .build()
@@ -73,26 +74,39 @@ fn tls_configuration_mistakes_are_refused_at_build() {
     let ca = TlsRedis::start().ca_pem();
     let m = refused(
         RedisStore::builder()
+            .leases(false)
             .url("redis://:s3cret@127.0.0.1:6379")
             .tls_root_certificates(ca.clone()),
     );
     assert!(m.contains("rediss://"), "{m}");
     let m = refused(
         RedisStore::builder()
+            .leases(false)
             .url("rediss://:s3cret@127.0.0.1:6379")
             .tls_root_certificates(b"not a certificate".to_vec()),
     );
     assert!(m.contains("no certificate"), "{m}");
-    let m = refused(RedisStore::builder().url("rediss://:s3cret@127.0.0.1:6379/#insecure"));
+    let m = refused(
+        RedisStore::builder()
+            .leases(false)
+            .url("rediss://:s3cret@127.0.0.1:6379/#insecure"),
+    );
     assert!(m.contains("#insecure"), "{m}");
     let pool = deadpool_redis::Config::from_url("redis://127.0.0.1:6379")
         .create_pool(Some(deadpool_redis::Runtime::Tokio1))
         .unwrap();
-    let m = refused(RedisStore::builder().pool(pool).tls_root_certificates(ca));
+    let m = refused(
+        RedisStore::builder()
+            .leases(false)
+            .pool(pool)
+            .tls_root_certificates(ca),
+    );
     assert!(m.contains("pool"), "{m}");
     let debug = format!(
         "{:?}",
-        RedisStore::builder().url("rediss://:s3cret@127.0.0.1:6379")
+        RedisStore::builder()
+            .leases(false)
+            .url("rediss://:s3cret@127.0.0.1:6379")
     );
     assert!(!debug.contains("s3cret"), "{debug}");
 }

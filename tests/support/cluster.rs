@@ -461,6 +461,7 @@ impl RedisCluster {
     #[cfg(feature = "cluster")]
     pub fn store_builder(&self, prefix: &str) -> tollgate::store::RedisStoreBuilder {
         tollgate::RedisStore::builder()
+            .leases(false)
             .cluster(self.seed_urls())
             .prefix(prefix)
             .timeout(Duration::from_secs(5))

@@ -97,9 +97,13 @@ impl RedisServer {
         self.store_with_timeout(Duration::from_secs(5))
     }
 
-    /// A `RedisStore` with its own pool and the given per-call timeout.
+    /// A `RedisStore` with its own pool and the given per-call timeout,
+    /// leases off: the tests that use it watch each check reach Redis (its
+    /// calls, keys, TTLs and failures); `tests/leases.rs` and
+    /// `tests/lease_model.rs` test leases, which are on by default.
     pub fn store_with_timeout(&self, timeout: Duration) -> RedisStore {
         RedisStore::builder()
+            .leases(false)
             .pool(self.pool())
             .timeout(timeout)
             .build()

@@ -139,6 +139,7 @@ impl SentinelSet {
     #[cfg(feature = "sentinel")]
     pub fn store(&self, timeout: Duration) -> tollgate::RedisStore {
         tollgate::RedisStore::builder()
+            .leases(false)
             .sentinel(self.sentinel_urls(), self.master_name())
             .timeout(timeout)
             .build()

@@ -27,6 +27,7 @@ const CA_NAME: &str = "tollgate test CA";
 #[cfg(feature = "tls")]
 pub fn store_trusting(url: String, ca: Vec<u8>) -> tollgate::RedisStore {
     tollgate::RedisStore::builder()
+        .leases(false)
         .url(url)
         .tls_root_certificates(ca)
         .timeout(std::time::Duration::from_secs(5))

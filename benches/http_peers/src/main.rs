@@ -5,7 +5,8 @@
 //! - LIMITER: `none`, `governor` (tower_governor, in memory),
 //!   `governor-headers` (the same with `use_headers()`: `x-ratelimit-limit`
 //!   and `x-ratelimit-remaining` on admitted responses), `trlr`
-//!   (tower-rate-limit-redis), `tollgate-memory`, `tollgate-redis`, the same
+//!   (tower-rate-limit-redis), `tollgate-memory`, `tollgate-redis` (leases
+//!   off: every check goes to Redis), the same
 //!   two without rate limit headers (`tollgate-memory-bare`,
 //!   `tollgate-redis-bare`: `HeaderStyle::None`, as the peers send none on
 //!   admitted responses), `tollgate-redis-leased` and
@@ -17,7 +18,7 @@
 //!   `ping` at start-up) and the store-error policy named by `ON_STORE_ERROR`
 //!   (`allow`, the default, `deny`, `fallback`: `Fallback::memory()`, or
 //!   `default`: the layer's own default, `on_store_error` not called), with
-//!   leases on when `LEASES=1` (`lease_period` from `LEASE_PERIOD_MS`, else
+//!   leases off unless `LEASES=1` turns them on (`lease_period` from `LEASE_PERIOD_MS`, else
 //!   the default). It also records who decided each response and how long
 //!   the server took, per 10 ms (see `mod timeline`), served unlimited at
 //!   `GET /timeline`; with leases on, also the checks decided in process from
@@ -122,7 +123,10 @@ mod tollgate_limiter {
                     .axum_body(),
             ),
             Some(url) => router.layer(
-                RateLimitLayer::new(RedisStore::from_url(url)?, quota)
+                RateLimitLayer::new(
+                    RedisStore::builder().url(url).leases(false).build()?,
+                    quota,
+                )
                     .key(key)
                     .headers(headers)
                     .on_store_error(OnStoreError::Deny)
@@ -241,8 +245,8 @@ mod tollgate_limiter {
         }
         let leases = std::env::var("LEASES").is_ok_and(|v| v == "1");
         let lease_period = ms("LEASE_PERIOD_MS")?;
+        builder = builder.leases(leases);
         if leases {
-            builder = builder.leases(true);
             if let Some(d) = lease_period {
                 builder = builder.lease_period(d);
             }

@@ -107,7 +107,7 @@ impl RedisStore {
             breaker: CircuitBreaker::new(),
             max_batch: DEFAULT_MAX_BATCH,
             deny_cache: DEFAULT_DENY_CACHE,
-            leases: false,
+            leases: true,
             lease_period: DEFAULT_LEASE_PERIOD,
             lease_keys: DEFAULT_LEASE_KEYS,
             #[cfg(feature = "tls")]
@@ -212,7 +212,7 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// Turns leases on (off by default): plain checks with room to spare are
+    /// Turns leases on or off (on by default): plain checks with room to spare are
     /// decided in this process, exactly, from tokens of the shared bucket
     /// that Redis holds for this instance. A key in steady use then costs
     /// Redis about one call per lease period instead of one per check; a
