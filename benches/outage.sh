@@ -56,7 +56,8 @@
 #               check with room to spare is decided in process from tokens
 #               held for the instance, and in an outage held tokens keep being
 #               spent until the holds' local expiry (two lease periods less a
-#               tenth from when the lease was asked for: 3.6 s at 2000 ms),
+#               tenth from when the lease was asked for: 3.6 s at 2000 ms;
+#               64 periods less a tenth while a key's bucket is 3/4 free),
 #               then checks go to Redis, the breaker and the policy. The
 #               timeline then counts those decisions apart ("lease"; sampled
 #               from the store's lease stats every 10 ms) and the report adds

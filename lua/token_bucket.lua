@@ -57,8 +57,8 @@
 --
 -- Reply, per decision: allowed (1/0), then per quota: remaining, wait_us,
 -- reset_after_us, then, for a lease, the tokens granted (0: none) and its
--- flags: 1 if the hold it reports was there, plus 2 if it got its roomy size
--- and lifetime (never for a lease sent again), and, for a report, 1 if the hold
+-- flags: 1 if the hold it reports was there, plus 2 if it got a hold of its
+-- roomy size and lifetime (never for a lease sent again), and, for a report, 1 if the hold
 -- was there (0: it expired, or was reported before); all integers below 2^53, sent as one string of
 -- little-endian doubles (struct.pack "<d" each; see the end), which loses
 -- nothing.
@@ -596,7 +596,7 @@ if rest <= (nd < 0 and -nd or nd) then
             finish(KEYS[k + i - 1], q, lv[i], st[i], cost * dens[q], allowed, write, holds)
           end
         end
-        reply[r + 1], reply[r + 2] = grant, found + (roomy and 2 or 0)
+        reply[r + 1], reply[r + 2] = grant, found + ((roomy and grant > 0) and 2 or 0)
         r = r + 2
         k = k + n
       elseif marker == -3 then

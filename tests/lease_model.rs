@@ -482,7 +482,7 @@ fn lease(
                 expiry: redis_now + life_ms * 1_000,
             });
         }
-        (grant, grant > 0 || model_found, is_roomy)
+        (grant, grant > 0 || model_found, is_roomy && grant > 0)
     };
     if !got.allowed() || granted != model_grant || found != model_found || got_roomy != model_roomy
     {
