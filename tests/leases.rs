@@ -175,6 +175,50 @@ async fn held_tokens_are_spent_through_an_outage_then_checks_fail() {
     assert!(started.elapsed() < Duration::from_secs(4));
 }
 
+/// A lease call that failed after it was sent (its reply later than the
+/// store's timeout) may still run in Redis: the hold it makes, which this
+/// instance will never use, is given back by a report sent after the
+/// failure (again a lease period later while Redis still stalls), rather
+/// than left in the bucket until its expiry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_whose_call_timed_out_is_given_back() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder()
+        .pool(server.pool())
+        .timeout(Duration::from_millis(300))
+        .leases(true)
+        .build()
+        .unwrap();
+    let policy = Policy::from(Quota::per_minute(6_000).unwrap());
+    // Connected and the script loaded (a peek never takes a lease).
+    let mut warm = false;
+    for _ in 0..50 {
+        if store.check("warm", &policy, 0).await.is_ok() {
+            warm = true;
+            break;
+        }
+    }
+    assert!(warm, "the store never answered");
+    // Redis stalls: the first check of `k`, and the lease it asks for, time
+    // out; they run when Redis comes back, and so does what was sent after.
+    server.freeze();
+    let err = store.check("k", &policy, 1).await.unwrap_err();
+    assert!(err.is_store_error(), "{err:?}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    server.thaw();
+    // The give-back is tried again a lease period (1 s) after it failed,
+    // and so on up to four times.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let stats = store.lease_stats();
+    assert_eq!((stats.requests, stats.granted), (1, 0), "{stats:?}");
+    // Without the hold, the bucket is full again and its key gone (the
+    // hold would keep it, as it does without the report).
+    let keys: Vec<String> = server.cmd(&["KEYS", "*{k}*"]);
+    for key in &keys {
+        assert_eq!(holds(&server, key), None, "a hold nobody uses is left");
+    }
+}
+
 /// A dropped store reports its holds: what it held goes back to the
 /// bucket instead of waiting for the holds' expiry.
 #[tokio::test]

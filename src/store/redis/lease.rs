@@ -277,6 +277,11 @@ impl Leases {
         }
     }
 
+    /// A lease holds about this long's worth of a key's local demand.
+    pub(crate) fn period(&self) -> Duration {
+        self.config.period
+    }
+
     /// `name`'s hash: its bytes alone, with this map's random seed.
     fn hash(&self, name: &str) -> u64 {
         let mut state = self.hasher.build_hasher();

@@ -106,6 +106,7 @@ impl RedisStore {
                 // The script says which size and life it granted.
                 let got_roomy = reply.is_some_and(|r| r.roomy);
                 let life = if got_roomy { life * ROOMY } else { life };
+                let give_back = reply.is_none().then(|| guard.keys.clone()).flatten();
                 let orphan = match (guard.keys.take(), &store.inner.leases) {
                     (Some(keys), Some(leases)) => leases.answered(
                         &guard.name,
@@ -124,6 +125,22 @@ impl RedisStore {
                         lease: None,
                         reports: vec![report],
                     });
+                }
+                // The call failed, yet Redis may have run it (a timeout after
+                // it was sent): a hold this instance will never use is given
+                // back rather than left to its expiry (up to 64 lease
+                // periods). A report of an id its buckets do not hold does
+                // nothing. While Redis stalls the report fails too, so it is
+                // tried again a period later, a few times.
+                if let (Some(keys), Some(leases)) = (give_back, &store.inner.leases) {
+                    let period = leases.period();
+                    for _ in 0..GIVE_BACK_TRIES {
+                        let spend = Spend::Report { spent: 0, id };
+                        if store.send(keys.clone(), &policy, spend, None).await.is_ok() {
+                            break;
+                        }
+                        tokio::time::sleep(period).await;
+                    }
                 }
             });
         }
@@ -157,6 +174,10 @@ impl RedisStore {
             .unwrap_or_default()
     }
 }
+
+/// How many times the report giving back a lease whose call failed is
+/// sent, a lease period apart, until one is answered.
+const GIVE_BACK_TRIES: u32 = 4;
 
 /// A lease request under way; dropped unanswered, it answers "none".
 struct Asking {
