@@ -71,7 +71,8 @@
 #
 # The default configuration (policy "default" in the tables): the store is
 # built with the URL and the 300 ms timeout only (default circuit breaker,
-# default connect timeout; BREAKER_* and CONNECT_TIMEOUT_MS are ignored) and
+# default connect timeout, leases off unless LEASES=1; BREAKER_* and
+# CONNECT_TIMEOUT_MS are ignored) and
 # the layer gets no store-error policy (the default, OnStoreError::Allow); the
 # open case with KEYS client keys, Redis frozen, wrk with each of
 # DEFAULT_CONNS connections (CONNS is ignored). "During" then runs as 1-s wrk
