@@ -16,9 +16,14 @@ use support::RedisServer;
 use tollgate::{Policy, Quota, RedisStore, Store};
 
 fn leased(server: &RedisServer, period: Duration) -> RedisStore {
+    leased_within(server, period, Duration::from_secs(5))
+}
+
+/// As [`leased`], giving up on a call after `timeout`.
+fn leased_within(server: &RedisServer, period: Duration, timeout: Duration) -> RedisStore {
     RedisStore::builder()
         .pool(server.pool())
-        .timeout(Duration::from_secs(5))
+        .timeout(timeout)
         .leases(true)
         .lease_period(period)
         .build()
@@ -129,13 +134,7 @@ async fn four_instances_at_half_the_rate_rarely_call_redis() {
 #[tokio::test]
 async fn held_tokens_are_spent_through_an_outage_then_checks_fail() {
     let server = RedisServer::start();
-    let store = RedisStore::builder()
-        .pool(server.pool())
-        .timeout(Duration::from_millis(100))
-        .leases(true)
-        .lease_period(Duration::from_secs(5))
-        .build()
-        .unwrap();
+    let store = leased_within(&server, Duration::from_secs(5), Duration::from_millis(100));
     let policy = Policy::from(Quota::per_minute(1_000).unwrap());
     // Demand builds, a lease comes.
     for _ in 0..200 {
@@ -183,12 +182,7 @@ async fn held_tokens_are_spent_through_an_outage_then_checks_fail() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_whose_call_timed_out_is_given_back() {
     let server = RedisServer::start();
-    let store = RedisStore::builder()
-        .pool(server.pool())
-        .timeout(Duration::from_millis(300))
-        .leases(true)
-        .build()
-        .unwrap();
+    let store = leased_within(&server, Duration::from_secs(1), Duration::from_millis(300));
     let policy = Policy::from(Quota::per_minute(6_000).unwrap());
     // Connected and the script loaded (a peek never takes a lease).
     let mut warm = false;
