@@ -52,7 +52,8 @@
 #               decided them (with LEASES=1 also: in process from a lease),
 #               the server's p99, the fault's start and end; its unix ms in OUT/TAG.fault.txt)
 #   LEASES [0]  1: the server's RedisStore with leases on (.leases(true),
-#               .lease_period(LEASE_PERIOD_MS); not in the dflt-cN rows): a
+#               .lease_period(LEASE_PERIOD_MS); 0: .leases(false). The
+#               dflt-cN rows ignore it: leases on, tollgate's default): a
 #               check with room to spare is decided in process from tokens
 #               held for the instance, and in an outage held tokens keep being
 #               spent until the holds' local expiry (two lease periods less a
@@ -71,7 +72,7 @@
 #
 # The default configuration (policy "default" in the tables): the store is
 # built with the URL and the 300 ms timeout only (default circuit breaker,
-# default connect timeout, leases off unless LEASES=1; BREAKER_* and
+# default connect timeout, leases on with the default period; LEASES, BREAKER_* and
 # CONNECT_TIMEOUT_MS are ignored) and
 # the layer gets no store-error policy (the default, OnStoreError::Allow); the
 # open case with KEYS client keys, Redis frozen, wrk with each of
@@ -669,7 +670,9 @@ run_one() { # index case fault policy [connections]
   stop_server
   echo "$t0 $t_back" >"$out/$tag.fault.txt"
   local title="outage.sh: $case case, Redis $fault, policy $policy, $c connections"
-  if [ "$leases" = 1 ] && [ "$policy" != default ]; then
+  if [ "$policy" = default ]; then
+    title+=", leases on (the default), keys: $keys"
+  elif [ "$leases" = 1 ]; then
     title+=", leases (period $lease_period ms), keys: $keys"
   fi
   python3 "$root/benches/outage_timeline.py" "$out/$tag.timeline.txt" "$t0" "$t_back" \
@@ -777,7 +780,7 @@ run_one() { # index case fault policy [connections]
     "${r[11]}" "$(awk -v d="${r[11]}" -v b="${r[3]}" 'BEGIN { print (b > 0) ? d / b : 0 }')" \
     "$(awk -v u="${r[12]}" 'BEGIN { print u / 1000 }')" "${r[15]}" "$(awk -v u="${r[16]}" 'BEGIN { print u / 1000 }')" \
     "${r[20]}" >&2
-  if [ "$leases" = 1 ] && [ "$policy" != default ]; then
+  if [ "$leases" = 1 ] || [ "$policy" = default ]; then
     lease_figures "$case" "$fault" "$policy" "$t0" "$t_back" >>"$out/leases.txt"
     local l
     read -r -a l < <(tail -n 1 "$out/leases.txt")
@@ -845,10 +848,10 @@ load_end=$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo '?')
 
 # --- report --------------------------------------------------------------------
 echo
-lease_note=""
+lease_note=", leases off"
 [ "$leases" = 1 ] && lease_note=", leases on with a $lease_period ms lease period"
 echo "tollgate outage benchmark, $started_at: peer-server tollgate-redis-outage (RedisStore, store timeout 300 ms," \
-  "default circuit breaker$lease_note), wrk -t$threads -c$conns${default_conns:+ (dflt-cN: the default configuration, -cN)}," \
+  "default circuit breaker$lease_note), wrk -t$threads -c$conns${default_conns:+ (dflt-cN: the default configuration, leases on, -cN)}," \
   "$nkeys keys (open) / 1 key (hot), $cores cores, $placement"
 overrides=""
 for v in BREAKER_FIRST_PROBE_MS BREAKER_MAX_COOLDOWN_MS CONNECT_TIMEOUT_MS; do
@@ -944,7 +947,8 @@ awk -v conns="$conns" '
 if [ -s "$out/leases.txt" ]; then
   echo
   echo "leases (period $lease_period ms: a hold is used in process until 2 periods less a tenth," \
-    "$((lease_period * 18 / 10)) ms, after its request was sent), from the server's timeline and lease stats"
+    "$((lease_period * 18 / 10)) ms, after its request was sent; dflt rows: tollgate's default period, 1000 ms, 1800 ms;" \
+    "a roomy hold 64 periods less a tenth), from the server's timeline and lease stats"
   awk -v life="$((lease_period * 18 / 10))" '
     BEGIN {
       printf "%-4s %-6s %-8s | %-9s | %-9s | %-10s | %-10s | %s\n", "case", "fault", "policy", "before", "in fault",

@@ -18,8 +18,8 @@
 //!   `ping` at start-up) and the store-error policy named by `ON_STORE_ERROR`
 //!   (`allow`, the default, `deny`, `fallback`: `Fallback::memory()`, or
 //!   `default`: the layer's own default, `on_store_error` not called), with
-//!   leases off unless `LEASES=1` turns them on (`lease_period` from `LEASE_PERIOD_MS`, else
-//!   the default). It also records who decided each response and how long
+//!   leases as `LEASES` says (`1`: on, `lease_period` from `LEASE_PERIOD_MS`,
+//!   else the default; `0`: off; unset: the builder's default, on). It also records who decided each response and how long
 //!   the server took, per 10 ms (see `mod timeline`), served unlimited at
 //!   `GET /timeline`; with leases on, also the checks decided in process from
 //!   a lease (sampled from the store's lease stats every 10 ms).
@@ -199,9 +199,10 @@ mod tollgate_limiter {
     ///
     /// For experiments, these environment variables change the defaults:
     /// `BREAKER_FIRST_PROBE_MS`, `BREAKER_MAX_COOLDOWN_MS`, `CONNECT_TIMEOUT_MS`,
-    /// and `LEASES=1` (leases on; `LEASE_PERIOD_MS` their period, else the
-    /// default). Without them the builder is given the URL and the timeout
-    /// only. With leases on, also returns a [`LeaseProbe`] on the store.
+    /// and `LEASES` (`1`: leases on, `LEASE_PERIOD_MS` their period, else the
+    /// default; `0`: off). Without them the builder is given the URL and the
+    /// timeout only (leases on, the default). With leases on, also returns a
+    /// [`LeaseProbe`] on the store.
     pub(crate) async fn outage_layer(
         router: Router,
         case: Case,
@@ -243,9 +244,18 @@ mod tollgate_limiter {
         if let Some(d) = ms("CONNECT_TIMEOUT_MS")? {
             builder = builder.connect_timeout(d);
         }
-        let leases = std::env::var("LEASES").is_ok_and(|v| v == "1");
+        // `LEASES` unset (the default configuration's rows): the builder's
+        // default, leases on.
+        let leases = match std::env::var("LEASES").as_deref() {
+            Ok("1") => true,
+            Ok("0") => false,
+            Ok(other) => return Err(format!("LEASES={other:?}: 0 or 1").into()),
+            Err(_) => true,
+        };
         let lease_period = ms("LEASE_PERIOD_MS")?;
-        builder = builder.leases(leases);
+        if std::env::var_os("LEASES").is_some() {
+            builder = builder.leases(leases);
+        }
         if leases {
             if let Some(d) = lease_period {
                 builder = builder.lease_period(d);
@@ -678,7 +688,7 @@ fn usage() -> BoxError {
     "usage: peer-server none|governor[-headers]|trlr|tollgate-memory[-bare]|tollgate-redis[-bare]|\
      tollgate-redis-leased[-bare]|tollgate-redis-outage \
      [open|hot] (env PORT, REDIS_URL; for the outage variant ON_STORE_ERROR=allow|deny|fallback|default, \
-     LEASES=1, LEASE_PERIOD_MS)\n\
+     LEASES=0|1, LEASE_PERIOD_MS)\n\
      \x20      peer-server delay-proxy LISTEN_PORT UPSTREAM_PORT DELAY_US"
         .into()
 }
