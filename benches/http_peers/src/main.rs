@@ -123,10 +123,7 @@ mod tollgate_limiter {
                     .axum_body(),
             ),
             Some(url) => router.layer(
-                RateLimitLayer::new(
-                    RedisStore::builder().url(url).leases(false).build()?,
-                    quota,
-                )
+                RateLimitLayer::new(RedisStore::builder().url(url).leases(false).build()?, quota)
                     .key(key)
                     .headers(headers)
                     .on_store_error(OnStoreError::Deny)
