@@ -193,7 +193,10 @@ async fn a_lease_whose_call_timed_out_is_given_back() {
         }
     }
     assert!(warm, "the store never answered");
-    // Redis stalls: the first check of `k`, and the lease it asks for, time
+    // A key seen once asks for no lease; seen again within a period, it does.
+    assert!(store.check("k", &policy, 1).await.unwrap().allowed());
+    assert_eq!(store.lease_stats().requests, 0);
+    // Redis stalls: the second check of `k`, and the lease it asks for, time
     // out; they run when Redis comes back, and so does what was sent after.
     server.freeze();
     let err = store.check("k", &policy, 1).await.unwrap_err();
@@ -416,4 +419,44 @@ async fn a_lease_holds_on_every_quota_of_a_policy() {
         on(&keys[1]),
         "holds differ between the buckets"
     );
+}
+
+/// A reset of a key's buckets under one policy also forgets this
+/// instance's holds on them taken under another policy that shares a
+/// bucket (the same quota): those holds went with the bucket, and
+/// spending them would admit beyond the fresh bucket.
+#[tokio::test]
+async fn a_reset_forgets_holds_taken_under_another_policy_on_its_buckets() {
+    let server = RedisServer::start();
+    let store = leased(&server, Duration::from_secs(10));
+    let per_minute = Quota::per_minute(6_000).unwrap();
+    let reset = Policy::from(per_minute);
+    let sharing = Policy::new("sharing", [per_minute, Quota::per_hour(100_000).unwrap()]).unwrap();
+    for _ in 0..100 {
+        assert!(store.check("k", &sharing, 1).await.unwrap().allowed());
+        if store.lease_stats().outstanding > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert!(store.lease_stats().outstanding > 0, "no lease came");
+    let local = store.lease_stats().local_decisions;
+    assert!(store.check("k", &sharing, 1).await.unwrap().allowed());
+    assert_eq!(
+        store.lease_stats().local_decisions,
+        local + 1,
+        "decided from the hold"
+    );
+    store.reset("k", &reset).await.unwrap();
+    assert_eq!(
+        store.lease_stats().outstanding,
+        0,
+        "{:?}",
+        store.lease_stats()
+    );
+    // The next check goes to Redis, whose fresh per-minute bucket saw it.
+    assert!(store.check("k", &sharing, 1).await.unwrap().allowed());
+    assert_eq!(store.lease_stats().local_decisions, local + 1);
+    let key = store.bucket_key("k", &per_minute);
+    assert!(server.cmd::<Vec<String>>(&["KEYS", &key]).len() == 1);
 }

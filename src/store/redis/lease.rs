@@ -163,6 +163,10 @@ struct Entry {
     /// key tails of its policy (see `leasing.rs`), one string per set of
     /// buckets.
     name: Box<str>,
+    /// This entry among those the name has had: a lease answered for an
+    /// earlier one (forgotten by a reset, or evicted, while the lease was
+    /// under way) is not this entry's to use.
+    serial: u64,
     /// The storage keys of its buckets, for lease requests and reports.
     keys: Vec<String>,
     policy: Policy,
@@ -199,13 +203,6 @@ struct Shard {
     outstanding: u64,
 }
 
-impl Shard {
-    fn remove(&mut self, hash: u64, name: &str) -> Option<Entry> {
-        let found = self.table.find_entry(hash, |e| &*e.name == name).ok()?;
-        Some(found.remove().0)
-    }
-}
-
 /// A hold to report: the keys and policy of its buckets, its id, what was
 /// spent of it and what it held.
 pub(crate) struct Report {
@@ -229,6 +226,8 @@ pub(crate) struct Errand {
 pub(crate) struct Ask {
     /// The key's name in the map.
     pub(crate) name: Box<str>,
+    /// The entry's serial (see [`Entry`]).
+    pub(crate) serial: u64,
     pub(crate) keys: Vec<String>,
     pub(crate) policy: Policy,
     /// The most tokens wanted.
@@ -252,6 +251,8 @@ pub(crate) struct Leases {
     /// Where this instance's lease ids start.
     instance: u64,
     next_id: AtomicU64,
+    /// The next entry's serial.
+    next_serial: AtomicU64,
     pub(crate) counters: Counters,
     /// The `store` label of the metrics.
     label: &'static str,
@@ -272,6 +273,7 @@ impl Leases {
             config,
             instance,
             next_id: AtomicU64::new(1),
+            next_serial: AtomicU64::new(0),
             counters: Counters::default(),
             label,
         }
@@ -341,6 +343,7 @@ impl Leases {
                 }
                 let entry = Entry {
                     name: name.into(),
+                    serial: self.next_serial.fetch_add(1, Ordering::Relaxed),
                     keys: keys(),
                     policy: policy.clone(),
                     demand: 0.0,
@@ -358,7 +361,9 @@ impl Leases {
             }
         };
         let age = now.saturating_duration_since(entry.seen).as_secs_f64();
-        entry.demand = entry.demand * (-age / period).exp() + cost as f64;
+        // What the key asked for before this check, decayed to now.
+        let prior = entry.demand * (-age / period).exp();
+        entry.demand = prior + cost as f64;
         entry.seen = now;
         // Holds used up or past their time here are reported: one spent
         // whole with the next lease request, others at once.
@@ -388,9 +393,16 @@ impl Leases {
         }
         // Ask for the next lease when what is held runs low (see `low`),
         // or the newest hold is in its last quarter.
+        // A key that was not checked within about a period before this
+        // check (a decayed demand under half of this check's cost: no
+        // check in the last 0.7 periods, or a sparse trickle) gets no
+        // lease: a hold it would not spend before its expiry is debited
+        // whole, and a client seen once an hour would lose a lease's
+        // worth of tokens for every request.
         if entry.asking
             || entry.holds.len() >= MAX_HOLDS
             || entry.quiet_until.is_some_and(|t| now < t)
+            || prior < cost.max(1) as f64 / 2.0
         {
             return decided;
         }
@@ -433,12 +445,17 @@ impl Leases {
         // left, a lease lasts about a period. It lives two. The script
         // grants the roomy size and life when every bucket is at least 3/4
         // free besides the cost, the plain ones otherwise.
-        let want = (per_period + per_period / 2).saturating_sub(held);
-        let roomy_want = (roomy_wanted + roomy_wanted / 2).saturating_sub(held);
+        let want = per_period
+            .saturating_add(per_period / 2)
+            .saturating_sub(held);
+        let roomy_want = roomy_wanted
+            .saturating_add(roomy_wanted / 2)
+            .saturating_sub(held);
         if want.max(roomy_want) >= MIN_LEASE && (low || aging) {
             entry.asking = true;
             errand.lease = Some(Ask {
                 name: entry.name.clone(),
+                serial: entry.serial,
                 keys: entry.keys.clone(),
                 policy: entry.policy.clone(),
                 want: if want >= MIN_LEASE { want } else { 0 },
@@ -521,19 +538,28 @@ impl Leases {
 
     /// A fresh lease id.
     pub(crate) fn id(&self) -> u64 {
-        let n = self.next_id.fetch_add(1, Ordering::Relaxed);
-        self.instance.wrapping_add(n) & (u64::MAX >> 1)
+        loop {
+            let n = self.next_id.fetch_add(1, Ordering::Relaxed);
+            // Never 0: a lease request's "no report" (see `encode.rs`).
+            let id = self.instance.wrapping_add(n) & (u64::MAX >> 1);
+            if id != 0 {
+                return id;
+            }
+        }
     }
 
     /// A lease on the buckets named `name` (storage keys `keys`) for
     /// `policy` answered: `granted` tokens (0: none) held for `life` from a
     /// request sent at `sent`, or `None` when the call failed; `roomy`:
     /// whether the script granted the roomy size and life. A hold whose
-    /// key was evicted meanwhile comes back to be reported.
+    /// key's entry (`serial`) was evicted or forgotten meanwhile comes back
+    /// to be reported: a later entry of the same name never gets it (after
+    /// a reset, Redis may have deleted the hold with its buckets).
     #[allow(clippy::too_many_arguments, reason = "one answer, read apart")]
     pub(crate) fn answered(
         &self,
         name: &str,
+        serial: u64,
         keys: &[String],
         policy: &Policy,
         id: u64,
@@ -544,7 +570,11 @@ impl Leases {
     ) -> Option<Report> {
         let (hash, mut guard) = self.shard(name);
         let shard = &mut *guard;
-        let Some(entry) = shard.table.find_mut(hash, |e| &*e.name == name) else {
+        let found = shard
+            .table
+            .find_mut(hash, |e| &*e.name == name)
+            .filter(|e| e.serial == serial);
+        let Some(entry) = found else {
             let granted = granted.filter(|&g| g > 0)?;
             return Some(Report {
                 keys: keys.to_vec(),
@@ -577,16 +607,43 @@ impl Leases {
         None
     }
 
-    /// Forgets the holds of the buckets named `name` (the key was reset),
-    /// to report them.
-    pub(crate) fn forget(&self, name: &str, errand: &mut Errand) {
-        let (hash, mut guard) = self.shard(name);
-        let shard = &mut *guard;
-        if let Some(entry) = shard.remove(hash, name) {
-            errand
-                .reports
-                .extend(self.leaving(entry, &mut shard.outstanding));
-        }
+    /// Forgets the holds on the buckets of `key` under `policy` (they were
+    /// reset): the entry of that policy, whose holds went with its buckets,
+    /// and those of the key's other policies that share a bucket with it
+    /// (same quota), whose reports go to `errand` (they debit and release
+    /// the holds' other buckets). Looks through the whole map: a reset is
+    /// rare, the map bounded.
+    pub(crate) fn forget(&self, key: &str, policy: &Policy, errand: &mut Errand) {
+        let safe = safe_key(key);
+        lease_name(key, policy, |name| {
+            for shard in &self.shards {
+                let mut guard = lock(shard);
+                let Shard {
+                    table, outstanding, ..
+                } = &mut *guard;
+                // A name is the safe key, then its policy's tails, each
+                // starting with `}` (which no safe key holds).
+                let ours = |e: &Entry| {
+                    e.name.strip_prefix(&*safe).is_some_and(|rest| {
+                        rest.starts_with('}')
+                            && e.policy
+                                .key_tails()
+                                .iter()
+                                .any(|t| policy.key_tails().contains(t))
+                    })
+                };
+                let gone: Vec<Entry> = table.extract_if(|e| ours(e)).collect();
+                for entry in gone {
+                    let same = *entry.name == *name;
+                    let reports = self.leaving(entry, outstanding);
+                    // The reset policy's own holds went with its buckets:
+                    // their reports would find nothing.
+                    if !same {
+                        errand.reports.extend(reports);
+                    }
+                }
+            }
+        });
     }
 
     /// Every hold, to report (the store is going away).
@@ -667,5 +724,127 @@ impl Report {
                 id: self.id,
             },
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quota::Quota;
+
+    fn leases() -> Leases {
+        let config = LeaseConfig {
+            period: Duration::from_secs(1),
+            max_keys: 100,
+        };
+        Leases::new(config, "test")
+    }
+
+    fn policy(quotas: &[Quota]) -> Policy {
+        Policy::new("p", quotas.iter().copied()).unwrap()
+    }
+
+    /// One check of `key` under `policy`: decided here or not, and the
+    /// errand it leaves.
+    fn check(leases: &Leases, key: &str, policy: &Policy) -> (Option<Decision>, Errand) {
+        let mut errand = Errand::default();
+        let decided = lease_name(key, policy, |name| {
+            leases.check(name, || vec![format!("{key}:k")], policy, 1, &mut errand)
+        });
+        (decided, errand)
+    }
+
+    /// Checks `key` until it asks for a lease, and answers it with a hold
+    /// of `granted` (id `id`).
+    fn held(leases: &Leases, key: &str, policy: &Policy, id: u64, granted: u64) {
+        let ask = (0..4)
+            .find_map(|_| check(leases, key, policy).1.lease)
+            .expect("a key checked again within a period asks for a lease");
+        let back = leases.answered(
+            &ask.name,
+            ask.serial,
+            &ask.keys,
+            policy,
+            id,
+            Some(granted),
+            Instant::now(),
+            Duration::from_secs(60),
+            false,
+        );
+        assert!(back.is_none(), "the hold is the key's");
+    }
+
+    #[test]
+    fn a_key_seen_once_gets_no_lease() {
+        let leases = leases();
+        let p = policy(&[Quota::per_hour(100).unwrap()]);
+        let (decided, errand) = check(&leases, "once", &p);
+        assert!(decided.is_none());
+        assert!(errand.lease.is_none(), "a first check asks for no lease");
+        // Checked again at once: now it does.
+        assert!(check(&leases, "once", &p).1.lease.is_some());
+    }
+
+    #[test]
+    fn a_lease_answered_after_a_reset_is_given_back_not_used() {
+        let p = policy(&[Quota::per_second(100).unwrap()]);
+        for reset in [false, true] {
+            let leases = leases();
+            check(&leases, "c", &p);
+            let ask = check(&leases, "c", &p)
+                .1
+                .lease
+                .expect("a lease is asked for");
+            if reset {
+                leases.forget("c", &p, &mut Errand::default());
+                // A check of the fresh bucket makes a fresh entry.
+                assert!(check(&leases, "c", &p).0.is_none());
+            }
+            let back = leases.answered(
+                &ask.name,
+                ask.serial,
+                &ask.keys,
+                &p,
+                7,
+                Some(10),
+                Instant::now(),
+                Duration::from_secs(60),
+                false,
+            );
+            let decided = check(&leases, "c", &p).0;
+            if reset {
+                let back = back.expect("the hold comes back to be reported");
+                assert_eq!((back.id, back.spent, back.left), (7, 0, 10));
+                assert!(decided.is_none(), "the fresh entry spends no old hold");
+                assert_eq!(leases.stats().outstanding, 0);
+            } else {
+                assert!(back.is_none());
+                assert!(decided.is_some(), "without a reset the hold is used");
+            }
+        }
+    }
+
+    #[test]
+    fn a_reset_forgets_the_holds_of_every_policy_on_its_buckets() {
+        let leases = leases();
+        let per_second = Quota::per_second(10).unwrap();
+        let reset = policy(&[per_second]);
+        let sharing = policy(&[per_second, Quota::per_hour(1000).unwrap()]);
+        let apart = policy(&[Quota::per_second(20).unwrap()]);
+        held(&leases, "c", &reset, 1, 5);
+        held(&leases, "c", &sharing, 2, 5);
+        held(&leases, "c", &apart, 3, 5);
+        // Another key whose name starts with this one's.
+        held(&leases, "c2", &sharing, 4, 5);
+        let mut errand = Errand::default();
+        leases.forget("c", &reset, &mut errand);
+        // The reset policy's hold went with its buckets; the sharing
+        // policy's is reported, for its other bucket.
+        let ids: Vec<u64> = errand.reports.iter().map(|r| r.id).collect();
+        assert_eq!(ids, [2]);
+        assert!(check(&leases, "c", &reset).0.is_none());
+        assert!(check(&leases, "c", &sharing).0.is_none());
+        assert!(check(&leases, "c", &apart).0.is_some());
+        assert!(check(&leases, "c2", &sharing).0.is_some());
     }
 }

@@ -12,6 +12,7 @@ use super::encode::{ROOMY, Spend};
 use super::lease::{Ask, Errand, LeaseStats, Leases, WHOLE, lease_name};
 use super::store::RedisStore;
 use crate::decision::Decision;
+use crate::error::ErrorKind;
 use crate::policy::Policy;
 use crate::quota::micros;
 
@@ -47,11 +48,16 @@ impl RedisStore {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             // Nothing can be sent: the key must not stay asking.
             if let Some(Ask {
-                name, keys, policy, ..
+                name,
+                serial,
+                keys,
+                policy,
+                ..
             }) = &errand.lease
             {
                 let _ = leases.answered(
                     name,
+                    *serial,
                     keys,
                     policy,
                     0,
@@ -65,6 +71,7 @@ impl RedisStore {
         };
         if let Some(Ask {
             name,
+            serial,
             keys,
             policy,
             want,
@@ -81,6 +88,7 @@ impl RedisStore {
             let guard = Asking {
                 store: self.clone(),
                 name,
+                serial,
                 keys: Some(keys),
                 policy: policy.clone(),
                 id,
@@ -100,16 +108,24 @@ impl RedisStore {
                     report: carried.map(|id| (id, WHOLE)),
                     roomy_want,
                 };
-                let answer = store.send(keys, &policy, spend, None).await.ok();
-                let reply = answer.map(|(_, packed)| LeaseReply::packed(packed));
+                let answer = store.send(keys, &policy, spend, None).await;
+                // Only a call that may have reached Redis can have left a
+                // hold to give back: not one the breaker stopped, nor one
+                // Redis answered with an error.
+                let maybe_ran = matches!(
+                    &answer,
+                    Err(e) if matches!(e.kind(), ErrorKind::Timeout | ErrorKind::Connection)
+                );
+                let reply = answer.ok().map(|(_, packed)| LeaseReply::packed(packed));
                 let granted = reply.map(|r| r.granted);
                 // The script says which size and life it granted.
                 let got_roomy = reply.is_some_and(|r| r.roomy);
                 let life = if got_roomy { life * ROOMY } else { life };
-                let give_back = reply.is_none().then(|| guard.keys.clone()).flatten();
+                let give_back = maybe_ran.then(|| guard.keys.clone()).flatten();
                 let orphan = match (guard.keys.take(), &store.inner.leases) {
                     (Some(keys), Some(leases)) => leases.answered(
                         &guard.name,
+                        guard.serial,
                         &keys,
                         &policy,
                         id,
@@ -134,12 +150,14 @@ impl RedisStore {
                 // tried again a period later, a few times.
                 if let (Some(keys), Some(leases)) = (give_back, &store.inner.leases) {
                     let period = leases.period();
-                    for _ in 0..GIVE_BACK_TRIES {
+                    for tries_left in (0..GIVE_BACK_TRIES).rev() {
                         let spend = Spend::Report { spent: 0, id };
-                        if store.send(keys.clone(), &policy, spend, None).await.is_ok() {
-                            break;
+                        match store.send(keys.clone(), &policy, spend, None).await {
+                            Err(_) if tries_left > 0 => {
+                                tokio::time::sleep(period).await;
+                            }
+                            _ => break,
                         }
-                        tokio::time::sleep(period).await;
                     }
                 }
             });
@@ -183,6 +201,7 @@ const GIVE_BACK_TRIES: u32 = 4;
 struct Asking {
     store: RedisStore,
     name: Box<str>,
+    serial: u64,
     keys: Option<Vec<String>>,
     policy: Policy,
     id: u64,
@@ -193,6 +212,7 @@ impl Drop for Asking {
         if let (Some(keys), Some(leases)) = (self.keys.take(), &self.store.inner.leases) {
             leases.answered(
                 &self.name,
+                self.serial,
                 &keys,
                 &self.policy,
                 self.id,

@@ -14,7 +14,7 @@ use super::batch::{Batcher, Pending};
 use super::connection::Link;
 use super::encode::{SlotOf, Spend};
 use super::failure::{classify, is_connection_error};
-use super::lease::{Errand, LeaseConfig, Leases, lease_name};
+use super::lease::{Errand, LeaseConfig, Leases};
 use super::script::Script;
 use crate::decision::Decision;
 use crate::decision::Reservation;
@@ -442,11 +442,12 @@ impl Store for RedisStore {
             cache.forget(&keys);
         }
         // Held tokens of a reset bucket are gone with it: forgotten here,
-        // not reported (their reports would find nothing).
+        // with those of the key's other policies on a bucket of this one
+        // (theirs are reported, for their other buckets).
         if let Some(leases) = &self.inner.leases {
-            lease_name(key, policy, |name| {
-                leases.forget(name, &mut Errand::default());
-            });
+            let mut errand = Errand::default();
+            leases.forget(key, policy, &mut errand);
+            self.run_errand(errand);
         }
         let mut del = redis::cmd("DEL");
         del.arg(&keys);
