@@ -367,11 +367,15 @@ impl Leases {
         entry.seen = now;
         // Holds used up or past their time here are reported: one spent
         // whole with the next lease request, others at once.
-        while let Some(front) = entry.holds.front() {
-            if front.left > 0 && now < front.until {
-                break;
+        let mut i = 0;
+        while let Some(hold) = entry.holds.get(i) {
+            if hold.left > 0 && now < hold.until {
+                i += 1;
+                continue;
             }
-            let hold = entry.holds.pop_front()?;
+            let Some(hold) = entry.holds.remove(i) else {
+                break;
+            };
             let report = self.report(&entry.keys, &entry.policy, hold, now, outstanding);
             if report.left == 0 && !report.expired && entry.spent.len() < MAX_HOLDS {
                 entry.spent.push_back(report.id);
@@ -379,11 +383,15 @@ impl Leases {
                 errand.reports.push(report);
             }
         }
+        // Spent from the hold that ends here first: a plain lease asked for
+        // under a roomy one ends long before it, and would otherwise expire
+        // unspent (debited whole).
         let mut decided = None;
         if let Some(hold) = entry
             .holds
             .iter_mut()
-            .find(|h| h.left >= cost && now < h.until)
+            .filter(|h| h.left >= cost && now < h.until)
+            .min_by_key(|h| h.until)
         {
             hold.left -= cost;
             *local += 1;
@@ -822,6 +830,37 @@ mod tests {
                 assert!(decided.is_some(), "without a reset the hold is used");
             }
         }
+    }
+
+    #[test]
+    fn the_hold_that_ends_first_is_spent_first() {
+        let leases = leases();
+        let p = policy(&[Quota::per_second(100).unwrap()]);
+        let ask = (0..4)
+            .find_map(|_| check(&leases, "c", &p).1.lease)
+            .expect("a lease is asked for");
+        let answer = |id, granted, life| {
+            leases.answered(
+                &ask.name,
+                ask.serial,
+                &ask.keys,
+                &p,
+                id,
+                Some(granted),
+                Instant::now(),
+                life,
+                false,
+            )
+        };
+        // A roomy hold, then a plain one behind it that ends much sooner.
+        assert!(answer(1, 10, Duration::from_secs(60)).is_none());
+        assert!(answer(2, 5, Duration::from_secs(2)).is_none());
+        for left in (0..5).rev() {
+            let decided = check(&leases, "c", &p).0.expect("decided here");
+            assert_eq!(decided.remaining(), left, "spent from the plain hold");
+        }
+        let decided = check(&leases, "c", &p).0.expect("decided here");
+        assert_eq!(decided.remaining(), 9, "then from the roomy one");
     }
 
     #[test]

@@ -148,16 +148,24 @@ impl RedisStore {
                 // periods). A report of an id its buckets do not hold does
                 // nothing. While Redis stalls the report fails too, so it is
                 // tried again a period later, a few times.
+                // A report that finds nothing is sent once more, a period
+                // later: after a connection was replaced, the new one's
+                // report may reach Redis before the lease still queued on the
+                // old one.
                 if let (Some(keys), Some(leases)) = (give_back, &store.inner.leases) {
                     let period = leases.period();
+                    let mut not_found = 0;
                     for tries_left in (0..GIVE_BACK_TRIES).rev() {
                         let spend = Spend::Report { spent: 0, id };
                         match store.send(keys.clone(), &policy, spend, None).await {
-                            Err(_) if tries_left > 0 => {
-                                tokio::time::sleep(period).await;
-                            }
-                            _ => break,
+                            Ok((_, 1)) => break,
+                            Ok(_) => not_found += 1,
+                            Err(_) => {}
                         }
+                        if tries_left == 0 || not_found == 2 {
+                            break;
+                        }
+                        tokio::time::sleep(period).await;
                     }
                 }
             });
@@ -194,7 +202,8 @@ impl RedisStore {
 }
 
 /// How many times the report giving back a lease whose call failed is
-/// sent, a lease period apart, until one is answered.
+/// sent, a lease period apart, until one finds the hold (or two answers
+/// found none).
 const GIVE_BACK_TRIES: u32 = 4;
 
 /// A lease request under way; dropped unanswered, it answers "none".
