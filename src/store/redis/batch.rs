@@ -164,10 +164,22 @@ impl Batcher {
         queue.in_flight = queue.in_flight.saturating_sub(1);
     }
 
-    /// The next batch, from the front of the queue.
+    /// The next batch, from the front of the queue: refunds apart from
+    /// everything else. A call that gives tokens back is never sent twice
+    /// (see [`Batch::run`](super::encode::Batch::run)), so a check batched
+    /// with a refund could not be resent after a broken connection either;
+    /// refunds go in calls of their own (several together).
     fn take(&self, queue: &mut Queue) -> Vec<Pending> {
         let n = queue.pending.len().min(self.max_batch);
-        queue.pending.drain(..n).collect()
+        let refund = |p: &Pending| matches!(p.spend, Spend::Adjust(delta) if delta < 0);
+        let first = queue.pending.first().is_some_and(refund);
+        let run = queue
+            .pending
+            .iter()
+            .take(n)
+            .take_while(|p| refund(p) == first)
+            .count();
+        queue.pending.drain(..run).collect()
     }
 }
 
@@ -228,5 +240,49 @@ impl Drop for Slot {
         if self.held {
             self.queue.give_back();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quota::Quota;
+
+    fn pending(spend: Spend) -> Pending {
+        let (reply, _) = oneshot::channel();
+        Pending {
+            keys: vec!["k".to_owned()],
+            policy: Policy::from(Quota::per_second(10).unwrap()),
+            spend,
+            sent: Instant::now(),
+            reply,
+        }
+    }
+
+    /// Refunds (never resent) and everything else (resent once after a
+    /// broken connection) go in calls apart; each kind still batches.
+    #[test]
+    fn refunds_are_batched_apart_from_checks() {
+        let batcher = Batcher::new(10);
+        let kinds = [1, 1, -1, -1, 1, -1];
+        let mut queue = batcher.lock();
+        for delta in kinds {
+            queue.pending.push(pending(if delta > 0 {
+                Spend::check(1)
+            } else {
+                Spend::Adjust(-1)
+            }));
+        }
+        let mut sizes = Vec::new();
+        while !queue.pending.is_empty() {
+            let batch = batcher.take(&mut queue);
+            let refunds = batch
+                .iter()
+                .filter(|p| matches!(p.spend, Spend::Adjust(_)))
+                .count();
+            assert!(refunds == 0 || refunds == batch.len(), "a mixed batch");
+            sizes.push(batch.len());
+        }
+        assert_eq!(sizes, [2, 2, 1, 1]);
     }
 }
