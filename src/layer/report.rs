@@ -216,7 +216,8 @@ fn digits(n: u64) -> usize {
 /// Adds the rate limit headers describing `decision` under `policy` to a
 /// response's headers. The draft's fields are lists, so nested layers (a
 /// global and a per-route limit) append their items; the legacy
-/// single-value fields keep the innermost layer's values (the first set).
+/// single-value fields hold the most restrictive layer's values (the fewest
+/// remaining; of equals, the first set, the innermost).
 pub(crate) fn add_report(
     target: &mut HeaderMap,
     style: HeaderStyle,
@@ -248,8 +249,17 @@ pub(crate) fn add_report(
                 (X_RATELIMIT_REMAINING, decision.remaining()),
                 (X_RATELIMIT_RESET, ceil_secs(decision.reset_after())),
             ];
-            for (name, value) in fields {
-                target.entry(name).or_insert_with(|| value.into());
+            // One value each: the most restrictive layer's (the fewest
+            // remaining), so nested layers never say more remains than the
+            // tightest of them allows. Fields a service set itself that do
+            // not read as a count are replaced too.
+            let theirs = target
+                .get(&X_RATELIMIT_REMAINING)
+                .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+            if theirs.is_none_or(|theirs| decision.remaining() < theirs) {
+                for (name, value) in fields {
+                    target.insert(name, value.into());
+                }
             }
         }
         HeaderStyle::None => {}
@@ -291,6 +301,31 @@ pub(crate) fn shadow_report(answer: Answer, style: HeaderStyle) -> After {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Nested layers in the legacy style: the fields say what the tightest
+    /// layer leaves, whichever writes first.
+    #[test]
+    fn legacy_fields_hold_the_most_restrictive_layers_values() {
+        let store = MemoryStore::new();
+        let tight = policy(&[Quota::per_minute(10).unwrap()]);
+        let loose = policy(&[Quota::per_minute(100).unwrap()]);
+        let t = store.decide_at("t", &tight, 10, 0).unwrap();
+        let l = store.decide_at("l", &loose, 1, 0).unwrap();
+        for order in [[(&loose, &l), (&tight, &t)], [(&tight, &t), (&loose, &l)]] {
+            let mut headers = HeaderMap::new();
+            for (p, d) in order {
+                add_report(&mut headers, HeaderStyle::Legacy, p, d);
+            }
+            assert_eq!(headers[X_RATELIMIT_REMAINING], "0");
+            assert_eq!(headers[X_RATELIMIT_LIMIT], "10");
+            assert_eq!(headers.get_all(X_RATELIMIT_REMAINING).iter().count(), 1);
+        }
+        // A service's own field that is not a count is replaced.
+        let mut headers = HeaderMap::new();
+        headers.insert(X_RATELIMIT_REMAINING, HeaderValue::from_static("lots"));
+        add_report(&mut headers, HeaderStyle::Legacy, &loose, &l);
+        assert_eq!(headers[X_RATELIMIT_REMAINING], "99");
+    }
 
     /// The headers a report of `decision` adds to an empty map.
     fn map(style: HeaderStyle, policy: &Policy, decision: &Decision) -> HeaderMap {
