@@ -66,7 +66,7 @@ async fn main() -> Result<(), Box<dyn Error + Send + Sync>> {
         Policy::new("login-account", [Quota::new(5, fifteen_minutes)?])?,
     )
     .key(account)
-    .count_only_statuses([401])
+    .count_only_statuses([401])?
     .on_store_error(OnStoreError::Fallback(Fallback::memory()));
     // Keyed by the peer address, the default (behind a proxy, use
     // key::ClientIp with the proxy's networks).
@@ -74,7 +74,7 @@ async fn main() -> Result<(), Box<dyn Error + Send + Sync>> {
         store,
         Policy::new("login-address", [Quota::new(20, fifteen_minutes)?])?,
     )
-    .count_only_statuses([401])
+    .count_only_statuses([401])?
     .on_store_error(OnStoreError::Fallback(Fallback::memory()));
 
     let app = Router::new()

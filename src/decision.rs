@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::quota::Quota;
+use crate::quota::{Quota, ceil_div};
 /// The answer to one check.
 ///
 /// When several quotas were checked at once, the accessors describe the most
@@ -154,6 +154,30 @@ impl Decision {
             binding,
             states,
             fallback: false,
+        }
+    }
+
+    /// This (admitted) decision after `n` more tokens were charged from
+    /// each of its buckets (a settlement at the response's head): `n` fewer
+    /// remain, and every bucket is full again that much later (never later
+    /// than from empty). The most restrictive quota is found again.
+    pub(crate) fn charged(self, n: u64) -> Self {
+        let charge = |s: &QuotaState| {
+            let q = s.quota;
+            let from_empty = ceil_div(q.capacity().saturating_mul(q.den()), q.num());
+            let later = ceil_div(n.saturating_mul(q.den()), q.num());
+            QuotaState::new(
+                q,
+                s.remaining.saturating_sub(n),
+                s.retry_after_us,
+                s.reset_after_us.saturating_add(later).min(from_empty),
+            )
+        };
+        let states: Vec<QuotaState> = self.states.as_slice().iter().map(charge).collect();
+        let charged = Decision::new(self.allowed, states);
+        Decision {
+            fallback: self.fallback,
+            ..charged
         }
     }
 

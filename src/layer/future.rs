@@ -139,10 +139,17 @@ where
                     // The response settles the request's cost now, or, for a
                     // gRPC status still to come in the trailers, at the end
                     // of the body.
-                    let trailing = match after.as_mut().and_then(|a| a.ticket.take()) {
+                    let (trailing, charged) = match after.as_mut().and_then(|a| a.ticket.take()) {
                         Some(ticket) => settle_now(ticket, res.status(), res.headers()),
-                        None => None,
+                        None => (None, 0),
                     };
+                    // A charge at the head is in the headers written below,
+                    // so they never say more remains than does.
+                    if charged > 0
+                        && let Some(after) = after.as_mut()
+                    {
+                        after.decision = after.decision.take().map(|d| d.charged(charged));
+                    }
                     let mut res = res.map(|body| M::body(ResponseBody::settling(body, trailing)));
                     if let Some(after) = after {
                         if let (Some(headers), Some(decision)) = (&after.headers, &after.decision) {

@@ -284,16 +284,38 @@ impl RateLimitLayer {
 
     /// Counts only responses of these HTTP statuses (for example `[401,
     /// 403]`); others are refunded. For gRPC, use
-    /// [`settle`](Self::settle) with [`ResponseHead::grpc_status`].
-    pub fn count_only_statuses(self, statuses: impl IntoIterator<Item = u16>) -> Self {
+    /// [`settle`](Self::settle) with [`ResponseHead::grpc_status`] (a gRPC
+    /// call's HTTP status is 200 whatever its outcome).
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] when the list is empty or holds a number that is
+    /// not an HTTP status (100 to 599): every request would be refunded,
+    /// and the limit would never limit.
+    pub fn count_only_statuses(
+        self,
+        statuses: impl IntoIterator<Item = u16>,
+    ) -> Result<Self, ConfigError> {
         let statuses: Vec<u16> = statuses.into_iter().collect();
-        self.settle(move |response, _| {
+        if statuses.is_empty() {
+            return Err(ConfigError::layer(
+                "count_only_statuses: no status given, so every request would be refunded"
+                    .to_owned(),
+            ));
+        }
+        if let Some(bad) = statuses.iter().find(|s| !(100..=599).contains(*s)) {
+            return Err(ConfigError::layer(format!(
+                "count_only_statuses: {bad} is not an HTTP status (100 to 599); no \
+                 response would have it, so every request would be refunded"
+            )));
+        }
+        Ok(self.settle(move |response, _| {
             if statuses.contains(&response.status().as_u16()) {
                 Settle::Keep
             } else {
                 Settle::Refund
             }
-        })
+        }))
     }
 
     /// In [delay mode](Self::delay), how many requests this layer (with its

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use http::{HeaderMap, HeaderValue, StatusCode};
 
+use super::grpc::{Grpc, media_type};
 use crate::decision::Decision;
 use crate::limiter::RateLimiter;
 use crate::observe;
@@ -123,16 +124,20 @@ enum GrpcKind {
     Web,
 }
 
-/// The gRPC kind of a response, by its `content-type`: `application/grpc`
-/// with an optional `+codec` or parameters, or `application/grpc-web` (and
-/// `-web-text`).
+/// The gRPC kind of a response, by its `content-type`, read as a request's
+/// is (`application/grpc` with an optional `+codec` or parameters, or
+/// `application/grpc-web` and `-web-text`, in any case), or, without one
+/// that says so, by a `grpc-status` in its headers (a trailers-only answer
+/// that names no content type is still a gRPC status).
 fn grpc_kind(headers: &HeaderMap) -> Option<GrpcKind> {
-    let ct = headers.get(http::header::CONTENT_TYPE)?.as_bytes();
-    let rest = ct.strip_prefix(b"application/grpc")?;
-    match rest.first() {
-        None | Some(b'+' | b';') => Some(GrpcKind::Grpc),
-        Some(b'-') if rest.starts_with(b"-web") => Some(GrpcKind::Web),
-        _ => None,
+    let named = headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|ct| media_type(ct.as_bytes()));
+    match named {
+        Some(Grpc::Native) => Some(GrpcKind::Grpc),
+        Some(Grpc::Web | Grpc::WebText) => Some(GrpcKind::Web),
+        None if headers.contains_key("grpc-status") => Some(GrpcKind::Grpc),
+        None => None,
     }
 }
 
@@ -192,26 +197,32 @@ impl Ticket {
     }
 
     /// Asks the layer's function what `head` does to the cost, and applies
-    /// it: nothing for [`Settle::Keep`].
-    pub(crate) fn settle(self, head: &ResponseHead<'_>) {
+    /// it: nothing for [`Settle::Keep`]. Returns the tokens charged (0
+    /// unless a charge), for the headers still to be written.
+    pub(crate) fn settle(self, head: &ResponseHead<'_>) -> u64 {
         let delta = match (self.settle)(head, &self.decision) {
-            Settle::Keep => return,
-            Settle::Refund if self.cost == 0 => return,
+            Settle::Keep => return 0,
+            Settle::Refund if self.cost == 0 => return 0,
             Settle::Refund => -signed(self.cost),
-            Settle::Charge(0) => return,
+            Settle::Charge(0) => return 0,
             Settle::Charge(n) => signed(n.min(MAX_EXACT)),
         };
         let settlement = if delta < 0 { "refund" } else { "charge" };
-        observe::settled(self.policy.name(), settlement, delta.unsigned_abs());
-        self.apply(delta);
+        let policy = self.policy.clone();
+        if !self.apply(delta) {
+            return 0;
+        }
+        observe::settled(policy.name(), settlement, delta.unsigned_abs());
+        u64::try_from(delta).unwrap_or(0)
     }
 
     /// `delta` tokens spent (or given back) where the decision was made: in
     /// the fallback's share, in a memory store at once, or sent to Redis in a
     /// task of its own (batched with the checks in flight), so the response
     /// never waits for it. A store that fails keeps the tokens spent; the
-    /// failure is reported as any store failure.
-    fn apply(self, delta: i64) {
+    /// failure is reported as any store failure. False when it could not
+    /// be made at all (Redis, without a tokio runtime to send it from).
+    fn apply(self, delta: i64) -> bool {
         let Ticket {
             limiter,
             key,
@@ -220,23 +231,26 @@ impl Ticket {
             ..
         } = self;
         match by {
-            By::Fallback(scaled) => {
-                if let Some(fallback) = limiter.fallback_store() {
+            By::Fallback(scaled) => match limiter.fallback_store() {
+                Some(fallback) => {
                     fallback.adjust_scaled(&key, &scaled, delta);
+                    true
                 }
-            }
+                None => false,
+            },
             By::Store => {
                 if let Some(memory) = limiter.store().as_memory() {
                     memory.adjust_now(&key, &policy, delta);
-                    return;
+                    return true;
                 }
                 let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-                    return;
+                    return false;
                 };
                 runtime.spawn(async move {
                     // Store failures are reported by the store itself.
                     let _ = limiter.store().adjust(&key, &policy, delta).await;
                 });
+                true
             }
         }
     }
@@ -268,7 +282,7 @@ impl Trailing {
             status,
             headers,
         } = self;
-        (*ticket).settle(&ResponseHead::new(status, &headers, Some(trailers)));
+        let _ = (*ticket).settle(&ResponseHead::new(status, &headers, Some(trailers)));
     }
 }
 
@@ -281,16 +295,18 @@ pub(crate) fn settle_now(
     ticket: Box<Ticket>,
     status: StatusCode,
     headers: &HeaderMap,
-) -> Option<Box<Trailing>> {
+) -> (Option<Box<Trailing>>, u64) {
     if !headers.contains_key("grpc-status") {
         match grpc_kind(headers) {
-            Some(GrpcKind::Grpc) => return Some(Trailing::new(ticket, status, headers.clone())),
-            Some(GrpcKind::Web) => return None,
+            Some(GrpcKind::Grpc) => {
+                return (Some(Trailing::new(ticket, status, headers.clone())), 0);
+            }
+            Some(GrpcKind::Web) => return (None, 0),
             None => {}
         }
     }
-    (*ticket).settle(&ResponseHead::new(status, headers, None));
-    None
+    let charged = (*ticket).settle(&ResponseHead::new(status, headers, None));
+    (None, charged)
 }
 
 #[cfg(test)]
@@ -352,6 +368,31 @@ mod tests {
             200,
             &[("content-type", "application/grpc;x=y")]
         )));
+    }
+
+    /// A response is told to be gRPC as a request is: its content type in
+    /// any case and with spaces, or a `grpc-status` in its headers.
+    #[test]
+    fn a_grpc_response_is_known_as_a_grpc_request_is() {
+        for ct in [
+            "Application/gRPC",
+            "application/grpc ; x=y",
+            "APPLICATION/GRPC+proto",
+        ] {
+            let h = head(200, &[("content-type", ct)]);
+            assert_eq!(grpc_kind(&h), Some(GrpcKind::Grpc), "{ct:?}");
+        }
+        let web = head(200, &[("content-type", "Application/grpc-web-text")]);
+        assert_eq!(grpc_kind(&web), Some(GrpcKind::Web));
+        // A trailers-only answer without a content type: settled by its
+        // status, not by its HTTP 200.
+        let bare = head(200, &[("grpc-status", "16")]);
+        let r = ResponseHead::new(StatusCode::OK, &bare, None);
+        assert_eq!((r.grpc_status(), r.is_success()), (Some(16), false));
+        assert_eq!(
+            grpc_kind(&head(200, &[("content-type", "text/plain")])),
+            None
+        );
     }
 
     mod through_the_layer {
@@ -486,6 +527,49 @@ mod tests {
             assert_eq!(left_after(failures, in_head, true).await, 10);
             assert_eq!(left_after(successes, in_body, true).await, 9);
             assert_eq!(left_after(failures, in_body, true).await, 9);
+        }
+
+        #[test]
+        fn count_only_statuses_refuses_lists_that_refund_everything() {
+            let layer = || RateLimitLayer::new(MemoryStore::new(), Quota::per_second(1).unwrap());
+            assert!(layer().count_only_statuses([]).is_err());
+            let err = layer().count_only_statuses([401, 4010]).unwrap_err();
+            assert!(err.to_string().contains("4010"), "{err}");
+            assert!(layer().count_only_statuses([99]).is_err());
+            assert!(layer().count_only_statuses([401, 403]).is_ok());
+        }
+
+        /// A charge settled at the head is in the headers written after it:
+        /// they never say more remains than does.
+        #[tokio::test]
+        async fn a_charge_at_the_head_is_in_the_headers() {
+            use crate::layer::HeaderStyle;
+            for (style, name) in [
+                (HeaderStyle::Ietf, "ratelimit"),
+                (HeaderStyle::Legacy, "x-ratelimit-remaining"),
+            ] {
+                let store = MemoryStore::new();
+                let quota = Quota::new(10, std::time::Duration::from_secs(86_400)).unwrap();
+                let layer = RateLimitLayer::new(store, quota)
+                    .key(Global)
+                    .headers(style)
+                    .decision_in_response()
+                    .settle(|_, _| crate::layer::Settle::Charge(4));
+                let svc = layer.layer(tower::service_fn(|_: Request<()>| async {
+                    Ok::<_, Infallible>(Response::new(String::new()))
+                }));
+                let res = svc.oneshot(Request::new(())).await.unwrap();
+                let header = res.headers()[name].to_str().unwrap().to_owned();
+                // 10 less the request's 1 and the charge's 4.
+                let five = if name == "ratelimit" {
+                    header.contains(";r=5;")
+                } else {
+                    header == "5"
+                };
+                assert!(five, "{name}: {header}");
+                let decision = res.extensions().get::<crate::Decision>().unwrap();
+                assert_eq!(decision.remaining(), 5);
+            }
         }
     }
 }

@@ -29,7 +29,7 @@ mod status;
 
 pub use status::GRPC_RETRY_PUSHBACK_MS;
 use status::{Code, Pushback, trailers_only};
-pub(crate) use status::{Grpc, flavor};
+pub(crate) use status::{Grpc, flavor, media_type};
 
 /// True when `parts` is a gRPC call: a `POST` with a gRPC media type,
 /// `application/grpc`, `application/grpc-web` or `application/grpc-web-text`

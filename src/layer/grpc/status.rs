@@ -64,7 +64,7 @@ pub(crate) fn flavor(parts: &Parts) -> Option<Grpc> {
 /// The gRPC kind a `content-type` value names: the type before any `;`
 /// parameters and `+suffix`, compared without regard to case (RFC 9110 section
 /// 8.3.1). `application/grpcx` or `application/grpc-webby` are not gRPC.
-fn media_type(value: &[u8]) -> Option<Grpc> {
+pub(crate) fn media_type(value: &[u8]) -> Option<Grpc> {
     let essence = value
         .split(|b| *b == b';')
         .next()
