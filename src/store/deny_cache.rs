@@ -55,7 +55,8 @@
 //! lengthen the true wait beyond any told, Redis's own answers included. A
 //! charge made here forgets the cached denial too. Three events add tokens
 //! and the cache does not see them on other instances: a `reset` and a
-//! refund (each seen at once on the instance that made it), and the store
+//! refund (each seen at once on the instance that made it; after a reset,
+//! a denial of a check sent before it and answered late is not cached), and the store
 //! losing its data (a Redis restart or failover without the key). Either
 //! way a denied client waits at most the wait it was told.
 //!
@@ -85,6 +86,10 @@ const SHARDS: usize = 16;
 /// (0.1 %): the store's clock may run that much faster than the local
 /// monotonic clock that counts the wait down (see the module docs).
 const DRIFT_DIVISOR: u32 = 1_000;
+
+/// How long a reset's fence is kept: longer than any check may take to be
+/// answered (a store timeout is at most 60 s).
+const FENCE_LIFE: Duration = Duration::from_secs(120);
 
 /// What one cached denial remembers.
 #[derive(Debug)]
@@ -130,6 +135,12 @@ struct Shard {
     /// No entry of this shard expires before this: a full shard does not
     /// rescan until then.
     quiet_until: Option<Instant>,
+    /// When buckets (by their keys' hash) were last reset here: a denial of
+    /// a check sent before is of the old bucket, and is not cached. Kept
+    /// for [`FENCE_LIFE`], at most as many as the shard's entries.
+    fences: HashMap<u64, Instant, BuildHasherDefault<Prehashed>>,
+    /// With too many fences, one for every key of the shard.
+    fenced_all: Option<Instant>,
 }
 
 /// Cached denials of one store.
@@ -230,6 +241,12 @@ impl DenyCache {
         };
         let hash = self.hash(&keys);
         let mut shard = self.shard(hash);
+        // Sent before a reset of these buckets: the denial is the old
+        // bucket's.
+        let fence = shard.fences.get(&hash).copied().max(shard.fenced_all);
+        if fence.is_some_and(|fence| sent < fence) {
+            return;
+        }
         if !shard.entries.contains_key(&hash) && shard.entries.len() >= self.per_shard {
             if shard.quiet_until.is_some_and(|q| now < q) {
                 return;
@@ -277,7 +294,28 @@ impl DenyCache {
         self.forget(keys);
     }
 
-    /// Forgets the denial of these buckets (after a `reset`).
+    /// After a `reset` of these buckets was made: forgets their denial,
+    /// and refuses to cache a denial of a check sent before now (answered
+    /// late, from the old bucket).
+    pub(crate) fn fence(&self, keys: &[String]) {
+        let now = Instant::now();
+        let hash = self.hash(keys);
+        let mut shard = self.shard(hash);
+        if shard.entries.get(&hash).is_some_and(|e| *e.keys == *keys) {
+            shard.entries.remove(&hash);
+        }
+        shard
+            .fences
+            .retain(|_, at| now.saturating_duration_since(*at) < FENCE_LIFE);
+        if shard.fences.len() >= self.per_shard {
+            shard.fences.clear();
+            shard.fenced_all = Some(now);
+        } else {
+            shard.fences.insert(hash, now);
+        }
+    }
+
+    /// Forgets the denial of these buckets (a refund or a charge made here).
     pub(crate) fn forget(&self, keys: &[String]) {
         let hash = self.hash(keys);
         let mut shard = self.shard(hash);
@@ -374,6 +412,33 @@ mod tests {
         let d = store.decide_at("k", policy, 1, 0).unwrap();
         assert!(!d.allowed());
         d
+    }
+
+    /// A denial answered after a reset, of a check sent before it, is the
+    /// old bucket's: not cached. One sent after it is.
+    #[tokio::test(start_paused = true)]
+    async fn a_reset_fences_off_denials_of_checks_sent_before_it() {
+        let policy = Policy::from(Quota::per_hour(1).unwrap());
+        let cache = DenyCache::new(100);
+        let keys = vec!["a".to_owned()];
+        let before = Instant::now();
+        cache.insert(keys.clone(), 1, &denied(&policy), before);
+        assert!(cache.lookup(&keys, 1).is_some());
+        tokio::time::advance(Duration::from_millis(1)).await;
+        cache.fence(&keys);
+        assert!(cache.lookup(&keys, 1).is_none(), "the reset forgot it");
+        cache.insert(keys.clone(), 1, &denied(&policy), before);
+        assert!(
+            cache.lookup(&keys, 1).is_none(),
+            "a late answer of the old bucket"
+        );
+        // Other keys are not fenced; checks sent after the reset are cached.
+        let other = vec!["b".to_owned()];
+        cache.insert(other.clone(), 1, &denied(&policy), before);
+        assert!(cache.lookup(&other, 1).is_some());
+        tokio::time::advance(Duration::from_millis(1)).await;
+        cache.insert(keys.clone(), 1, &denied(&policy), Instant::now());
+        assert!(cache.lookup(&keys, 1).is_some());
     }
 
     #[tokio::test(start_paused = true)]

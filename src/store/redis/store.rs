@@ -455,11 +455,18 @@ impl Store for RedisStore {
         // Never the breaker's probe: while the breaker is open a reset fails
         // at once instead of waiting for a hung Redis.
         let admit = self.inner.breaker.admit_without_probe();
-        self.admitted(admit, 1, None, |mut conn| async move {
-            del.query_async::<Value>(&mut conn).await
-        })
-        .await
-        .map(drop)
+        let deleted = self
+            .admitted(admit, 1, None, |mut conn| async move {
+                del.query_async::<Value>(&mut conn).await
+            })
+            .await
+            .map(drop);
+        // A check sent before the buckets were deleted may be denied by the
+        // old ones and answered after: its denial is not cached.
+        if let Some(cache) = &self.inner.denials {
+            cache.fence(&keys);
+        }
+        deleted
     }
 }
 
