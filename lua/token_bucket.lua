@@ -426,19 +426,32 @@ if rest <= (nd < 0 and -nd or nd) then
   -- full at most, so it never admits more than if the refunded request had
   -- never come; a charge takes it into debt down to -full at most (one
   -- bucket's worth, the most one request may cost), which the next admission
-  -- waits to see refilled. Always applied; the reply is that of an admitted
-  -- check of nothing. A bucket not stored that ends full is not written: it
-  -- stays as it was.
+  -- waits to see refilled. The clamps never move the level against the
+  -- adjustment: a bucket deeper in debt than -full (reservations) keeps its
+  -- debt through a charge, and a refund never lowers one above full. Always
+  -- applied; the reply is that of an admitted check of nothing. A bucket
+  -- not stored that ends full is not written: it stays as it was.
   local function adjust(key, q, cost)
     local full, num, den = fulls[q], nums[q], dens[q]
     local level, stamp, stored, holds = stored_bucket(key, full, num)
     -- Exact wherever the clamps do not apply: both operands are below 2^53.
-    level = level - cost * den
-    if level > full then
-      level = full
-    elseif level < -full then
-      level = -full
+    local moved = level - cost * den
+    if cost > 0 then
+      if moved < -full then
+        moved = -full
+      end
+      if moved > level then
+        moved = level
+      end
+    else
+      if moved > full then
+        moved = full
+      end
+      if moved < level then
+        moved = level
+      end
     end
+    level = moved
     finish(key, q, level, stamp, 0, true, stored or level < full, holds)
   end
 

@@ -1539,3 +1539,37 @@ fn connections_received(server: &RedisServer) -> u64 {
         .and_then(|v| v.trim().parse().ok())
         .unwrap()
 }
+
+/// A charge or refund on a bucket that reservations took deeper into debt
+/// than its capacity never forgives that debt, in Redis as in memory: the
+/// next reservation still waits behind all of them.
+#[tokio::test]
+async fn an_adjustment_never_forgives_a_reservations_debt() {
+    let server = RedisServer::start();
+    let redis = server.store();
+    let memory = tollgate::MemoryStore::new();
+    let policy = Policy::from(Quota::per_second(1).unwrap());
+    let wait = Duration::from_secs(10);
+    for _ in 0..11 {
+        assert!(
+            redis
+                .reserve_at("r", &policy, 1, wait, T0)
+                .await
+                .unwrap()
+                .admitted()
+        );
+        assert!(
+            memory
+                .reserve_at("r", &policy, 1, wait, T0)
+                .unwrap()
+                .admitted()
+        );
+    }
+    redis.adjust_at("r", &policy, 1, T0).await.unwrap();
+    memory.adjust_at("r", &policy, 1, T0);
+    let long = Duration::from_secs(60);
+    let r = redis.reserve_at("r", &policy, 1, long, T0).await.unwrap();
+    let m = memory.reserve_at("r", &policy, 1, long, T0).unwrap();
+    assert_eq!(r.wait(), Duration::from_secs(11), "Redis forgave the debt");
+    assert_eq!(m.wait(), Duration::from_secs(11), "memory forgave the debt");
+}

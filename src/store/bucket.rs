@@ -162,16 +162,25 @@ fn spent(
 /// refund), whatever their level. A refund fills a bucket up to full at most,
 /// so it never admits more than if the refunded request had never come; a
 /// charge takes it into debt down to minus its capacity at most (the most one
-/// request may cost), which later checks wait to see refilled. `levels` must
-/// be brought up to `now` already. As `adjust` in `lua/token_bucket.lua`.
+/// request may cost), which later checks wait to see refilled. The bounds
+/// never move a level against the adjustment: a bucket deeper in debt than
+/// that (reservations wait out more) keeps its debt through a charge, and a
+/// bucket above full stays where it is through a refund. `levels` must be
+/// brought up to `now` already. As `adjust` in `lua/token_bucket.lua`.
 ///
 /// [`RateLimiter::refund`]: crate::RateLimiter::refund
 pub(crate) fn adjust(quotas: &[Quota], levels: &mut [Level], delta: i64) {
     for (q, l) in quotas.iter().zip(levels.iter_mut()) {
-        let full = signed(q.full());
+        let full = i128::from(signed(q.full()));
         let units = i128::from(delta) * i128::from(signed(q.den()));
-        let level = (i128::from(l.level) - units).clamp(-i128::from(full), i128::from(full));
-        l.level = i64::try_from(level).unwrap_or(0);
+        let old = i128::from(l.level);
+        let moved = old - units;
+        let level = if units > 0 {
+            moved.max(-full).min(old)
+        } else {
+            moved.min(full).max(old)
+        };
+        l.level = i64::try_from(level).unwrap_or(l.level);
     }
 }
 
@@ -253,6 +262,39 @@ mod tests {
 mod reservation_tests {
     use super::*;
     use std::time::Duration;
+
+    /// A charge or refund on a bucket deeper in debt than one capacity (as
+    /// reservations leave it) never forgives the debt: the reservations'
+    /// tokens stay spent.
+    #[test]
+    fn an_adjustment_never_forgives_a_reservations_debt() {
+        let q = Quota::per_second(1).unwrap();
+        let mut l = [Level::full(&q, 0)];
+        for _ in 0..11 {
+            let (d, _) = spend(&[q], &mut l, 1, 0, &[debt_for(&q, 10_000_000)]);
+            assert!(d.allowed());
+        }
+        let deep = l;
+        adjust(&[q], &mut l, 1);
+        assert_eq!(l, deep, "a charge never raises the level");
+        adjust(&[q], &mut l, -1);
+        assert_eq!(
+            l[0].level,
+            deep[0].level + signed(q.den()),
+            "a refund gives one back"
+        );
+        // The next reservation still waits behind all of them: 10 s.
+        let (d, wait) = spend(&[q], &mut l, 1, 0, &[debt_for(&q, 60_000_000)]);
+        assert!(d.allowed());
+        assert_eq!(wait, 10_000_000);
+        // Within the bounds, as before: a charge down to minus one
+        // capacity, a refund up to full.
+        let mut l = [Level::full(&q, 0)];
+        adjust(&[q], &mut l, 5);
+        assert_eq!(l[0].level, -signed(q.full()));
+        adjust(&[q], &mut l, -5);
+        assert_eq!(l[0].level, signed(q.full()));
+    }
 
     #[test]
     fn a_reservation_takes_tokens_ahead_and_says_when_they_are_due() {
