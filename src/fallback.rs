@@ -102,16 +102,18 @@ impl Fallback {
 
     /// Each quota divided by `instances`: the rate becomes `1 / instances` of
     /// the quota's (the period is multiplied, so refills stay exact, or, past
-    /// [`MAX_PERIOD`], the tokens divided, rounded up), and the burst
-    /// `capacity / instances`, rounded up, at least 1.
+    /// [`MAX_PERIOD`], the share's tokens over that period, rounded up), and
+    /// the burst `capacity / instances`, rounded up, at least 1.
     ///
     /// A request may cost more than that burst (a `per_second(10)` quota
     /// shared by 4 has a burst of 3; a request of cost 5 would never fit).
     /// When one does, the share's bursts are raised, once, to the largest
     /// cost the policy admits (its smallest capacity), so every request the
     /// store could admit is admitted at the share's rate, never unlimited.
-    /// The raise starts the policy's buckets anew once: a client may be
-    /// admitted one raised burst more then. (A fallback keeps the shares of
+    /// The raise is the policy's, for every client of it on this instance
+    /// (so across `instances` instances the bursts may add up to `instances`
+    /// times the policy's smallest capacity), and starts its buckets anew
+    /// once: a client may be admitted one raised burst more then. (A fallback keeps the shares of
     /// up to 64 policies; past that, requests above the share's burst use
     /// the raised buckets and the others the plain ones, so a client mixing
     /// both is admitted at most twice its share.) Quotas whose shares
@@ -295,10 +297,19 @@ fn scale(quota: Quota, instances: u32, floor: u64) -> Quota {
         .checked_mul(instances)
         .filter(|p| *p <= MAX_PERIOD)
         .and_then(|period| Quota::new(quota.tokens(), period).ok());
-    let fewer = || Quota::new(quota.tokens().div_ceil(n).max(1), quota.period()).ok();
+    // Past MAX_PERIOD: the longest period, with the tokens of the share's
+    // rate over it (rounded up): `3/w` shared by 60 is 3 a year, not 1 a
+    // week (which would be 20 times the share).
+    let fewer = || {
+        let over = quota.period().as_micros() * u128::from(n);
+        let tokens = (u128::from(quota.tokens()) * MAX_PERIOD.as_micros()).div_ceil(over);
+        Quota::new(u64::try_from(tokens).ok()?.max(1), MAX_PERIOD).ok()
+    };
+    // A burst that cannot be made (too large to keep exact) leaves the
+    // share's own, never the whole quota's.
     longer
         .or_else(fewer)
-        .and_then(|q| q.burst(capacity).ok())
+        .map(|q| q.burst(capacity).unwrap_or(q))
         .unwrap_or(quota)
 }
 
@@ -320,6 +331,11 @@ mod tests {
         let yearly = Quota::new(10, MAX_PERIOD).unwrap();
         let s = scale(yearly, 3, 1);
         assert_eq!((s.tokens(), s.period(), s.capacity()), (4, MAX_PERIOD, 4));
+        // 3 a week shared by 60: past a year, so 3 a year (52.3 weeks of the
+        // share's rate, 2.6 tokens, rounded up), not 1 a week.
+        let weekly = Quota::new(3, Duration::from_secs(7 * 86_400)).unwrap();
+        let s = scale(weekly, 60, 1);
+        assert_eq!((s.tokens(), s.period(), s.capacity()), (3, MAX_PERIOD, 1));
         assert_eq!(scale(q, 1, 1), q);
         assert!(Fallback::memory().share(0).is_err());
     }
