@@ -121,6 +121,13 @@ fn check(rules: &[PolicyRule]) -> Result<(), ConfigError> {
                 entry(all)
             )));
         }
+        if rule.is_exempt() && rule.applies_to_all() {
+            return Err(ConfigError::policy(format!(
+                "{} exempts every request (it names no route and no gRPC method), so the \
+                 layer would never limit: give it the routes to exempt",
+                entry((i, rule))
+            )));
+        }
         if rule.is_exempt() && rule.rule_key().is_some() {
             return Err(ConfigError::policy(format!(
                 "{} exempts requests, so it takes no key",
@@ -160,6 +167,25 @@ mod tests {
             Selected::Policy(p) => p.name().into(),
             Selected::Keyed(p, key) => format!("{}:{}", p.name(), key.kind()),
         }
+    }
+
+    /// An exemption without routes would switch the limit off for every
+    /// request: refused at start-up, naming the entry.
+    #[test]
+    fn an_exemption_of_every_request_is_refused() {
+        let err = PolicyTable::new([
+            limit("api").routes(["GET /api"]).unwrap(),
+            PolicyRule::exempt("health").unwrap(),
+        ])
+        .unwrap_err();
+        assert!(err.to_string().contains("\"health\" (entry 2)"), "{err}");
+        assert!(
+            PolicyTable::new([PolicyRule::exempt("health")
+                .unwrap()
+                .routes(["GET /health"])
+                .unwrap()])
+            .is_ok()
+        );
     }
 
     #[test]
@@ -216,9 +242,13 @@ mod tests {
             err.contains("policy \"a\" (entry 1) and entry 2 have the same name"),
             "{err}"
         );
-        let err = PolicyTable::new([PolicyRule::exempt("h").unwrap().key(RuleKey::global())])
-            .unwrap_err()
-            .to_string();
+        let err = PolicyTable::new([PolicyRule::exempt("h")
+            .unwrap()
+            .routes(["GET /h"])
+            .unwrap()
+            .key(RuleKey::global())])
+        .unwrap_err()
+        .to_string();
         assert!(err.contains("takes no key"), "{err}");
     }
 }
