@@ -651,3 +651,57 @@ fn cluster_configuration_mistakes_are_refused_at_build() {
     );
     assert!(!debug.contains("s3cret"), "{debug}");
 }
+
+/// A primary that hangs (frozen: its connections neither answer nor close)
+/// while the others answer: the store's breaker, which their answers keep
+/// closed, never opens for it, so the node has a breaker of its own. After
+/// a few timeouts its clients' checks fail at once (to the fallback, or the
+/// store-error policy), while the other primaries' clients go on.
+#[cfg(feature = "test-util")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_primary_fails_fast_while_the_others_answer() {
+    use tollgate::Error;
+    use tollgate::store::CircuitBreaker;
+    let _serial = SERIAL.lock().await;
+    // No failover during the test: the node stays frozen.
+    let cluster = RedisCluster::start_with_node_timeout(60_000);
+    let never = Duration::from_secs(60);
+    let store = cluster
+        .store_builder("hung:")
+        .timeout(Duration::from_millis(300))
+        // No probe during the test: once open, every check fails at once.
+        .circuit_breaker(CircuitBreaker::new().first_probe(never).max_cooldown(never))
+        .build()
+        .expect("cluster store");
+    let quota = Quota::per_second(1_000_000).unwrap();
+    let policy = Policy::from(quota);
+    let clients = cluster.clients_on_every_primary(&store, &quota, "c", 1);
+    for _ in 0..200 {
+        for (client, _) in &clients {
+            assert!(store.check(client, &policy, 1).await.unwrap().allowed());
+        }
+        if store.has_slot_map() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(store.has_slot_map(), "the store never read the slot map");
+    let (hung, port) = clients[0].clone();
+    let node = cluster.node(port);
+    node.freeze();
+    let (mut timeouts, mut fast) = (0, 0);
+    for _ in 0..40 {
+        for (client, _) in &clients[1..] {
+            let d = store.check(client, &policy, 1).await;
+            assert!(d.is_ok_and(|d| d.allowed()), "a healthy primary's client");
+        }
+        match store.check(&hung, &policy, 1).await {
+            Err(Error::Timeout(_)) => timeouts += 1,
+            Err(Error::CircuitOpen { .. }) => fast += 1,
+            other => panic!("the hung primary's client: {other:?}"),
+        }
+    }
+    node.thaw();
+    assert!(timeouts <= 3, "{timeouts} checks waited the whole timeout");
+    assert_eq!(fast + timeouts, 40);
+}

@@ -195,6 +195,11 @@ impl Breaker {
         }
     }
 
+    /// Its settings.
+    pub(crate) fn config(&self) -> CircuitBreaker {
+        self.config
+    }
+
     /// How long calls are still refused, without taking the probe: `Some`
     /// while the breaker cools down or a probe runs, `None` when a call may
     /// go (closed, or a probe is due, which [`admit`](Self::admit) hands out).

@@ -65,6 +65,7 @@ use super::window::Window;
 use crate::decision::Decision;
 use crate::error::Error;
 use crate::policy::Policy;
+use crate::store::breaker::{Admit, Breaker, CircuitBreaker, ProbeGuard};
 /// One check waiting for its call.
 pub(crate) struct Pending {
     pub(crate) keys: Vec<String>,
@@ -75,6 +76,9 @@ pub(crate) struct Pending {
     pub(crate) reply: oneshot::Sender<Result<(Decision, u64), Error>>,
 }
 
+/// The `store` label of a cluster node's breaker, in tracing and metrics.
+pub(crate) const NODE: &str = "redis-node";
+
 /// The queue of one store.
 pub(crate) struct Queue {
     pending: Vec<Pending>,
@@ -82,10 +86,17 @@ pub(crate) struct Queue {
     window: Window,
 }
 
-/// Queues and sends the checks of one store.
+/// Queues and sends the checks of one store (or of one cluster node).
 pub(crate) struct Batcher {
     queue: Mutex<Queue>,
     max_batch: usize,
+    /// A cluster node's own circuit breaker: calls to one node that hangs
+    /// fail while the others answer, so the store's breaker, which their
+    /// answers keep closed, would never open for it.
+    node: Option<Arc<Breaker>>,
+    /// The node breaker's probe, handed out to a check: the next call of
+    /// this queue (which carries that check) is the probe.
+    probe: Mutex<Option<ProbeGuard>>,
 }
 
 impl Batcher {
@@ -97,7 +108,60 @@ impl Batcher {
                 window: Window::new(),
             }),
             max_batch: max_batch.max(1),
+            node: None,
+            probe: Mutex::new(None),
         }
+    }
+
+    /// The queue of one cluster node, behind a breaker of its own.
+    pub(crate) fn for_node(max_batch: usize, breaker: CircuitBreaker) -> Self {
+        Batcher {
+            node: Some(Arc::new(Breaker::new(breaker, NODE))),
+            ..Batcher::new(max_batch)
+        }
+    }
+
+    /// Whether a check may join this queue, by the node's breaker (a
+    /// cluster node's queue): `Err(retry_in)` while it is open. When its
+    /// probe is due, the check may go, and the next call is the probe.
+    pub(crate) fn admit(&self) -> Result<(), Duration> {
+        match self.node.as_ref().map(Breaker::admit) {
+            Some(Admit::Reject(retry_in)) => Err(retry_in),
+            Some(Admit::Probe(guard)) => {
+                *self.lock_probe() = Some(guard);
+                Ok(())
+            }
+            Some(Admit::Go) | None => Ok(()),
+        }
+    }
+
+    /// Whether a call of this queue may go, by the node's breaker (never
+    /// its probe, which only a check joining the queue takes).
+    pub(crate) fn refusing(&self) -> Option<Duration> {
+        let node = self.node.as_ref()?;
+        if node.is_closed() || self.lock_probe().is_some() {
+            return None;
+        }
+        Some(node.refusing().unwrap_or(Duration::ZERO))
+    }
+
+    /// A call of this queue sent at `sent` was answered (`ok`) or failed:
+    /// the node's breaker counts it (or it was the probe).
+    pub(crate) fn heard(&self, sent: Instant, ok: bool) {
+        let Some(node) = &self.node else {
+            return;
+        };
+        if let Some(probe) = self.lock_probe().take() {
+            probe.done(ok);
+        } else if ok {
+            node.success(sent);
+        } else {
+            node.failure(sent);
+        }
+    }
+
+    fn lock_probe(&self) -> MutexGuard<'_, Option<ProbeGuard>> {
+        self.probe.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Sets the fewest calls at once (at least one) and restarts the window
@@ -224,6 +288,11 @@ impl Slot {
     /// The slot that [`Batcher::enqueue`] handed out with a call to start.
     pub(crate) fn new(queue: Arc<Batcher>) -> Self {
         Slot { queue, held: true }
+    }
+
+    /// The queue it is a slot of.
+    pub(crate) fn queue(&self) -> &Batcher {
+        &self.queue
     }
 
     /// The next batch for this slot, or `None` with the slot given back;

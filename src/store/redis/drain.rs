@@ -34,6 +34,13 @@ impl RedisStore {
         policy: &Policy,
         spend: Spend,
     ) -> Outcome {
+        // A cluster node's own breaker (see `batch.rs`): open, the check
+        // fails at once.
+        if let Err(retry_in) = queue.admit() {
+            let err = Error::CircuitOpen { retry_in };
+            observe::store_error(STORE, &err, &self.inner.errors);
+            return Err(err);
+        }
         let (reply, answered) = oneshot::channel();
         let sent = Instant::now();
         let check = Pending {
@@ -144,6 +151,9 @@ impl RedisStore {
             )
             .await;
         let round_trip = reply.is_ok().then(|| started.elapsed());
+        if let (Some(slot), Some(ok)) = (&handoff.slot, node_ok(&reply)) {
+            slot.queue().heard(started, ok);
+        }
         let outcome = match reply {
             Ok(reply) => self.read_one(&batch, &reply),
             Err(err) => {
@@ -179,6 +189,21 @@ impl RedisStore {
             }
             // One check needs no spread call: the production script decides
             // it, routed by its own slot.
+            // The node's breaker opened meanwhile: what queued fails at once.
+            if let Some(retry_in) = slot.queue().refusing() {
+                answer(
+                    checks,
+                    Err(Error::CircuitOpen { retry_in }),
+                    self.inner.denials.as_ref(),
+                );
+                match slot.next(None) {
+                    Some(next) => {
+                        checks = next;
+                        continue;
+                    }
+                    None => return,
+                }
+            }
             let spread = nodes.filter(|_| checks.len() > 1).map(|n| n.spread());
             let mut batch = batch_of(&mut checks, spread.map(|(_, slot_of)| slot_of));
             let script = spread.map_or(&self.inner.script, |(script, _)| script);
@@ -197,6 +222,9 @@ impl RedisStore {
             // What the call took, for the queue's in-flight limit; a failed
             // call teaches nothing about round trips.
             let round_trip = reply.is_ok().then(|| started.elapsed());
+            if let Some(ok) = node_ok(&reply) {
+                slot.queue().heard(started, ok);
+            }
             // The checks' keys back, for the deny cache and for checks sent
             // on their own.
             for (check, keys) in checks.iter_mut().zip(batch.take_keys()) {
@@ -269,6 +297,16 @@ impl RedisStore {
 /// when the call ends, or when that future is dropped before (its caller
 /// went away or timed out), the checks queued behind the call go out in a
 /// drain of their own rather than wait for a call that never ends.
+/// What a call's `reply` tells a cluster node's breaker: `None` when the
+/// call was not made (the store's breaker refused it).
+fn node_ok<T>(reply: &Result<T, Error>) -> Option<bool> {
+    match reply {
+        Ok(_) => Some(true),
+        Err(Error::CircuitOpen { .. }) => None,
+        Err(e) => Some(!e.is_store_error()),
+    }
+}
+
 struct Handoff<'a> {
     store: &'a RedisStore,
     slot: Option<Slot>,

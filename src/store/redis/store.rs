@@ -23,7 +23,7 @@ use crate::observe::{self, LogThrottle};
 use crate::policy::Policy;
 use crate::quota::Quota;
 use crate::quota::micros;
-use crate::store::breaker::Breaker;
+use crate::store::breaker::{Breaker, CircuitBreaker};
 use crate::store::contract::{Store, validate};
 use crate::store::deny_cache::DenyCache;
 use crate::store::key::safe_key;
@@ -170,6 +170,7 @@ pub(crate) struct Parts {
 
 impl RedisStore {
     pub(crate) fn assemble(parts: Parts) -> Self {
+        let node_breaker = parts.breaker.config();
         RedisStore {
             inner: Arc::new(Inner {
                 link: parts.link,
@@ -186,7 +187,7 @@ impl RedisStore {
                 nodes: parts
                     .per_node
                     .filter(|_| parts.max_batch > 1)
-                    .map(|make| make(parts.max_batch)),
+                    .map(|make| make(parts.max_batch, node_breaker)),
                 denials: (parts.deny_cache > 0).then(|| DenyCache::new(parts.deny_cache)),
                 leases: parts.leases.map(|config| Leases::new(config, STORE)),
             }),
@@ -403,7 +404,7 @@ pub(crate) trait PerNode: Send + Sync {
 
 /// Makes the [`PerNode`] queues of a store whose batches hold at most the
 /// given number of checks.
-pub(crate) type MakePerNode = fn(usize) -> Box<dyn PerNode>;
+pub(crate) type MakePerNode = fn(usize, CircuitBreaker) -> Box<dyn PerNode>;
 
 /// `{prefix}{{{key}` and the quota's `tail` (`}:` and its id), in one
 /// allocation.

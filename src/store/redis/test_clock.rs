@@ -14,6 +14,15 @@ use crate::policy::Policy;
 use crate::quota::micros;
 use crate::store::contract::validate;
 impl RedisStore {
+    /// Whether a store on a cluster has read the slot map it batches per
+    /// node by (cargo feature `test-util`); false elsewhere.
+    pub fn has_slot_map(&self) -> bool {
+        self.inner
+            .nodes
+            .as_ref()
+            .is_some_and(|nodes| nodes.queue_for("{slot map}").is_some())
+    }
+
     /// `check` with an explicit microsecond clock instead of Redis `TIME`, for
     /// tests that control time (cargo feature `test-util`). It runs a variant of
     /// the script that production calls never run.

@@ -43,6 +43,7 @@ use tokio::time::Instant;
 
 use super::super::batch::Batcher;
 use super::slots::hash_slot;
+use crate::store::breaker::CircuitBreaker;
 
 /// Hash slots of a Redis Cluster.
 const SLOTS: usize = super::slots::SLOTS as usize;
@@ -62,15 +63,18 @@ struct SlotMap {
 /// The per-node queues of a store on a cluster.
 pub(crate) struct Nodes {
     max_batch: usize,
+    /// Each node's breaker is made from the store's settings.
+    breaker: CircuitBreaker,
     map: Mutex<Option<Arc<SlotMap>>>,
     refreshing: AtomicBool,
     refreshed_at: Mutex<Option<Instant>>,
 }
 
 impl Nodes {
-    pub(crate) fn new(max_batch: usize) -> Self {
+    pub(crate) fn new(max_batch: usize, breaker: CircuitBreaker) -> Self {
         Nodes {
             max_batch,
+            breaker,
             map: Mutex::new(None),
             refreshing: AtomicBool::new(false),
             refreshed_at: Mutex::new(None),
@@ -146,10 +150,9 @@ impl Nodes {
             let index = match queues.iter().position(|(id, _)| *id == node) {
                 Some(i) => i,
                 None => {
-                    let queue = old
-                        .get(&node)
-                        .cloned()
-                        .unwrap_or_else(|| Arc::new(Batcher::new(self.max_batch)));
+                    let queue = old.get(&node).cloned().unwrap_or_else(|| {
+                        Arc::new(Batcher::for_node(self.max_batch, self.breaker))
+                    });
                     queues.push((node, queue));
                     queues.len() - 1
                 }
@@ -217,7 +220,7 @@ mod tests {
 
     #[test]
     fn a_new_map_keeps_the_queues_of_the_primaries_that_stay() {
-        let nodes = Nodes::new(8);
+        let nodes = Nodes::new(8, CircuitBreaker::new());
         assert!(nodes.queue_for("{a}").is_none(), "no map yet");
         let first = Value::Array(vec![
             range(0, 8000, 7000, "n1"),
@@ -269,7 +272,7 @@ mod tests {
 
     #[test]
     fn a_kept_queue_whose_limit_falls_gives_back_the_extra_call() {
-        let nodes = Nodes::new(8);
+        let nodes = Nodes::new(8, CircuitBreaker::new());
         nodes
             .install(&Value::Array(vec![range(0, 16383, 7000, "n1")]))
             .unwrap();
@@ -304,12 +307,12 @@ mod tests {
 
     #[test]
     fn a_lone_primary_gets_two_calls_at_once_and_each_of_several_one() {
-        let nodes = Nodes::new(8);
+        let nodes = Nodes::new(8, CircuitBreaker::new());
         nodes
             .install(&Value::Array(vec![range(0, 16383, 7000, "n1")]))
             .unwrap();
         assert_eq!(sent_at_once(&nodes.queue_for("{a}").unwrap()), 2);
-        let nodes = Nodes::new(8);
+        let nodes = Nodes::new(8, CircuitBreaker::new());
         nodes
             .install(&Value::Array(vec![
                 range(0, 8000, 7000, "n1"),
@@ -337,7 +340,7 @@ mod tests {
 
     #[test]
     fn refreshes_are_one_at_a_time_and_spaced() {
-        let nodes = Nodes::new(8);
+        let nodes = Nodes::new(8, CircuitBreaker::new());
         assert!(nodes.begin_refresh(true));
         assert!(!nodes.begin_refresh(true));
         assert!(!nodes.begin_refresh(false), "one at a time");

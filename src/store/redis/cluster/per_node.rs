@@ -20,6 +20,7 @@ use crate::decision::Decision;
 use crate::error::Error;
 #[cfg(feature = "test-util")]
 use crate::policy::Policy;
+use crate::store::breaker::CircuitBreaker;
 
 /// The queues per primary of a store on a cluster, and its spread scripts.
 struct Queues {
@@ -31,10 +32,10 @@ struct Queues {
 }
 
 /// The per-node queues of a store on a cluster whose batches hold at most
-/// `max_batch` checks.
-pub(crate) fn per_node(max_batch: usize) -> Box<dyn PerNode> {
+/// `max_batch` checks, each node behind a breaker set as `breaker`.
+pub(crate) fn per_node(max_batch: usize, breaker: CircuitBreaker) -> Box<dyn PerNode> {
     Box::new(Queues {
-        nodes: Arc::new(Nodes::new(max_batch)),
+        nodes: Arc::new(Nodes::new(max_batch, breaker)),
         spread: Script::spread(),
         #[cfg(feature = "test-util")]
         spread_test: Script::spread_with_test_clock(),
