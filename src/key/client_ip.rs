@@ -54,7 +54,9 @@ use crate::error::ConfigError;
 ///   `trusted_proxies` mode, when every entry looked at is a trusted proxy, the
 ///   leftmost of them is the client (a request from inside your network).
 /// - **Canonical keys**, as for `PeerIp`: IPv4-mapped IPv6 becomes IPv4, IPv6 zone
-///   ids are dropped, IPv6 is keyed by its /64 ([`ipv6_prefix`](Self::ipv6_prefix)).
+///   ids are dropped, IPv6 is keyed by its /64 ([`ipv6_prefix`](Self::ipv6_prefix)),
+///   except an address that carries an IPv4 client (NAT64's `64:ff9b::/96`,
+///   6to4's `2002::/16`), keyed as that IPv4 address.
 ///   Trusted networks are matched against the full canonical address.
 ///
 /// # Trust only your proxies

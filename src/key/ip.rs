@@ -44,15 +44,36 @@ impl IpKeying {
         }
     }
 
-    /// The key of `ip`: `203.0.113.7`, or `2001:db8:1:2::/64` for IPv6.
+    /// The key of `ip`: `203.0.113.7`, or `2001:db8:1:2::/64` for IPv6. An
+    /// IPv6 address that carries an IPv4 client (see [`embedded_ipv4`]) is
+    /// that client.
     pub(crate) fn key(&self, ip: IpAddr) -> String {
         match canonical(ip) {
             IpAddr::V4(v4) => v4.to_string(),
-            IpAddr::V6(v6) => {
-                let net = Ipv6Addr::from(u128::from(v6) & mask(self.ipv6_prefix, 128));
-                format!("{net}/{}", self.ipv6_prefix)
-            }
+            IpAddr::V6(v6) => match embedded_ipv4(v6) {
+                Some(v4) => v4.to_string(),
+                None => {
+                    let net = Ipv6Addr::from(u128::from(v6) & mask(self.ipv6_prefix, 128));
+                    format!("{net}/{}", self.ipv6_prefix)
+                }
+            },
         }
+    }
+}
+
+/// The IPv4 client an IPv6 address stands for, where its prefix says so: a
+/// NAT64 translator's well-known prefix `64:ff9b::/96` (RFC 6052) puts every
+/// IPv4 client it translates in one /64, and 6to4 (`2002::/16`, RFC 3056)
+/// gives each IPv4 host a /48 of its own (65 536 /64s). Keyed by prefix,
+/// the first would share one bucket among all of them, the second give one
+/// host 65 536.
+fn embedded_ipv4(v6: Ipv6Addr) -> Option<std::net::Ipv4Addr> {
+    let bits = u128::from(v6);
+    let v4 = |shift: u32| std::net::Ipv4Addr::from((bits >> shift) as u32);
+    match v6.segments() {
+        [0x64, 0xff9b, 0, 0, 0, 0, _, _] => Some(v4(0)),
+        [0x2002, ..] => Some(v4(80)),
+        _ => None,
     }
 }
 
@@ -252,6 +273,20 @@ mod tests {
             IpKeying::default().key(ip("::ffff:203.0.113.7")),
             "203.0.113.7"
         );
+    }
+
+    #[test]
+    fn ipv6_that_carries_an_ipv4_client_is_that_client() {
+        let k = IpKeying::default();
+        // NAT64: each translated client apart, not one /64 for all.
+        assert_eq!(k.key(ip("64:ff9b::203.0.113.7")), "203.0.113.7");
+        assert_eq!(k.key(ip("64:ff9b::198.51.100.1")), "198.51.100.1");
+        // 6to4: one key per IPv4 host, whatever /64 of its /48.
+        assert_eq!(k.key(ip("2002:cb00:7107:1::1")), "203.0.113.7");
+        assert_eq!(k.key(ip("2002:cb00:7107:ffff::9")), "203.0.113.7");
+        // Neighbours of those prefixes are plain IPv6.
+        assert_eq!(k.key(ip("64:ff9b:1::1")), "64:ff9b:1::/64");
+        assert_eq!(k.key(ip("2003::1")), "2003::/64");
     }
 
     #[test]

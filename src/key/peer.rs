@@ -23,8 +23,9 @@ use super::ip::{IpKeying, request_peer_ip};
 ///
 /// Keys are canonical: IPv4-mapped IPv6 becomes IPv4 (`203.0.113.7`), and IPv6
 /// clients are keyed by their /64 network (`2001:db8:1:2::/64`), since one
-/// customer usually holds a whole /64; see [`PeerIp::ipv6_prefix`]. The kind is
-/// `ip`.
+/// customer usually holds a whole /64; see [`PeerIp::ipv6_prefix`]. An IPv6
+/// address that carries an IPv4 client (NAT64's `64:ff9b::/96`, 6to4's
+/// `2002::/16`) is keyed as that IPv4 address. The kind is `ip`.
 ///
 /// ```
 /// use std::net::SocketAddr;

@@ -174,7 +174,7 @@ mod tests {
     #[test]
     fn an_exemption_of_every_request_is_refused() {
         let err = PolicyTable::new([
-            limit("api").routes(["GET /api"]).unwrap(),
+            limit("api").grpc(["/x.Api/Get"]).unwrap(),
             PolicyRule::exempt("health").unwrap(),
         ])
         .unwrap_err();
@@ -182,7 +182,7 @@ mod tests {
         assert!(
             PolicyTable::new([PolicyRule::exempt("health")
                 .unwrap()
-                .routes(["GET /health"])
+                .grpc(["/grpc.health.v1.Health/*"])
                 .unwrap()])
             .is_ok()
         );
@@ -244,7 +244,7 @@ mod tests {
         );
         let err = PolicyTable::new([PolicyRule::exempt("h")
             .unwrap()
-            .routes(["GET /h"])
+            .grpc(["/x.H/Get"])
             .unwrap()
             .key(RuleKey::global())])
         .unwrap_err()

@@ -65,7 +65,9 @@ use super::window::Window;
 use crate::decision::Decision;
 use crate::error::Error;
 use crate::policy::Policy;
-use crate::store::breaker::{Admit, Breaker, CircuitBreaker, ProbeGuard};
+#[cfg(feature = "cluster")]
+use crate::store::breaker::CircuitBreaker;
+use crate::store::breaker::{Admit, Breaker, ProbeGuard};
 /// One check waiting for its call.
 pub(crate) struct Pending {
     pub(crate) keys: Vec<String>,
@@ -77,6 +79,7 @@ pub(crate) struct Pending {
 }
 
 /// The `store` label of a cluster node's breaker, in tracing and metrics.
+#[cfg(feature = "cluster")]
 pub(crate) const NODE: &str = "redis-node";
 
 /// The queue of one store.
@@ -114,6 +117,7 @@ impl Batcher {
     }
 
     /// The queue of one cluster node, behind a breaker of its own.
+    #[cfg(feature = "cluster")]
     pub(crate) fn for_node(max_batch: usize, breaker: CircuitBreaker) -> Self {
         Batcher {
             node: Some(Arc::new(Breaker::new(breaker, NODE))),
