@@ -284,6 +284,20 @@ impl Leases {
         self.config.period
     }
 
+    /// Whether leases may pay on `policy`: every quota refills at least
+    /// [`MIN_LEASE`] tokens per lease period. A slower quota admits so few
+    /// requests that their round trips cost little, while a hold would keep
+    /// a large share of it from the other instances, and from this one's
+    /// checks racing its lease (a burst at `5 per 15 minutes` would find
+    /// tokens held that it could not spend): its checks go to Redis.
+    pub(crate) fn pays_on(&self, policy: &Policy) -> bool {
+        let period_us = self.config.period.as_micros();
+        policy
+            .quotas()
+            .iter()
+            .all(|q| u128::from(q.num()) * period_us >= u128::from(MIN_LEASE) * u128::from(q.den()))
+    }
+
     /// `name`'s hash: its bytes alone, with this map's random seed.
     fn hash(&self, name: &str) -> u64 {
         let mut state = self.hasher.build_hasher();
@@ -783,9 +797,24 @@ mod tests {
     }
 
     #[test]
+    fn slow_quotas_get_no_leases() {
+        let leases = leases();
+        // At a 1 s period: 2 tokens a second pays, fewer does not.
+        assert!(leases.pays_on(&policy(&[Quota::per_second(2).unwrap()])));
+        assert!(leases.pays_on(&policy(&[Quota::per_hour(7_200).unwrap()])));
+        assert!(!leases.pays_on(&policy(&[Quota::per_hour(7_199).unwrap()])));
+        assert!(!leases.pays_on(&policy(&[Quota::per_hour(100).unwrap()])));
+        let both = [
+            Quota::per_second(100).unwrap(),
+            Quota::per_hour(100).unwrap(),
+        ];
+        assert!(!leases.pays_on(&policy(&both)), "every quota must pay");
+    }
+
+    #[test]
     fn a_key_seen_once_gets_no_lease() {
         let leases = leases();
-        let p = policy(&[Quota::per_hour(100).unwrap()]);
+        let p = policy(&[Quota::per_second(100).unwrap()]);
         let (decided, errand) = check(&leases, "once", &p);
         assert!(decided.is_none());
         assert!(errand.lease.is_none(), "a first check asks for no lease");

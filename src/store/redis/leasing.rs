@@ -21,6 +21,9 @@ impl RedisStore {
     /// leaves to send in the background.
     pub(super) fn leased(&self, key: &str, policy: &Policy, cost: u64) -> Option<Decision> {
         let leases = self.inner.leases.as_ref()?;
+        if !leases.pays_on(policy) {
+            return None;
+        }
         let mut errand = Errand::default();
         let decision = lease_name(key, policy, |name| {
             leases.check(
