@@ -704,4 +704,47 @@ async fn a_hung_primary_fails_fast_while_the_others_answer() {
     node.thaw();
     assert!(timeouts <= 3, "{timeouts} checks waited the whole timeout");
     assert_eq!(fast + timeouts, 40);
+
+    // Recovery: the node's breaker lets one check through as its probe, on
+    // its own, and closes once the node answers; callers that give up while
+    // their check is the probe (the node still frozen) do not stop that.
+    let quick = Duration::from_millis(100);
+    let store = cluster
+        .store_builder("hung2:")
+        .timeout(Duration::from_millis(300))
+        .circuit_breaker(CircuitBreaker::new().first_probe(quick).max_cooldown(quick))
+        .build()
+        .expect("cluster store");
+    for _ in 0..200 {
+        for (client, _) in &clients {
+            let _ = store.check(client, &policy, 1).await;
+        }
+        if store.has_slot_map() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(store.has_slot_map(), "the store never read the slot map");
+    node.freeze();
+    let mut opened = false;
+    for _ in 0..50 {
+        if let Err(Error::CircuitOpen { .. }) = store.check(&hung, &policy, 1).await {
+            opened = true;
+            break;
+        }
+    }
+    assert!(opened, "the node's breaker never opened");
+    for _ in 0..10 {
+        let _ = tokio::time::timeout(quick / 2, store.check(&hung, &policy, 1)).await;
+        tokio::time::sleep(quick).await;
+    }
+    node.thaw();
+    let thawed = std::time::Instant::now();
+    while store.check(&hung, &policy, 1).await.is_err() {
+        assert!(
+            thawed.elapsed() < Duration::from_secs(20),
+            "the hung primary's clients were refused for good after it came back"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }

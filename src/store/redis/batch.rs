@@ -97,9 +97,6 @@ pub(crate) struct Batcher {
     /// fail while the others answer, so the store's breaker, which their
     /// answers keep closed, would never open for it.
     node: Option<Arc<Breaker>>,
-    /// The node breaker's probe, handed out to a check: the next call of
-    /// this queue (which carries that check) is the probe.
-    probe: Mutex<Option<ProbeGuard>>,
 }
 
 impl Batcher {
@@ -112,7 +109,6 @@ impl Batcher {
             }),
             max_batch: max_batch.max(1),
             node: None,
-            probe: Mutex::new(None),
         }
     }
 
@@ -126,46 +122,38 @@ impl Batcher {
     }
 
     /// Whether a check may join this queue, by the node's breaker (a
-    /// cluster node's queue): `Err(retry_in)` while it is open. When its
-    /// probe is due, the check may go, and the next call is the probe.
-    pub(crate) fn admit(&self) -> Result<(), Duration> {
+    /// cluster node's queue): `Err(retry_in)` while it is open; `Ok(Some)`
+    /// when its probe is due: the check is the probe, sent on its own by
+    /// whoever holds the guard (its outcome, or the guard dropped, settles
+    /// it).
+    pub(crate) fn admit(&self) -> Result<Option<ProbeGuard>, Duration> {
         match self.node.as_ref().map(Breaker::admit) {
             Some(Admit::Reject(retry_in)) => Err(retry_in),
-            Some(Admit::Probe(guard)) => {
-                *self.lock_probe() = Some(guard);
-                Ok(())
-            }
-            Some(Admit::Go) | None => Ok(()),
+            Some(Admit::Probe(guard)) => Ok(Some(guard)),
+            Some(Admit::Go) | None => Ok(None),
         }
     }
 
-    /// Whether a call of this queue may go, by the node's breaker (never
-    /// its probe, which only a check joining the queue takes).
+    /// Whether a call of this queue may go, by the node's breaker: `Some`
+    /// (the wait until its next probe) while it is not closed.
     pub(crate) fn refusing(&self) -> Option<Duration> {
         let node = self.node.as_ref()?;
-        if node.is_closed() || self.lock_probe().is_some() {
+        if node.is_closed() {
             return None;
         }
         Some(node.refusing().unwrap_or(Duration::ZERO))
     }
 
-    /// A call of this queue sent at `sent` was answered (`ok`) or failed:
-    /// the node's breaker counts it (or it was the probe).
+    /// A call of this queue (not the probe) sent at `sent` was answered
+    /// (`ok`) or failed: the node's breaker counts it.
     pub(crate) fn heard(&self, sent: Instant, ok: bool) {
-        let Some(node) = &self.node else {
-            return;
-        };
-        if let Some(probe) = self.lock_probe().take() {
-            probe.done(ok);
-        } else if ok {
-            node.success(sent);
-        } else {
-            node.failure(sent);
+        if let Some(node) = &self.node {
+            if ok {
+                node.success(sent);
+            } else {
+                node.failure(sent);
+            }
         }
-    }
-
-    fn lock_probe(&self) -> MutexGuard<'_, Option<ProbeGuard>> {
-        self.probe.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Sets the fewest calls at once (at least one) and restarts the window

@@ -16,6 +16,7 @@ use crate::decision::Decision;
 use crate::error::Error;
 use crate::observe;
 use crate::policy::Policy;
+use crate::store::breaker::ProbeGuard;
 use crate::store::deny_cache::DenyCache;
 
 /// A decision and its wait, or why there is none.
@@ -35,11 +36,18 @@ impl RedisStore {
         spend: Spend,
     ) -> Outcome {
         // A cluster node's own breaker (see `batch.rs`): open, the check
-        // fails at once.
-        if let Err(retry_in) = queue.admit() {
-            let err = Error::CircuitOpen { retry_in };
-            observe::store_error(STORE, &err, &self.inner.errors);
-            return Err(err);
+        // fails at once; when its probe is due, this check is it, sent on
+        // its own in a task that owns the probe, so a caller that goes away
+        // never leaves the node's breaker waiting for an answer.
+        match queue.admit() {
+            Ok(None) => {}
+            // Boxed: rare, and kept out of every check's future.
+            Ok(Some(probe)) => return Box::pin(self.probe(probe, keys, policy, spend)).await,
+            Err(retry_in) => {
+                let err = Error::CircuitOpen { retry_in };
+                observe::store_error(STORE, &err, &self.inner.errors);
+                return Err(err);
+            }
         }
         let (reply, answered) = oneshot::channel();
         let sent = Instant::now();
@@ -81,6 +89,32 @@ impl RedisStore {
             }
             Turn::Wait => answered,
         };
+        self.heard(sent, tokio::time::timeout_at(deadline, answered).await)
+    }
+
+    /// A check that is a cluster node's probe: sent on its own, in a task
+    /// that owns the `probe` and settles it by the answer (or fails it,
+    /// dropped), whatever becomes of the caller; the caller waits for the
+    /// answer at most the store timeout.
+    async fn probe(
+        &self,
+        probe: ProbeGuard,
+        keys: Vec<String>,
+        policy: &Policy,
+        spend: Spend,
+    ) -> Outcome {
+        let (reply, answered) = oneshot::channel();
+        let sent = Instant::now();
+        let check = Pending {
+            keys,
+            policy: policy.clone(),
+            spend,
+            sent,
+            reply,
+        };
+        let store = self.clone();
+        tokio::spawn(async move { probe.done(store.alone(check).await) });
+        let deadline = sent + self.inner.timeout;
         self.heard(sent, tokio::time::timeout_at(deadline, answered).await)
     }
 
@@ -259,10 +293,11 @@ impl RedisStore {
         }
     }
 
-    /// Sends one check of a batch on its own, routed by its slot.
-    async fn alone(&self, check: Pending) {
+    /// Sends one check of a batch on its own, routed by its slot; whether
+    /// the store answered it (for a node's probe).
+    async fn alone(&self, check: Pending) -> bool {
         if check.reply.is_closed() {
-            return;
+            return false;
         }
         let mut checks = vec![check];
         let mut batch = batch_of(&mut checks, None);
@@ -281,7 +316,9 @@ impl RedisStore {
         for (check, keys) in checks.iter_mut().zip(batch.take_keys()) {
             check.keys = keys;
         }
+        let answered = !matches!(&outcomes, Err(e) if e.is_store_error());
         answer(checks, outcomes, self.inner.denials.as_ref());
+        answered
     }
 
     /// On a cluster, reads the slot map again in the background (at most one
