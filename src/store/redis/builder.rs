@@ -363,6 +363,15 @@ mod tests {
         );
         assert_eq!(redact("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
         assert_eq!(redact("not a url"), "not a url");
+        // Mistyped URLs hide their passwords too.
+        assert_eq!(redact("user:s3cret@cache:6379"), "user:***@cache:6379");
+        assert_eq!(redact("redis:/:s3cret@cache:6379"), "redis:***@cache:6379");
+        assert_eq!(redact("s3cret@cache:6379"), "***@cache:6379");
+        for typo in ["user:s3cret@cache:6379", "redis:/:s3cret@cache:6379"] {
+            let err = RedisStore::builder().url(typo).build().unwrap_err();
+            assert!(!err.to_string().contains("s3cret"), "{err}");
+            assert!(!format!("{err:?}").contains("s3cret"), "{err:?}");
+        }
         assert_eq!(
             redact("redis+unix:///tmp/r.sock?db=x&pass=s3cret"),
             "redis+unix:///tmp/r.sock?db=x&pass=***"

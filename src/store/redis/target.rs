@@ -305,8 +305,11 @@ pub(crate) fn host_of(addr: &ConnectionAddr) -> Arc<str> {
 /// query parameters redis-rs reads for unix sockets, may hold a secret.
 pub(crate) fn redact(url: &str) -> String {
     let url = redact_query(url);
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url;
+    // A mistyped URL (no `://`: `user:pass@host`, `redis:/:pass@host`) is
+    // redacted as well: it is the one most likely to reach an error message.
+    let (scheme, rest) = match url.split_once("://") {
+        Some((scheme, rest)) => (Some(scheme), rest),
+        None => (None, url.as_str()),
     };
     // The last '@' ends the userinfo, even when an unencoded password holds
     // '@' or '/' (Redis URLs have no '@' after the host).
@@ -316,7 +319,10 @@ pub(crate) fn redact(url: &str) -> String {
                 Some((user, _)) => format!("{user}:***"),
                 None => String::from("***"),
             };
-            format!("{scheme}://{user}@{host}")
+            match scheme {
+                Some(scheme) => format!("{scheme}://{user}@{host}"),
+                None => format!("{user}@{host}"),
+            }
         }
         None => url.clone(),
     }
