@@ -31,7 +31,15 @@ impl std::error::Error for AtHost {
 /// server that is no longer the primary (`READONLY`, `MASTERDOWN`) after a
 /// failover behind a stable address. A retry on a new connection is safe for
 /// the latter: the script's first write failed, so it wrote nothing.
+///
+/// A reply the store cannot read (`Parse`: not the script's shape, from a
+/// proxy or another server) is not one: redis-rs counts it as needing a
+/// reconnect, but Redis ran the call, and sending it again would spend its
+/// tokens twice.
 pub(crate) fn is_connection_error(e: &RedisError) -> bool {
+    if e.kind() == RedisKind::Parse {
+        return false;
+    }
     e.is_io_error()
         || e.is_connection_dropped()
         || e.is_connection_refusal()
@@ -99,7 +107,17 @@ pub(crate) fn classify(e: RedisError, host: &Arc<str>) -> Error {
 
 #[cfg(test)]
 mod tests {
-    use super::wrapped_code;
+    use super::{RedisError, RedisKind, is_connection_error, wrapped_code};
+
+    /// A reply that is not the script's shape was still a reply: the call
+    /// ran, so it is no broken connection (which would resend it).
+    #[test]
+    fn an_unreadable_reply_is_not_a_broken_connection() {
+        let parse = RedisError::from((RedisKind::Parse, "odd reply", "an integer".to_owned()));
+        assert!(!is_connection_error(&parse));
+        let io = RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
+        assert!(is_connection_error(&io));
+    }
 
     #[test]
     fn redis_6_script_errors_give_the_code_of_the_call_they_wrap() {
