@@ -12,6 +12,7 @@ use crate::store::{MemoryStore, Store};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 /// Scaled policies kept per fallback; past this, they are rebuilt per call.
 const MAX_SCALED: usize = 64;
@@ -297,18 +298,45 @@ fn scale(quota: Quota, instances: u32, floor: u64) -> Quota {
         .checked_mul(instances)
         .filter(|p| *p <= MAX_PERIOD)
         .and_then(|period| Quota::new(quota.tokens(), period).ok());
-    // Past MAX_PERIOD: the longest period, with the tokens of the share's
-    // rate over it (rounded up): `3/w` shared by 60 is 3 a year, not 1 a
-    // week (which would be 20 times the share).
-    let fewer = || {
-        let over = quota.period().as_micros() * u128::from(n);
-        let tokens = (u128::from(quota.tokens()) * MAX_PERIOD.as_micros()).div_ceil(over);
-        Quota::new(u64::try_from(tokens).ok()?.max(1), MAX_PERIOD).ok()
+    // Past MAX_PERIOD: fewer tokens instead, the share's rate rounded up to
+    // whole tokens, over the quota's own period or over the longest one,
+    // whichever comes closer to the share (`3/w` shared by 60 is 3 a year,
+    // not 1 a week, 20 times the share; `2000/w` shared by 60 is 34 a
+    // week). A count that cannot be kept exact over its period is rounded
+    // up to a power of two (at most twice the share), and as a last resort
+    // the share is 1 token a year: never the whole quota.
+    let per = |tokens: u128, period: Duration| {
+        Quota::new(u64::try_from(tokens).ok()?.max(1), period).ok()
     };
+    let own = || per(u128::from(quota.tokens().div_ceil(n)), quota.period());
+    let year = || {
+        let over = quota.period().as_micros() * u128::from(n);
+        per(
+            (u128::from(quota.tokens()) * MAX_PERIOD.as_micros()).div_ceil(over),
+            MAX_PERIOD,
+        )
+    };
+    // Tokens per second, to compare two shares.
+    let rate = |q: &Quota| q.tokens() as f64 / q.period().as_secs_f64();
+    let closest = match (own(), year()) {
+        (Some(a), Some(b)) => Some(if rate(&b) < rate(&a) { b } else { a }),
+        (a, b) => a.or(b),
+    };
+    let rounded = || {
+        let tokens = quota
+            .tokens()
+            .div_ceil(n)
+            .max(1)
+            .checked_next_power_of_two()?;
+        per(u128::from(tokens), quota.period())
+    };
+    let share = longer
+        .or(closest)
+        .or_else(rounded)
+        .or_else(|| Quota::new(1, MAX_PERIOD).ok());
     // A burst that cannot be made (too large to keep exact) leaves the
-    // share's own, never the whole quota's.
-    longer
-        .or_else(fewer)
+    // share's default burst (its tokens), never the whole quota's.
+    share
         .map(|q| q.burst(capacity).unwrap_or(q))
         .unwrap_or(quota)
 }
@@ -333,9 +361,35 @@ mod tests {
         assert_eq!((s.tokens(), s.period(), s.capacity()), (4, MAX_PERIOD, 4));
         // 3 a week shared by 60: past a year, so 3 a year (52.3 weeks of the
         // share's rate, 2.6 tokens, rounded up), not 1 a week.
-        let weekly = Quota::new(3, Duration::from_secs(7 * 86_400)).unwrap();
+        let week = Duration::from_secs(7 * 86_400);
+        let weekly = Quota::new(3, week).unwrap();
         let s = scale(weekly, 60, 1);
         assert_eq!((s.tokens(), s.period(), s.capacity()), (3, MAX_PERIOD, 1));
+        // 2000 a week shared by 60: 34 a week (1743 a year is not exact).
+        let busy = Quota::new(2000, week).unwrap();
+        let s = scale(busy, 60, 1);
+        assert_eq!((s.tokens(), s.period()), (34, week));
+        // Whatever the numbers, never more than twice the share's rate (a
+        // power of two at worst), and never the whole quota.
+        for (tokens, days, n) in [
+            (10_000, 30, 20),
+            (4_999, 7, 60),
+            (500, 1, 400),
+            (2000, 7, 60),
+            (7, 200, 3),
+        ] {
+            let q = Quota::new(tokens, Duration::from_secs(days * 86_400)).unwrap();
+            let s = scale(q, n, 1);
+            let rate = |q: &Quota| q.tokens() as f64 / q.period().as_secs_f64();
+            assert!(
+                rate(&s) <= 2.0 * rate(&q) / f64::from(n),
+                "{q:?} / {n}: {s:?}"
+            );
+            assert!(
+                rate(&s) >= rate(&q) / f64::from(n) * 0.999,
+                "{q:?} / {n}: {s:?}"
+            );
+        }
         assert_eq!(scale(q, 1, 1), q);
         assert!(Fallback::memory().share(0).is_err());
     }
