@@ -160,17 +160,19 @@ impl Decision {
     /// This (admitted) decision after `n` more tokens were charged from
     /// each of its buckets (a settlement at the response's head): `n` fewer
     /// remain, and every bucket is full again that much later (never later
-    /// than from empty). The most restrictive quota is found again.
+    /// than from minus its capacity, as deep as a charge goes). The most
+    /// restrictive quota is found again.
     pub(crate) fn charged(self, n: u64) -> Self {
         let charge = |s: &QuotaState| {
             let q = s.quota;
             let from_empty = ceil_div(q.capacity().saturating_mul(q.den()), q.num());
+            let deepest = from_empty.saturating_mul(2);
             let later = ceil_div(n.saturating_mul(q.den()), q.num());
             QuotaState::new(
                 q,
                 s.remaining.saturating_sub(n),
                 s.retry_after_us,
-                s.reset_after_us.saturating_add(later).min(from_empty),
+                s.reset_after_us.saturating_add(later).min(deepest),
             )
         };
         let states: Vec<QuotaState> = self.states.as_slice().iter().map(charge).collect();
@@ -300,6 +302,29 @@ mod tests {
 
     fn state(remaining: u64, retry: u64, reset: u64) -> QuotaState {
         QuotaState::new(Quota::per_second(10).unwrap(), remaining, retry, reset)
+    }
+
+    /// A charge at the head: fewer remain, and the bucket is full again
+    /// later, down to minus its capacity (twice the time from empty).
+    #[test]
+    fn a_charge_takes_what_remains_and_pushes_the_reset_back() {
+        // 10 a second: a token every 100 ms, full from empty in 1 s.
+        let d = Decision::new(true, States::One(state(4, 0, 600_000)));
+        let c = d.clone().charged(3);
+        assert_eq!(
+            (c.remaining(), c.reset_after()),
+            (1, Duration::from_millis(900))
+        );
+        let c = d.clone().charged(9);
+        assert_eq!(
+            (c.remaining(), c.reset_after()),
+            (0, Duration::from_millis(1_500))
+        );
+        let c = d.charged(50);
+        assert_eq!(
+            (c.remaining(), c.reset_after()),
+            (0, Duration::from_secs(2))
+        );
     }
 
     #[test]
