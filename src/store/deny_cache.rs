@@ -87,9 +87,19 @@ const SHARDS: usize = 16;
 /// monotonic clock that counts the wait down (see the module docs).
 const DRIFT_DIVISOR: u32 = 1_000;
 
-/// How long a reset's fence is kept: longer than any check may take to be
-/// answered (a store timeout is at most 60 s).
+/// How long a reset's fence is kept: twice the longest store timeout. A
+/// check's caller waits at most its timeout; an answer later than this
+/// (its caller gone, its batch stuck behind others) is rare, and caching it
+/// would only repeat a denial the old bucket gave.
 const FENCE_LIFE: Duration = Duration::from_secs(120);
+
+/// The resets of a cache: when each bucket key (by its hash) was last reset.
+#[derive(Debug, Default)]
+struct Fences {
+    at: HashMap<u64, Instant, BuildHasherDefault<Prehashed>>,
+    /// With too many fences at once, one for every key.
+    all: Option<Instant>,
+}
 
 /// What one cached denial remembers.
 #[derive(Debug)]
@@ -135,12 +145,6 @@ struct Shard {
     /// No entry of this shard expires before this: a full shard does not
     /// rescan until then.
     quiet_until: Option<Instant>,
-    /// When buckets (by their keys' hash) were last reset here: a denial of
-    /// a check sent before is of the old bucket, and is not cached. Kept
-    /// for [`FENCE_LIFE`], at most as many as the shard's entries.
-    fences: HashMap<u64, Instant, BuildHasherDefault<Prehashed>>,
-    /// With too many fences, one for every key of the shard.
-    fenced_all: Option<Instant>,
 }
 
 /// Cached denials of one store.
@@ -158,6 +162,14 @@ pub(crate) struct DenyCache {
     /// it while another thread caches a denial acts as if it came just
     /// before: it asks the store.
     latest: AtomicU64,
+    /// When buckets were reset here: a denial of a check sent before, of any
+    /// of its buckets, is the old bucket's and is not cached. Kept for
+    /// [`FENCE_LIFE`], at most as many as the cache's entries. Locked after
+    /// a shard (never the other way round).
+    fences: Mutex<Fences>,
+    /// Whether any fence was ever set: until then, caching a denial does
+    /// not look at them.
+    fenced: std::sync::atomic::AtomicBool,
 }
 
 impl DenyCache {
@@ -170,7 +182,29 @@ impl DenyCache {
             hasher: RandomState::new(),
             base: Instant::now(),
             latest: AtomicU64::new(0),
+            fences: Mutex::new(Fences::default()),
+            fenced: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Whether one of `keys` was reset after `sent`. Called with a shard
+    /// locked, which a reset's [`fence`](Self::fence) waits for before it
+    /// looks through that shard.
+    fn fenced(&self, keys: &[String], sent: Instant) -> bool {
+        if !self.fenced.load(Ordering::Acquire) {
+            return false;
+        }
+        let fences = self
+            .fences
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        fences.all.is_some_and(|at| sent < at)
+            || keys.iter().any(|key| {
+                fences
+                    .at
+                    .get(&self.hasher.hash_one(key))
+                    .is_some_and(|at| sent < *at)
+            })
     }
 
     fn hash(&self, keys: &[String]) -> u64 {
@@ -241,10 +275,9 @@ impl DenyCache {
         };
         let hash = self.hash(&keys);
         let mut shard = self.shard(hash);
-        // Sent before a reset of these buckets: the denial is the old
-        // bucket's.
-        let fence = shard.fences.get(&hash).copied().max(shard.fenced_all);
-        if fence.is_some_and(|fence| sent < fence) {
+        // Sent before a reset of one of these buckets: the denial is the
+        // old bucket's.
+        if self.fenced(&keys, sent) {
             return;
         }
         if !shard.entries.contains_key(&hash) && shard.entries.len() >= self.per_shard {
@@ -294,24 +327,38 @@ impl DenyCache {
         self.forget(keys);
     }
 
-    /// After a `reset` of these buckets was made: forgets their denial,
-    /// and refuses to cache a denial of a check sent before now (answered
-    /// late, from the old bucket).
+    /// After a `reset` of these buckets: forgets every cached denial that
+    /// holds one of them (also another policy's, sharing a bucket), and
+    /// refuses to cache a denial of one of them for a check sent before now
+    /// (answered late, from the old bucket). Looks through the whole cache:
+    /// a reset is rare, the cache bounded.
     pub(crate) fn fence(&self, keys: &[String]) {
         let now = Instant::now();
-        let hash = self.hash(keys);
-        let mut shard = self.shard(hash);
-        if shard.entries.get(&hash).is_some_and(|e| *e.keys == *keys) {
-            shard.entries.remove(&hash);
+        {
+            let mut fences = self
+                .fences
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            fences
+                .at
+                .retain(|_, at| now.saturating_duration_since(*at) < FENCE_LIFE);
+            if fences.at.len() + keys.len() > self.per_shard * SHARDS {
+                fences.at.clear();
+                fences.all = Some(now);
+            } else {
+                for key in keys {
+                    fences.at.insert(self.hasher.hash_one(key), now);
+                }
+            }
+            self.fenced.store(true, Ordering::Release);
         }
-        shard
-            .fences
-            .retain(|_, at| now.saturating_duration_since(*at) < FENCE_LIFE);
-        if shard.fences.len() >= self.per_shard {
-            shard.fences.clear();
-            shard.fenced_all = Some(now);
-        } else {
-            shard.fences.insert(hash, now);
+        for shard in &self.shards {
+            let mut shard = shard
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            shard
+                .entries
+                .retain(|_, e| !e.keys.iter().any(|k| keys.contains(k)));
         }
     }
 
@@ -439,6 +486,20 @@ mod tests {
         tokio::time::advance(Duration::from_millis(1)).await;
         cache.insert(keys.clone(), 1, &denied(&policy), Instant::now());
         assert!(cache.lookup(&keys, 1).is_some());
+        // Another policy's denial on a reset bucket (with one of its own):
+        // forgotten, and fenced off, too.
+        let shared = vec!["a".to_owned(), "c".to_owned()];
+        let sent = Instant::now();
+        cache.insert(shared.clone(), 1, &denied(&policy), sent);
+        assert!(cache.lookup(&shared, 1).is_some());
+        tokio::time::advance(Duration::from_millis(1)).await;
+        cache.fence(&keys);
+        assert!(
+            cache.lookup(&shared, 1).is_none(),
+            "a reset bucket's denial stayed"
+        );
+        cache.insert(shared.clone(), 1, &denied(&policy), sent);
+        assert!(cache.lookup(&shared, 1).is_none());
     }
 
     #[tokio::test(start_paused = true)]

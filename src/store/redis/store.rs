@@ -456,18 +456,33 @@ impl Store for RedisStore {
         // Never the breaker's probe: while the breaker is open a reset fails
         // at once instead of waiting for a hung Redis.
         let admit = self.inner.breaker.admit_without_probe();
-        let deleted = self
-            .admitted(admit, 1, None, |mut conn| async move {
-                del.query_async::<Value>(&mut conn).await
-            })
-            .await
-            .map(drop);
         // A check sent before the buckets were deleted may be denied by the
-        // old ones and answered after: its denial is not cached.
-        if let Some(cache) = &self.inner.denials {
-            cache.fence(&keys);
+        // old ones and answered after: its denial is not cached. Fenced once
+        // the DEL is over, or when this future is dropped before (the DEL
+        // may run anyway).
+        let _fence = FenceOnDrop {
+            cache: self.inner.denials.as_ref(),
+            keys: &keys,
+        };
+        self.admitted(admit, 1, None, |mut conn| async move {
+            del.query_async::<Value>(&mut conn).await
+        })
+        .await
+        .map(drop)
+    }
+}
+
+/// Fences the deny cache off `keys` when dropped (see [`DenyCache::fence`]).
+struct FenceOnDrop<'a> {
+    cache: Option<&'a DenyCache>,
+    keys: &'a [String],
+}
+
+impl Drop for FenceOnDrop<'_> {
+    fn drop(&mut self) {
+        if let Some(cache) = self.cache {
+            cache.fence(self.keys);
         }
-        deleted
     }
 }
 
