@@ -113,11 +113,15 @@ impl RedisStore {
                 };
                 let answer = store.send(keys, &policy, spend, None).await;
                 // Only a call that may have reached Redis can have left a
-                // hold to give back: not one the breaker stopped, nor one
-                // Redis answered with an error.
+                // hold to give back: not one the breaker stopped. (A reply
+                // the store could not read, a `Server` error, was a reply:
+                // the lease may have been granted.)
                 let maybe_ran = matches!(
                     &answer,
-                    Err(e) if matches!(e.kind(), ErrorKind::Timeout | ErrorKind::Connection)
+                    Err(e) if matches!(
+                        e.kind(),
+                        ErrorKind::Timeout | ErrorKind::Connection | ErrorKind::Server
+                    )
                 );
                 let reply = answer.ok().map(|(_, packed)| LeaseReply::packed(packed));
                 let granted = reply.map(|r| r.granted);
