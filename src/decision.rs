@@ -93,6 +93,7 @@ impl fmt::Debug for QuotaState {
 }
 
 impl QuotaState {
+    #[inline]
     pub(crate) fn new(
         quota: Quota,
         remaining: u64,
@@ -135,6 +136,7 @@ impl QuotaState {
 
 impl Decision {
     /// Builds a decision from every quota's state. `states` must not be empty.
+    #[inline]
     pub(crate) fn new(allowed: bool, states: impl Into<States>) -> Self {
         let states = states.into();
         // One state binds (the common case, without a search).
@@ -230,6 +232,11 @@ impl Decision {
     pub fn reset_after(&self) -> Duration {
         self.binding()
             .map_or(Duration::ZERO, QuotaState::reset_after)
+    }
+
+    /// [`reset_after`](Self::reset_after) in microseconds.
+    pub(crate) fn reset_after_us(&self) -> u64 {
+        self.binding().map_or(0, |s| s.reset_after_us)
     }
 
     /// The most restrictive quota, the one the other accessors describe.

@@ -20,6 +20,7 @@ pub(crate) struct Level {
 
 /// `v` as a signed number: quotas keep every level, cost and debt within
 /// 2^52 of zero (saturating, should one ever not be).
+#[inline]
 pub(crate) fn signed(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
@@ -38,6 +39,7 @@ impl Level {
 
     /// This bucket brought up to `now`. A clock that went backwards (a failover to
     /// a server whose clock is behind) refills nothing and keeps the later stamp.
+    #[inline]
     pub(crate) fn refilled(self, quota: &Quota, now: u64) -> Self {
         let full = signed(quota.full());
         let level = self.level.min(full);
@@ -49,8 +51,12 @@ impl Level {
         }
         let elapsed = now - self.stamp;
         let missing = (full - level).unsigned_abs();
-        // Compare before multiplying so the product stays below 2^53 (as in Lua).
-        let level = if elapsed >= ceil_div(missing, quota.num()) {
+        // Full when `elapsed >= ceil(missing / num)`, that is when
+        // `elapsed x num >= missing`: compared in 128 bits (no division, and
+        // no overflow), so the product added below stays below `missing`,
+        // under 2^53 (Lua compares with the division instead, to stay exact
+        // in doubles).
+        let level = if u128::from(elapsed) * u128::from(quota.num()) >= u128::from(missing) {
             full
         } else {
             level + signed(elapsed * quota.num())
@@ -59,6 +65,7 @@ impl Level {
     }
 
     /// Time until this bucket is full, in microseconds.
+    #[inline]
     pub(crate) fn until_full_us(&self, quota: &Quota) -> u64 {
         let missing = (signed(quota.full()) - self.level).max(0).unsigned_abs();
         ceil_div(missing, quota.num())
@@ -100,6 +107,9 @@ pub(crate) fn spend(
     now: u64,
     debts: &[u64],
 ) -> (Decision, u64) {
+    if let ([q], [l], []) = (quotas, &mut *levels, debts) {
+        return (spend_one(q, l, cost, now), 0);
+    }
     // A bucket stamped ahead of `now` owes its wait from the stamp, so the
     // time ahead comes off the debt: the wait stays within `max_wait`.
     let debt = |i: usize, q: &Quota, l: &Level| {
@@ -126,9 +136,20 @@ pub(crate) fn spend(
     (Decision::new(allowed, states), wait_us)
 }
 
+/// [`spend`] for a plain check of one quota (no debt: an admitted check
+/// never waits), the common case, without the slices.
+#[inline]
+pub(crate) fn spend_one(q: &Quota, l: &mut Level, cost: u64, now: u64) -> Decision {
+    let allowed = l.level - signed(cost * q.den()) >= 0;
+    let mut wait_us = 0;
+    let state = spent(q, l, cost, now, allowed, &mut wait_us);
+    Decision::new(allowed, States::One(state))
+}
+
 /// One bucket of a check decided `allowed`: spends `cost` from it if so,
 /// and tells its state. An admitted reservation's wait grows to this
 /// bucket's debt, paid back from `now` (or from a stamp ahead of it).
+#[inline]
 fn spent(
     q: &Quota,
     l: &mut Level,
@@ -152,7 +173,10 @@ fn spent(
         0 => 0,
         to_full => ahead + to_full,
     };
-    let remaining = l.level.max(0).unsigned_abs() / q.den();
+    let units = l.level.max(0).unsigned_abs();
+    // A quota of a token or more per microsecond counts whole tokens: no
+    // division.
+    let remaining = if q.den() == 1 { units } else { units / q.den() };
     QuotaState::new(*q, remaining, retry_us, reset_us)
 }
 

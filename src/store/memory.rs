@@ -1,7 +1,7 @@
 //! Buckets in this process: for single instances, tests, and as a fallback.
 
 use std::collections::BTreeMap;
-use std::collections::hash_map::RandomState;
+use std::collections::hash_map::{DefaultHasher, RandomState};
 
 use hashbrown::HashTable;
 use std::hash::{BuildHasher, Hasher};
@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::time::Instant;
 
-use super::bucket::{Level, adjust, debt_for, spend};
+use super::bucket::{Level, adjust, debt_for, spend, spend_one};
 use super::contract::{Store, validate};
 use super::key::{MAX_RAW_KEY_LEN, is_safe, safe_key};
 use super::sealed::Sealed;
@@ -154,6 +154,20 @@ impl Entry {
     }
 }
 
+impl Entry {
+    /// [`store`](Self::store) after an admission, for a key whose one
+    /// bucket is `level` now, full again at `full_at`: an admission only
+    /// ever moves `full_at` later (see [`Shard`]), so the key stays where it
+    /// is filed.
+    fn admitted_one(&mut self, level: Level, full_at: u64) {
+        if let Buckets::One([(_, stored)]) = &mut self.buckets {
+            *stored = level;
+        }
+        debug_assert!(full_at >= self.filed_at, "an admission filed a key earlier");
+        self.full_at = full_at;
+    }
+}
+
 /// One shard's keys, also ordered by when they are full again (then by age).
 ///
 /// Invariant: `order` holds exactly one `(entry.filed_at, entry.id)` for every
@@ -272,6 +286,43 @@ impl Shard {
         Ok(out)
     }
 
+    /// A check of `cost` against `quota` for the key `prefix` + `value`
+    /// (`hash` its hash), when this shard holds it as it is with `quota`'s
+    /// bucket alone: as [`update_found`](Self::update_found) with
+    /// [`spend`] would decide it. `None`, having changed nothing, otherwise.
+    fn check_held(
+        &mut self,
+        hash: u64,
+        prefix: &str,
+        value: &str,
+        quota: &Quota,
+        cost: u64,
+        now_us: u64,
+    ) -> Option<Decision> {
+        let entry = self
+            .map
+            .find_mut(hash, |e| e.name.strip_prefix(prefix) == Some(value))?;
+        let Buckets::One([(held, stored)]) = &entry.buckets else {
+            return None;
+        };
+        if held != quota {
+            return None;
+        }
+        let mut level = stored.refilled(quota, now_us);
+        let decision = spend_one(quota, &mut level, cost, now_us);
+        if decision.allowed() && cost != 0 {
+            // The bucket is full again when the decision says, counted from
+            // `now_us` (`Level::full_at`, without its division).
+            let full_at = match decision.reset_after_us() {
+                0 => 0,
+                reset => now_us + reset,
+            };
+            debug_assert_eq!(full_at, level.full_at(quota));
+            entry.admitted_one(level, full_at);
+        }
+        Some(decision)
+    }
+
     /// Stores the `levels` of `quotas` as the buckets of `key`, a key this
     /// shard does not hold yet (`hash` is the key's).
     fn insert(
@@ -388,16 +439,78 @@ impl MemoryStore {
 
     /// The key's hash (computed once per check) and its shard, locked.
     fn shard(&self, key: &str) -> (u64, MutexGuard<'_, Shard>) {
-        let shards = &self.inner.shards;
         let hash = hash_key(&self.inner.hasher, key);
+        (hash, self.shard_of(hash))
+    }
+
+    /// The shard of the key hashed to `hash`, locked.
+    fn shard_of(&self, hash: u64) -> MutexGuard<'_, Shard> {
+        let shards = &self.inner.shards;
         // The high half picks the shard: the table inside it indexes by the
         // low bits, which must not be the same for all of a shard's keys.
         // `shards` is never empty; the modulo keeps the index in range.
-        let index = usize::try_from((hash >> 32) % shards.len() as u64).unwrap_or(0);
+        // `(hash >> 32) x len / 2^32`: an even spread below `len`, without
+        // a division.
+        let index = usize::try_from(((hash >> 32) * shards.len() as u64) >> 32).unwrap_or(0);
         match shards.get(index).or(shards.first()) {
-            Some(shard) => (hash, lock(shard)),
+            Some(shard) => lock(shard),
             None => unreachable_empty(),
         }
+    }
+
+    /// `prefix` hashed as the start of keys, for [`check_held`](Self::check_held):
+    /// `None` for a prefix no key held as it is starts with.
+    pub(crate) fn key_prefix(&self, prefix: String) -> Option<KeyPrefix> {
+        if prefix.starts_with('#') || prefix.len() > MAX_RAW_KEY_LEN {
+            return None;
+        }
+        let mut state = self.inner.hasher.build_hasher();
+        state.write(prefix.as_bytes());
+        Some(KeyPrefix {
+            text: prefix.into_boxed_str(),
+            state,
+        })
+    }
+
+    /// A check of the key `prefix` + `value` at once, when this store holds
+    /// the key as it is (a key seen before: the common case) with one bucket,
+    /// `quota`'s: the decision [`check_now`](Self::check_now) would make, for
+    /// less (no key written out, the prefix hashed once). `None`, having
+    /// changed nothing, for any other key: check it with `check_now`.
+    /// `prefix` must come from this store's [`key_prefix`](Self::key_prefix),
+    /// and `cost` must be at most `quota`'s capacity.
+    pub(crate) fn check_held(
+        &self,
+        prefix: &KeyPrefix,
+        value: &str,
+        quota: &Quota,
+        cost: u64,
+    ) -> Option<Decision> {
+        self.check_held_at(prefix, value, quota, cost, self.now())
+    }
+
+    /// [`check_held`](Self::check_held) at the microsecond `now_us` of this
+    /// store's clock.
+    fn check_held_at(
+        &self,
+        prefix: &KeyPrefix,
+        value: &str,
+        quota: &Quota,
+        cost: u64,
+        now_us: u64,
+    ) -> Option<Decision> {
+        // As `update_at`: only a key of at most `MAX_RAW_KEY_LEN` bytes is
+        // looked up as it is.
+        if prefix.text.len() + value.len() > MAX_RAW_KEY_LEN {
+            return None;
+        }
+        // The hash of the whole key: SipHash over bytes written in pieces
+        // is the hash of the pieces written at once.
+        let mut state = prefix.state.clone();
+        state.write(value.as_bytes());
+        let hash = state.finish();
+        self.shard_of(hash)
+            .check_held(hash, &prefix.text, value, quota, cost, now_us)
     }
 
     /// A check at the microsecond `now_us` of this store's clock.
@@ -579,6 +692,14 @@ impl Store for MemoryStore {
     }
 }
 
+/// The start of keys, hashed with one store's seed: see
+/// [`MemoryStore::check_held`].
+#[derive(Clone, Debug)]
+pub(crate) struct KeyPrefix {
+    text: Box<str>,
+    state: DefaultHasher,
+}
+
 /// `key`'s hash, with the store's random seed: its bytes alone, without the
 /// end marker `str`'s `Hash` adds (no other value is hashed with it).
 fn hash_key(hasher: &RandomState, key: &str) -> u64 {
@@ -604,6 +725,92 @@ fn unreachable_empty() -> ! {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    proptest::proptest! {
+        #![proptest_config(crate::hostile_input::config())]
+
+        /// A check of a key the store holds decides as the store's own
+        /// check does, and leaves the same buckets behind: one schedule
+        /// (three keys, costs up to the capacity, a clock that also steps
+        /// back) run on two stores, through `check_held` (and `decide_at`
+        /// where it declines) and through `decide_at` alone. It declines
+        /// exactly the keys not stored yet.
+        #[test]
+        fn a_held_check_decides_as_the_store_does(
+            which in 0usize..6,
+            steps in proptest::collection::vec((0usize..3, 0u64..5, -3_000_000i64..4_000_000), 1..80),
+        ) {
+            let quotas = [
+                Quota::per_second(1).unwrap(),
+                Quota::per_second(7).unwrap().burst(3).unwrap(),
+                Quota::new(5, Duration::from_secs(3)).unwrap().burst(9).unwrap(),
+                Quota::per_second(1_000_000).unwrap(),
+                Quota::per_minute(100).unwrap(),
+                Quota::new(3, Duration::from_micros(1_234_567)).unwrap(),
+            ];
+            let quota = quotas[which];
+            let policy = Policy::from(quota);
+            let held = MemoryStore::new();
+            let plain = MemoryStore::new();
+            let prefix = held.key_prefix("p:k:".to_owned()).unwrap();
+            let mut stored = std::collections::HashSet::new();
+            let mut now: u64 = 10_000_000;
+            for (key, cost, step) in steps {
+                now = now.saturating_add_signed(step);
+                let cost = cost.min(quota.capacity());
+                let value = format!("c{key}");
+                let full = format!("p:k:{value}");
+                let expected = plain.decide_at(&full, &policy, cost, now).unwrap();
+                let got = match held.check_held_at(&prefix, &value, &quota, cost, now) {
+                    Some(decision) => {
+                        proptest::prop_assert!(stored.contains(&key), "held a key never stored");
+                        decision
+                    }
+                    None => {
+                        proptest::prop_assert!(!stored.contains(&key), "declined a stored key");
+                        held.decide_at(&full, &policy, cost, now).unwrap()
+                    }
+                };
+                proptest::prop_assert_eq!(&got, &expected);
+                if got.allowed() && cost != 0 {
+                    stored.insert(key);
+                }
+                let (hash, shard) = held.shard(&full);
+                let (plain_hash, plain_shard) = plain.shard(&full);
+                let held_entry = shard.get(hash, &full).map(|e| (e.buckets.as_slice().to_vec(), e.full_at));
+                let plain_entry = plain_shard.get(plain_hash, &full).map(|e| (e.buckets.as_slice().to_vec(), e.full_at));
+                proptest::prop_assert_eq!(held_entry, plain_entry);
+            }
+        }
+    }
+
+    #[test]
+    fn a_held_check_declines_a_key_stored_under_another_quota_or_too_long() {
+        let store = MemoryStore::new();
+        let a = Quota::per_second(1).unwrap();
+        let b = Quota::per_minute(5).unwrap();
+        let prefix = store.key_prefix("p:k:".to_owned()).unwrap();
+        assert!(
+            store
+                .decide_at("p:k:v", &Policy::from(b), 1, 0)
+                .unwrap()
+                .allowed()
+        );
+        assert_eq!(store.check_held_at(&prefix, "v", &a, 1, 0), None);
+        let d = store.check_held_at(&prefix, "v", &b, 1, 0).unwrap();
+        assert_eq!(d.remaining(), 3);
+        // A key too long to be held as it is is stored hashed: declined.
+        let long = "x".repeat(MAX_RAW_KEY_LEN);
+        assert!(
+            store
+                .decide_at(&format!("p:k:{long}"), &Policy::from(a), 1, 0)
+                .unwrap()
+                .allowed()
+        );
+        assert_eq!(store.check_held_at(&prefix, &long, &a, 1, 0), None);
+        // And a prefix no raw key can start with is refused.
+        assert!(store.key_prefix("#p:".to_owned()).is_none());
+    }
 
     /// (evicted, forgotten after refilling), summed over the shards.
     fn counts(store: &MemoryStore) -> (u64, u64) {
