@@ -1,5 +1,6 @@
 //! What a client is limited by: a named list of quotas, decided together.
 
+use std::cell::RefCell;
 use std::fmt;
 use std::sync::{Arc, OnceLock};
 
@@ -106,6 +107,39 @@ impl Policy {
                 derived: OnceLock::new(),
             }),
         }
+    }
+
+    /// An equal policy of this thread's own (its derived values made again,
+    /// once per thread), kept for the next calls: a clone of it counts a
+    /// reference no other thread touches. Cloning a policy shared by the
+    /// threads that serve requests, and dropping the clone, would move its
+    /// count's cache line between them on every request (and the derived
+    /// header values' counts with it). Up to four policies are kept per
+    /// thread, the first ones asked for.
+    pub(crate) fn thread_copy(&self) -> Policy {
+        const KEPT: usize = 4;
+        thread_local! {
+            static COPIES: RefCell<Vec<(Policy, Policy)>> = const { RefCell::new(Vec::new()) };
+        }
+        COPIES
+            .try_with(|copies| {
+                let Ok(mut copies) = copies.try_borrow_mut() else {
+                    return self.clone();
+                };
+                if let Some((_, copy)) = copies
+                    .iter()
+                    .find(|(of, _)| Arc::ptr_eq(&of.inner, &self.inner))
+                {
+                    return copy.clone();
+                }
+                if copies.len() >= KEPT {
+                    return self.clone();
+                }
+                let copy = Self::build(self.name(), self.quotas().into());
+                copies.push((self.clone(), copy.clone()));
+                copy
+            })
+            .unwrap_or_else(|_| self.clone())
     }
 
     /// The policy name.

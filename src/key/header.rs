@@ -83,7 +83,12 @@ impl Header {
     /// value with [`verbatim`](Self::verbatim)): the layer uses it without
     /// a copy of its own.
     pub(crate) fn key_of<'p>(&self, parts: &'p Parts) -> Option<Cow<'p, str>> {
-        let mut values = parts.headers.get_all(&self.name).iter();
+        self.key_in(&parts.headers)
+    }
+
+    /// [`key_of`](Self::key_of) from the request's headers alone.
+    pub(crate) fn key_in<'p>(&self, headers: &'p http::HeaderMap) -> Option<Cow<'p, str>> {
+        let mut values = headers.get_all(&self.name).iter();
         let value = values.next()?;
         if value.is_empty() || values.next().is_some() {
             return None;

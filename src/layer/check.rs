@@ -17,15 +17,16 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::Response;
 use http::request::Parts;
+use http::{Request, Response};
 use tokio::sync::OwnedSemaphorePermit;
 
 use super::config::{Config, Cost};
 use super::dyn_key::Extractor;
 use super::grpc;
+use super::held::Held;
 use super::http_answer;
-use super::options::{Missing, OnStoreError, Selected};
+use super::options::{HeaderStyle, Missing, OnStoreError, Selected};
 use super::outcome::{After, Answer, Deferred, Delayed, Marks, StoreFailure};
 use super::report::shadow_report;
 use super::settle::{By, Ticket};
@@ -155,12 +156,7 @@ fn verdict(config: &Config, parts: &mut Parts, result: Result<After, Answer>) ->
     let mut after = match result {
         Ok(after) => after,
         Err(answer) if config.shadow => shadow_report(answer, config.headers),
-        Err(answer) => {
-            return Verdict::Respond(match grpc::flavor(parts) {
-                Some(kind) => grpc::render(answer, kind, config.headers),
-                None => http_answer::render(answer, config.headers, &config.rejection),
-            });
-        }
+        Err(answer) => return Verdict::Respond(respond(config, parts, answer)),
     };
     if let Some(decision) = after.decision.take() {
         // Into the request extensions, where handlers read it; kept for the
@@ -185,6 +181,67 @@ fn verdict(config: &Config, parts: &mut Parts, result: Result<After, Answer>) ->
         }
     }
     Verdict::Forward(after)
+}
+
+/// The layer's own answer to a request, over gRPC or HTTP as it came.
+fn respond(config: &Config, parts: &Parts, answer: Answer) -> Response<Bytes> {
+    match grpc::flavor(parts) {
+        Some(kind) => grpc::render(answer, kind, config.headers),
+        None => http_answer::render(answer, config.headers, &config.rejection),
+    }
+}
+
+/// A request whose key a memory store holds, decided in the service's
+/// `call` for less than [`check_now`] (the request is not taken apart, the
+/// storage key is not written out): as `check_now` would decide it. `Ok`:
+/// admitted, the decision in its extensions, forward it with `After`;
+/// `Err`: answer it with that. `None`, having changed nothing, for every
+/// other request (no key, a key the store does not hold as it is): check it
+/// with `check_now`.
+pub(crate) fn check_held<B>(
+    config: &Config,
+    held: &Held,
+    req: &mut Request<B>,
+) -> Option<Result<After, Answer>> {
+    let value = held.header.key_in(req.headers())?;
+    if value.is_empty() {
+        return None;
+    }
+    let decision = held
+        .store
+        .check_held(&held.prefix, &value, &held.quota, held.cost)?;
+    let policy = config.limiter.policy();
+    let kind = config.key.name();
+    config.limiter.answered(&decision, policy, kind);
+    if !decision.allowed() {
+        return Some(Err(Answer::TooMany {
+            policy: policy.clone(),
+            decision,
+            kind: Arc::clone(kind),
+        }));
+    }
+    // As `outcome` and `verdict` make it, with this thread's copy of the
+    // policy (see `Policy::thread_copy`).
+    let headers = (config.headers != HeaderStyle::None).then(|| Deferred {
+        style: config.headers,
+        policy: policy.thread_copy(),
+    });
+    let keep = headers.is_some() || config.decision_in_response;
+    let after = After {
+        headers,
+        decision: keep.then(|| decision.clone()),
+        decision_in_response: config.decision_in_response,
+        ticket: None,
+        marks: None,
+    };
+    req.extensions_mut().insert(decision);
+    Some(Ok(after))
+}
+
+/// The answer to a request [`check_held`] refused.
+pub(crate) fn refuse_held<B>(config: &Config, req: Request<B>, answer: Answer) -> Response<Bytes> {
+    let (parts, _) = req.into_parts();
+    respond(config, &parts, answer)
 }
 
 /// What a request asks of the store: its policy, key and cost; the key

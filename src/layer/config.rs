@@ -10,6 +10,7 @@ use http::request::Parts;
 use tokio::sync::Semaphore;
 
 use super::dyn_key::Extractor;
+use super::held::Held;
 use super::options::{Delay, HeaderStyle, Missing, OnStoreError, Reject, Rejection, Selected};
 use super::settle::Settler;
 use crate::limiter::RateLimiter;
@@ -68,6 +69,10 @@ pub(crate) struct Config {
     /// is checked in its response future, without a try in `call` (which
     /// would run the policy choice twice).
     pub(crate) waits: Arc<AtomicBool>,
+    /// What a request whose key a memory store holds is decided with, when
+    /// this configuration allows it (see [`Held`]); set by the layer
+    /// after every change.
+    pub(crate) held: Option<Held>,
 }
 
 impl fmt::Debug for Config {

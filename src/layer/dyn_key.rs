@@ -71,6 +71,11 @@ impl Extractor {
         self.kind.as_str()
     }
 
+    /// The extractor itself when it is a [`Header`].
+    pub(crate) fn header(&self) -> Option<&Header> {
+        self.header.as_ref()
+    }
+
     /// The kind, shared.
     pub(crate) fn name(&self) -> &Arc<str> {
         &self.name

@@ -53,6 +53,12 @@ pin_project! {
             future: S::Future,
             after: Option<After>,
         },
+        // The same with nothing to add to the response (no headers, no
+        // extensions, nothing to settle): its output passes through.
+        Passing {
+            #[pin]
+            future: S::Future,
+        },
         // Answered by the layer when the request came (no check to wait for).
         Answered {
             res: Option<Response<Bytes>>,
@@ -70,10 +76,16 @@ where
     /// then adds `after` to its response.
     pub(crate) fn calling(future: S::Future, after: After) -> Self {
         ResponseFuture {
-            state: State::Calling {
-                future,
-                after: Some(after),
-            },
+            state: State::calling(future, after),
+            bodies: PhantomData,
+        }
+    }
+
+    /// Calls the inner service's `future` with nothing to add to its
+    /// response.
+    pub(crate) fn passing(future: S::Future) -> Self {
+        ResponseFuture {
+            state: State::Passing { future },
             bodies: PhantomData,
         }
     }
@@ -95,6 +107,24 @@ where
                 body: Some(body),
             },
             bodies: PhantomData,
+        }
+    }
+}
+
+impl<S, ReqBody> State<S, ReqBody>
+where
+    S: Service<Request<ReqBody>>,
+{
+    /// Waits for `future`, then adds `after` to its response, if there is
+    /// anything to add.
+    fn calling(future: S::Future, after: After) -> Self {
+        if after.is_empty() {
+            State::Passing { future }
+        } else {
+            State::Calling {
+                future,
+                after: Some(after),
+            }
         }
     }
 }
@@ -126,10 +156,14 @@ where
                         polled_after_completion()
                     };
                     let future = service.call(Request::from_parts(parts, body));
-                    this.state.set(State::Calling {
-                        future,
-                        after: Some(after),
-                    });
+                    this.state.set(State::calling(future, after));
+                }
+                StateProj::Passing { future } => {
+                    let res = ready!(future.poll(cx));
+                    this.state.set(State::Done);
+                    return Poll::Ready(
+                        res.map(|res| res.map(|body| M::body(ResponseBody::settling(body, None)))),
+                    );
                 }
                 StateProj::Calling { future, after } => {
                     let res = ready!(future.poll(cx));

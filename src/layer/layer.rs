@@ -10,6 +10,7 @@ use tower_layer::Layer;
 use super::bodies::AxumBody;
 use super::config::{Config, Cost, Holding};
 use super::dyn_key::Extractor;
+use super::held::Held;
 use super::options::{Choice, Delay, HeaderStyle, MissingKey, OnStoreError, Rejection};
 use super::service::RateLimit;
 use super::settle::{ResponseHead, Settle, Settler};
@@ -60,7 +61,7 @@ impl RateLimitLayer {
     /// A layer over the store and policy of an existing [`RateLimiter`], so
     /// code outside tower shares its buckets.
     pub fn from_limiter(limiter: RateLimiter) -> Self {
-        RateLimitLayer {
+        let layer = RateLimitLayer {
             config: Arc::new(Config {
                 limiter,
                 key: Extractor::new(PeerIp::new()),
@@ -75,12 +76,16 @@ impl RateLimitLayer {
                 delay: None,
                 settle: None,
                 waits: Arc::default(),
+                held: None,
             }),
-        }
+        };
+        layer.with(|_| ())
     }
 
     fn with(mut self, change: impl FnOnce(&mut Config)) -> Self {
-        change(Arc::make_mut(&mut self.config));
+        let config = Arc::make_mut(&mut self.config);
+        change(config);
+        config.held = held(config);
         self
     }
 
@@ -356,6 +361,34 @@ impl RateLimitLayer {
     pub fn axum_body(self) -> AxumRateLimitLayer {
         AxumRateLimitLayer { layer: self }
     }
+}
+
+/// What `check::check_held` needs, when `config` allows it (see [`Held`]).
+fn held(config: &Config) -> Option<Held> {
+    if config.select.is_some() || config.delay.is_some() || config.settle.is_some() || config.shadow
+    {
+        return None;
+    }
+    let Cost::Fixed(cost) = config.cost else {
+        return None;
+    };
+    let policy = config.limiter.policy();
+    let [quota] = policy.quotas() else {
+        return None;
+    };
+    if cost > policy.max_cost() {
+        return None;
+    }
+    let store = config.limiter.store().as_memory()?.clone();
+    // The storage key is `name:kind:value` (see `check::bucket_key`).
+    let prefix = store.key_prefix(format!("{}:{}:", policy.name(), config.key.name()))?;
+    Some(Held {
+        header: config.key.header()?.clone(),
+        store,
+        prefix,
+        quota: *quota,
+        cost,
+    })
 }
 
 impl<S> Layer<S> for RateLimitLayer {

@@ -23,6 +23,7 @@ mod dyn_key;
 mod future;
 mod grpc;
 mod headers;
+mod held;
 mod http_answer;
 #[allow(clippy::module_inception)]
 mod layer;

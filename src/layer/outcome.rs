@@ -147,6 +147,17 @@ pub(crate) struct After {
     pub(crate) marks: Option<Box<Marks>>,
 }
 
+impl After {
+    /// Nothing to add to the response: no headers, no extensions, nothing
+    /// to settle.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.headers.is_none()
+            && self.decision.is_none()
+            && self.ticket.is_none()
+            && self.marks.is_none()
+    }
+}
+
 /// What a forwarded request carries in its extensions, and its response in
 /// theirs, only when the store failed, in shadow mode, or in delay mode.
 #[derive(Default)]

@@ -9,7 +9,9 @@ use http::{Request, Response};
 use tower_service::Service;
 
 use super::bodies::{Bodies, Wrapped};
-use super::check::{Checked, Now, Verdict, check, check_now, check_unsent};
+use super::check::{
+    Checked, Now, Verdict, check, check_held, check_now, check_unsent, refuse_held,
+};
 use super::config::Config;
 use super::dyn_key::BoxFuture;
 use super::future::ResponseFuture;
@@ -83,7 +85,21 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+    fn call(&mut self, mut req: Request<ReqBody>) -> Self::Future {
+        if let Some(held) = &self.config.held {
+            match check_held(&self.config, held, &mut req) {
+                // Built where it is returned: the inner future is not
+                // moved again on its way out.
+                Some(Ok(after)) if after.is_empty() => {
+                    return ResponseFuture::passing(self.inner.call(req));
+                }
+                Some(Ok(after)) => return ResponseFuture::calling(self.inner.call(req), after),
+                Some(Err(answer)) => {
+                    return ResponseFuture::answered(refuse_held(&self.config, req, answer));
+                }
+                None => {}
+            }
+        }
         let (mut parts, body) = req.into_parts();
         let check: BoxFuture<'static, Checked> = match check_now(&self.config, &mut parts) {
             // Decided at once (the common case): the service driven to
@@ -351,6 +367,80 @@ mod tests {
         // Glibc's allocator serves blocks of up to 1 032 bytes from a
         // per-thread cache; larger ones take its slower shared path.
         assert!(size <= 1_024, "the Redis check future is {size} bytes");
+    }
+
+    /// A `Header`-keyed layer over a memory store decides a key the store
+    /// holds in `call` without taking the request apart (`check_held`); a
+    /// layer keyed by a closure returning the same value takes the general
+    /// path. Both answer alike, request by request: statuses, rate limit
+    /// fields, bodies and the decision handlers see.
+    #[tokio::test(start_paused = true)]
+    async fn a_held_key_is_answered_as_the_general_path_answers_it() {
+        use crate::layer::HeaderStyle;
+        let inner = tower::service_fn(|req: Request<()>| {
+            let d = req.extensions().get::<Decision>().cloned();
+            async move {
+                text(format!(
+                    "{:?}",
+                    d.map(|d| (d.allowed(), d.remaining(), d.reset_after()))
+                ))
+            }
+        });
+        for style in [HeaderStyle::Ietf, HeaderStyle::Legacy, HeaderStyle::None] {
+            let quota = Quota::per_minute(3).unwrap();
+            let held = RateLimitLayer::new(MemoryStore::new(), quota)
+                .key(crate::key::Header::new("x-client").verbatim())
+                .headers(style);
+            let general = RateLimitLayer::new(MemoryStore::new(), quota)
+                .key(crate::key::from_fn(
+                    "header:x-client",
+                    |p: &http::request::Parts| {
+                        p.headers.get("x-client")?.to_str().ok().map(str::to_owned)
+                    },
+                ))
+                .headers(style);
+            let (held, general) = (held.layer(inner), general.layer(inner));
+            assert!(held.config.held.is_some() && general.config.held.is_none());
+            for (i, client) in ["a", "a", "b", "a", "a", "b", "a"].into_iter().enumerate() {
+                if i == 5 {
+                    tokio::time::advance(std::time::Duration::from_secs(25)).await;
+                }
+                let req = || {
+                    Request::get("/")
+                        .header("x-client", client)
+                        .body(())
+                        .unwrap()
+                };
+                let a = held.clone().oneshot(req()).await.unwrap();
+                let b = general.clone().oneshot(req()).await.unwrap();
+                assert_eq!(a.status(), b.status(), "request {i}, {style:?}");
+                assert_eq!(a.headers(), b.headers(), "request {i}, {style:?}");
+                assert_eq!(
+                    body_text(a).await,
+                    body_text(b).await,
+                    "request {i}, {style:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn only_a_layer_with_nothing_to_choose_wait_for_or_settle_checks_held_keys() {
+        let store = MemoryStore::new();
+        let quota = Quota::per_minute(3).unwrap();
+        let inner = tower::service_fn(|_: Request<()>| async { text("ok") });
+        let base =
+            || RateLimitLayer::new(store.clone(), quota).key(crate::key::Header::new("x-client"));
+        let held = |layer: RateLimitLayer| layer.layer(inner).config.held.is_some();
+        assert!(held(base()));
+        assert!(!held(base().cost(|_| 1)));
+        assert!(!held(base().shadow()));
+        assert!(!held(base().policy(|_| crate::layer::Choice::Default)));
+        assert!(!held(base().key(crate::key::Global)));
+        let two = crate::Policy::new("two", [quota, Quota::per_hour(10).unwrap()]).unwrap();
+        assert!(!held(
+            RateLimitLayer::new(store.clone(), two).key(crate::key::Header::new("x-client"))
+        ));
     }
 
     #[tokio::test]
