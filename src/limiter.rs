@@ -205,12 +205,9 @@ impl RateLimiter {
         }
     }
 
-    /// The store's answer, with the fallback deciding when the store failed,
-    /// reported to tracing and metrics. `fresh`: the store itself answered
-    /// (not a denial it remembered), so a fallback that was deciding stops.
     /// What [`settle`](Self::settle) does with a decision a memory store
-    /// made at once for the layer: a decision from
-    /// the store ends the fallback's outage, and is reported.
+    /// made at once for the layer: a decision from the store ends the
+    /// fallback's outage, and is reported.
     pub(crate) fn answered(&self, decision: &Decision, policy: &Policy, key_kind: &str) {
         if let Some(fallback) = &self.fallback {
             fallback.store_answered();
@@ -223,6 +220,9 @@ impl RateLimiter {
         observe::decision(policy.name(), key_kind, outcome);
     }
 
+    /// The store's answer, with the fallback deciding when the store failed,
+    /// reported to tracing and metrics. `fresh`: the store itself answered
+    /// (not a denial it remembered), so a fallback that was deciding stops.
     fn settle(
         &self,
         result: Result<Decision, Error>,

@@ -203,6 +203,12 @@ pub(crate) fn check_held<B>(
     held: &Held,
     req: &mut Request<B>,
 ) -> Option<Result<After, Answer>> {
+    // Once an extractor of this layer (a missing key's fallback) has
+    // waited, every request is decided when its response future is polled,
+    // as `check_now` then does.
+    if config.waits.load(Ordering::Relaxed) {
+        return None;
+    }
     let value = held.header.key_in(req.headers())?;
     if value.is_empty() {
         return None;
