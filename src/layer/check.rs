@@ -213,6 +213,12 @@ pub(crate) fn check_held<B>(
     if value.is_empty() {
         return None;
     }
+    // Made safe as `prepare` makes it: a value the header's extractor
+    // built (hashed, as it starts with `#`) is hashed again.
+    let value = match value {
+        Cow::Borrowed(value) => Cow::Borrowed(value),
+        Cow::Owned(value) => Cow::Owned(into_safe_key(value)),
+    };
     let decision = held
         .store
         .check_held(&held.prefix, &value, &held.quota, held.cost)?;

@@ -386,18 +386,30 @@ mod tests {
                 ))
             }
         });
-        for style in [HeaderStyle::Ietf, HeaderStyle::Legacy, HeaderStyle::None] {
+        let cases = [
+            (HeaderStyle::Ietf, true),
+            (HeaderStyle::Legacy, true),
+            (HeaderStyle::None, true),
+            (HeaderStyle::Ietf, false),
+        ];
+        for (style, verbatim) in cases {
             let quota = Quota::per_minute(3).unwrap();
+            let header = crate::key::Header::new("x-client");
+            let header = if verbatim { header.verbatim() } else { header };
             let held = RateLimitLayer::new(MemoryStore::new(), quota)
-                .key(crate::key::Header::new("x-client").verbatim())
+                .key(header)
                 .headers(style);
+            // The same key, from a closure: the general path.
+            let key = move |p: &http::request::Parts| {
+                let value = p.headers.get("x-client")?;
+                Some(if verbatim {
+                    value.to_str().ok()?.to_owned()
+                } else {
+                    crate::store::hashed_key(value.as_bytes())
+                })
+            };
             let general = RateLimitLayer::new(MemoryStore::new(), quota)
-                .key(crate::key::from_fn(
-                    "header:x-client",
-                    |p: &http::request::Parts| {
-                        p.headers.get("x-client")?.to_str().ok().map(str::to_owned)
-                    },
-                ))
+                .key(crate::key::from_fn("header:x-client", key))
                 .headers(style);
             let (held, general) = (held.layer(inner), general.layer(inner));
             assert!(held.config.held.is_some() && general.config.held.is_none());
@@ -422,6 +434,44 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// Once a missing key's fallback extractor has waited, a held key too
+    /// is decided when the response future is polled, as every request of
+    /// the layer then is: a call dropped unpolled spends nothing.
+    #[tokio::test]
+    async fn a_held_key_waits_for_the_poll_once_the_layer_has_waited() {
+        struct Slow;
+        impl crate::key::KeyExtractor for Slow {
+            fn kind(&self) -> crate::key::Kind {
+                crate::key::Kind::custom("slow")
+            }
+            async fn extract(&self, _: &http::request::Parts) -> Option<String> {
+                tokio::task::yield_now().await;
+                Some("slow".to_owned())
+            }
+        }
+        let inner = tower::service_fn(|_: Request<()>| async { text("ok") });
+        let mut svc = RateLimitLayer::new(MemoryStore::new(), Quota::per_minute(2).unwrap())
+            .key(crate::key::Header::new("x-client"))
+            .on_missing_key(crate::layer::MissingKey::fallback(Slow))
+            .layer(inner);
+        let with = || Request::get("/").header("x-client", "a").body(()).unwrap();
+        // "a" is stored (one token of two left); the fallback then waits once.
+        assert_eq!(svc.clone().oneshot(with()).await.unwrap().status(), 200);
+        assert_eq!(
+            svc.clone()
+                .oneshot(Request::new(()))
+                .await
+                .unwrap()
+                .status(),
+            200
+        );
+        assert!(svc.config.waits.load(std::sync::atomic::Ordering::Relaxed));
+        // Called and dropped unpolled: nothing spent, "a" still has its token.
+        drop(svc.ready().await.unwrap().call(with()));
+        assert_eq!(svc.clone().oneshot(with()).await.unwrap().status(), 200);
+        assert_eq!(svc.oneshot(with()).await.unwrap().status(), 429);
     }
 
     #[test]
