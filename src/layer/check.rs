@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::request::Parts;
-use http::{Request, Response};
+use http::{Extensions, Request, Response};
 use tokio::sync::OwnedSemaphorePermit;
 
 use super::config::{Config, Cost};
@@ -158,17 +158,7 @@ fn verdict(config: &Config, parts: &mut Parts, result: Result<After, Answer>) ->
         Err(answer) if config.shadow => shadow_report(answer, config.headers),
         Err(answer) => return Verdict::Respond(respond(config, parts, answer)),
     };
-    if let Some(decision) = after.decision.take() {
-        // Into the request extensions, where handlers read it; kept for the
-        // response only if its headers or extensions need it.
-        after.decision_in_response = config.decision_in_response;
-        if after.headers.is_some() || after.decision_in_response {
-            parts.extensions.insert(decision.clone());
-            after.decision = Some(decision);
-        } else {
-            parts.extensions.insert(decision);
-        }
-    }
+    place_decision(config, &mut parts.extensions, &mut after);
     if let Some(marks) = &after.marks {
         if let Some(delayed) = marks.delayed {
             parts.extensions.insert(delayed);
@@ -181,6 +171,21 @@ fn verdict(config: &Config, parts: &mut Parts, result: Result<After, Answer>) ->
         }
     }
     Verdict::Forward(after)
+}
+
+/// Puts an admitted request's decision into its `extensions`, where
+/// handlers read it, and keeps it in `after` only if the response's
+/// headers or extensions need it.
+fn place_decision(config: &Config, extensions: &mut Extensions, after: &mut After) {
+    if let Some(decision) = after.decision.take() {
+        after.decision_in_response = config.decision_in_response;
+        if after.headers.is_some() || after.decision_in_response {
+            extensions.insert(decision.clone());
+            after.decision = Some(decision);
+        } else {
+            extensions.insert(decision);
+        }
+    }
 }
 
 /// The layer's own answer to a request, over gRPC or HTTP as it came.
@@ -238,15 +243,12 @@ pub(crate) fn check_held<B>(
         style: config.headers,
         policy: policy.thread_copy(),
     });
-    let keep = headers.is_some() || config.decision_in_response;
-    let after = After {
+    let mut after = After {
         headers,
-        decision: keep.then(|| decision.clone()),
-        decision_in_response: config.decision_in_response,
-        ticket: None,
-        marks: None,
+        decision: Some(decision),
+        ..After::default()
     };
-    req.extensions_mut().insert(decision);
+    place_decision(config, req.extensions_mut(), &mut after);
     Some(Ok(after))
 }
 
