@@ -234,11 +234,6 @@ impl Decision {
             .map_or(Duration::ZERO, QuotaState::reset_after)
     }
 
-    /// [`reset_after`](Self::reset_after) in microseconds.
-    pub(crate) fn reset_after_us(&self) -> u64 {
-        self.binding().map_or(0, |s| s.reset_after_us)
-    }
-
     /// The most restrictive quota, the one the other accessors describe.
     pub fn quota(&self) -> Option<&Quota> {
         self.binding().map(QuotaState::quota)

@@ -1,7 +1,7 @@
 //! Buckets in this process: for single instances, tests, and as a fallback.
 
-use std::collections::BTreeMap;
 use std::collections::hash_map::{DefaultHasher, RandomState};
+use std::collections::{BTreeMap, btree_map};
 
 use hashbrown::HashTable;
 use std::hash::{BuildHasher, Hasher};
@@ -101,24 +101,29 @@ pub struct MemoryStore {
 
 #[derive(Debug)]
 struct Inner {
-    shards: Box<[Mutex<Shard>]>,
+    shards: Box<[Padded<Mutex<Shard>>]>,
     per_shard: usize,
     hasher: RandomState,
     epoch: Instant,
 }
 
-/// One key: its name, its buckets, the microsecond at which all of them are
-/// full again, the time under which it is filed in `order` (never later than
-/// `full_at`, see [`Shard`]) and its number in its shard (its place in `order`
-/// among equal times).
+/// One key: its name, its buckets and the time under which it is filed in
+/// its shard's `order` (never later than the microsecond at which all of its
+/// buckets are full again, see [`Shard`]). One cache line: the slots of a
+/// shard's table are aligned to it, so a check reads and writes one line of
+/// the table, not two shared with other keys.
 #[derive(Debug)]
+#[repr(align(64))]
 struct Entry {
-    name: Arc<str>,
+    name: Box<str>,
     buckets: Buckets,
-    full_at: u64,
     filed_at: u64,
-    id: u64,
 }
+
+const _: () = assert!(
+    std::mem::size_of::<Entry>() == 64,
+    "an entry is one cache line"
+);
 
 impl Entry {
     /// The levels of `quotas` at `now_us`: this key's buckets brought up to
@@ -132,64 +137,65 @@ impl Entry {
         }
     }
 
-    /// Writes the `levels` of `quotas` into this key's buckets, and files
-    /// it again in `order` (its shard's) if it is now full sooner than
-    /// where it is filed.
-    fn store(
-        &mut self,
-        order: &mut BTreeMap<(u64, u64), Arc<str>>,
-        quotas: &[Quota],
-        levels: &[Level],
-    ) {
+    /// Writes the `levels` of `quotas` into this key's buckets (`hash` its
+    /// hash), and files it again in `order` (its shard's) if it is now full
+    /// sooner than where it is filed.
+    fn store(&mut self, order: &mut Order, hash: u64, quotas: &[Quota], levels: &[Level]) {
         self.buckets.set(quotas, levels);
-        self.full_at = self.buckets.full_at();
-        if self.full_at < self.filed_at {
+        let full_at = self.buckets.full_at(quotas);
+        if full_at < self.filed_at {
             // Never from an admission (see `Shard`); kept exact anyway.
-            let place = (self.filed_at, self.id);
-            self.filed_at = self.full_at;
-            if let Some(name) = order.remove(&place) {
-                order.insert((self.full_at, self.id), name);
-            }
+            unfile(order, self.filed_at, hash);
+            self.filed_at = full_at;
+            file(order, full_at, hash);
         }
     }
 }
 
-impl Entry {
-    /// [`store`](Self::store) after an admission, for a key whose one
-    /// bucket is `level` now, full again at `full_at`: an admission only
-    /// ever moves `full_at` later (see [`Shard`]), so the key stays where it
-    /// is filed.
-    fn admitted_one(&mut self, level: Level, full_at: u64) {
-        if let Buckets::One([(_, stored)]) = &mut self.buckets {
-            *stored = level;
+/// Keys by the time they are filed under, then by hash: how many keys of
+/// the shard are filed so (two keys share a place only when their hashes
+/// are equal, which a random seed makes a matter of chance, and then either
+/// may go first).
+type Order = BTreeMap<(u64, u64), usize>;
+
+/// Files one more key at `(at, hash)`.
+fn file(order: &mut Order, at: u64, hash: u64) {
+    *order.entry((at, hash)).or_insert(0) += 1;
+}
+
+/// Takes one key filed at `(at, hash)` out of `order`.
+fn unfile(order: &mut Order, at: u64, hash: u64) {
+    if let btree_map::Entry::Occupied(mut place) = order.entry((at, hash)) {
+        if *place.get() > 1 {
+            *place.get_mut() -= 1;
+        } else {
+            place.remove();
         }
-        debug_assert!(full_at >= self.filed_at, "an admission filed a key earlier");
-        self.full_at = full_at;
     }
 }
 
 /// One shard's keys, also ordered by when they are full again (then by age).
 ///
-/// Invariant: `order` holds exactly one `(entry.filed_at, entry.id)` for every
-/// entry of `map`, so both have the same length, at most the shard's share of
-/// `max_keys`, and `filed_at <= full_at`. An admission only ever moves a key's
-/// `full_at` later (spending empties, and a bucket that refilled to full while
-/// idle was full before `now`), so it updates `full_at` alone and leaves the
-/// key where it is filed: a check touches the map once and `order` not at all.
-/// The order is brought up to date where it is read: a key found first whose
-/// `full_at` moved on is filed again under it, so the first key whose filed
-/// time is current is the one full again soonest (every other key's `full_at`
-/// is at least its filed time, which is at least this one's). Each admission
-/// leaves at most one key to refile, so the reads cost a logarithmic step per
-/// admission, amortised.
+/// Invariant: `order` counts one `(entry.filed_at, hash)` for every entry of
+/// `map` (`hash` the entry's), so its counts add up to the map's length, at
+/// most the shard's share of `max_keys`; and `filed_at <= full_at`, the time
+/// the key's buckets are all full again (computed, not stored). An admission
+/// only ever moves a key's `full_at` later (spending empties, and a bucket
+/// that refilled to full while idle was full before `now`), so it updates
+/// the buckets alone and leaves the key where it is filed: a check touches
+/// the map once and `order` not at all. The order is brought up to date
+/// where it is read: a key found first whose `full_at` moved on is filed
+/// again under it, so the first key whose filed time is current is the one
+/// full again soonest (every other key's `full_at` is at least its filed
+/// time, which is at least this one's). Each admission leaves at most one key
+/// to refile, so the reads cost a logarithmic step per admission, amortised.
 ///
 /// `map` is keyed by the key's hash, computed once per check with the store's
 /// random seed; the same hash picks the shard.
 #[derive(Debug, Default)]
 struct Shard {
     map: HashTable<Entry>,
-    order: BTreeMap<(u64, u64), Arc<str>>,
-    next_id: u64,
+    order: Order,
     /// Keys forgotten to make room before they had refilled.
     #[cfg(test)]
     evicted: u64,
@@ -205,36 +211,36 @@ impl Shard {
     }
 
     /// Files the first key of `order` under its current `full_at` until the
-    /// first one is current, and returns its place: `(full_at, id)`.
+    /// first one is current, and returns its place: `(full_at, hash)`.
     fn first_current(&mut self, hasher: &RandomState) -> Option<(u64, u64)> {
         loop {
-            let (&(filed_at, id), name) = self.order.first_key_value()?;
-            let hash = hash_key(hasher, name);
-            let full_at = match self.map.find_mut(hash, |e| e.name == *name) {
-                Some(entry) if entry.full_at > filed_at => {
-                    entry.filed_at = entry.full_at;
-                    entry.full_at
+            let (&(filed_at, hash), _) = self.order.first_key_value()?;
+            let full_at = match self.map.find_mut(hash, filed_as(hasher, filed_at, hash)) {
+                Some(entry) => {
+                    let full_at = entry.buckets.full_at(&[]);
+                    if full_at <= filed_at {
+                        return Some((filed_at, hash));
+                    }
+                    entry.filed_at = full_at;
+                    full_at
                 }
-                _ => return Some((filed_at, id)),
+                None => return Some((filed_at, hash)),
             };
-            if let Some(name) = self.order.remove(&(filed_at, id)) {
-                self.order.insert((full_at, id), name);
-            }
+            unfile(&mut self.order, filed_at, hash);
+            file(&mut self.order, full_at, hash);
         }
     }
 
     /// Forgets the key that is full again soonest.
     fn forget_first(&mut self, hasher: &RandomState, now: u64) {
-        let Some(place) = self.first_current(hasher) else {
+        let Some((at, hash)) = self.first_current(hasher) else {
             return;
         };
-        if let Some(name) = self.order.remove(&place) {
-            let hash = hash_key(hasher, &name);
-            if let Ok(entry) = self.map.find_entry(hash, |e| e.name == name) {
-                entry.remove();
-            }
-            self.count(place.0 <= now);
+        unfile(&mut self.order, at, hash);
+        if let Ok(entry) = self.map.find_entry(hash, filed_as(hasher, at, hash)) {
+            entry.remove();
         }
+        self.count(at <= now);
     }
 
     #[cfg(test)]
@@ -281,7 +287,7 @@ impl Shard {
         entry.levels(quotas, now_us, levels);
         let (out, write) = update(quotas, levels, true);
         if write {
-            entry.store(&mut self.order, quotas, levels);
+            entry.store(&mut self.order, hash, quotas, levels);
         }
         Ok(out)
     }
@@ -302,23 +308,22 @@ impl Shard {
         let entry = self
             .map
             .find_mut(hash, |e| e.name.strip_prefix(prefix) == Some(value))?;
-        let Buckets::One([(held, stored)]) = &entry.buckets else {
+        let Buckets::One(held, stored) = &mut entry.buckets else {
             return None;
         };
-        if held != quota {
+        if !held.is(quota) {
             return None;
         }
         let mut level = stored.refilled(quota, now_us);
         let decision = spend_one(quota, &mut level, cost, now_us);
         if decision.allowed() && cost != 0 {
-            // The bucket is full again when the decision says, counted from
-            // `now_us` (`Level::full_at`, without its division).
-            let full_at = match decision.reset_after_us() {
-                0 => 0,
-                reset => now_us + reset,
-            };
-            debug_assert_eq!(full_at, level.full_at(quota));
-            entry.admitted_one(level, full_at);
+            // An admission only moves the key's `full_at` later (see
+            // `Shard`): it stays where it is filed.
+            debug_assert!(
+                level.full_at(quota) >= entry.filed_at,
+                "an admission filed a key earlier"
+            );
+            *stored = level;
         }
         Some(decision)
     }
@@ -334,19 +339,14 @@ impl Shard {
         levels: &[Level],
     ) {
         let buckets = Buckets::new(quotas, levels);
-        let full_at = buckets.full_at();
-        let name: Arc<str> = Arc::from(key);
-        let id = self.next_id;
-        self.next_id += 1;
-        self.order.insert((full_at, id), Arc::clone(&name));
+        let full_at = buckets.full_at(quotas);
+        file(&mut self.order, full_at, hash);
         self.map.insert_unique(
             hash,
             Entry {
-                name,
+                name: Box::from(key),
                 buckets,
-                full_at,
                 filed_at: full_at,
-                id,
             },
             |e| hash_key(hasher, &e.name),
         );
@@ -360,18 +360,15 @@ impl Shard {
         };
         let entry = found.get_mut();
         let emptied = entry.buckets.remove(quotas);
-        let place = (entry.filed_at, entry.id);
+        let filed_at = entry.filed_at;
+        unfile(&mut self.order, filed_at, hash);
         if emptied {
             found.remove();
-            self.order.remove(&place);
             return;
         }
-        entry.full_at = entry.buckets.full_at();
-        entry.filed_at = entry.full_at;
-        let new = (entry.full_at, entry.id);
-        if let Some(name) = self.order.remove(&place) {
-            self.order.insert(new, name);
-        }
+        let full_at = entry.buckets.full_at(&[]);
+        entry.filed_at = full_at;
+        file(&mut self.order, full_at, hash);
     }
 }
 
@@ -405,7 +402,9 @@ impl MemoryStore {
         let shards = (max_keys / MIN_PER_SHARD).clamp(1, MAX_SHARDS);
         MemoryStore {
             inner: Arc::new(Inner {
-                shards: (0..shards).map(|_| Mutex::new(Shard::default())).collect(),
+                shards: (0..shards)
+                    .map(|_| Padded(Mutex::new(Shard::default())))
+                    .collect(),
                 per_shard: max_keys / shards,
                 hasher: RandomState::new(),
                 epoch: Instant::now(),
@@ -702,6 +701,18 @@ pub(crate) struct KeyPrefix {
     state: DefaultHasher,
 }
 
+/// An entry filed at `at` whose key hashes to `hash` (the table's probe
+/// meets keys of other hashes too; only those filed at `at` are hashed).
+fn filed_as(hasher: &RandomState, at: u64, hash: u64) -> impl Fn(&Entry) -> bool + '_ {
+    move |e| e.filed_at == at && hash_key(hasher, &e.name) == hash
+}
+
+/// A shard on cache lines of its own, so that locking it never takes a line
+/// of its neighbour's from the other core.
+#[derive(Debug)]
+#[repr(align(128))]
+struct Padded<T>(T);
+
 /// `key`'s hash, with the store's random seed: its bytes alone, without the
 /// end marker `str`'s `Hash` adds (no other value is hashed with it).
 fn hash_key(hasher: &RandomState, key: &str) -> u64 {
@@ -712,8 +723,9 @@ fn hash_key(hasher: &RandomState, key: &str) -> u64 {
 
 /// A poisoned shard only means another thread panicked mid-update of plain
 /// integers; the data is still usable, so keep limiting rather than panic.
-fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
+fn lock(shard: &Padded<Mutex<Shard>>) -> MutexGuard<'_, Shard> {
     shard
+        .0
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
@@ -779,8 +791,8 @@ mod tests {
                 }
                 let (hash, shard) = held.shard(&full);
                 let (plain_hash, plain_shard) = plain.shard(&full);
-                let held_entry = shard.get(hash, &full).map(|e| (e.buckets.as_slice().to_vec(), e.full_at));
-                let plain_entry = plain_shard.get(plain_hash, &full).map(|e| (e.buckets.as_slice().to_vec(), e.full_at));
+                let held_entry = shard.get(hash, &full).map(|e| (e.buckets.to_vec(), e.filed_at, e.buckets.full_at(&[])));
+                let plain_entry = plain_shard.get(plain_hash, &full).map(|e| (e.buckets.to_vec(), e.filed_at, e.buckets.full_at(&[])));
                 proptest::prop_assert_eq!(held_entry, plain_entry);
             }
         }
@@ -818,7 +830,11 @@ mod tests {
     fn counts(store: &MemoryStore) -> (u64, u64) {
         store.inner.shards.iter().fold((0, 0), |(e, f), s| {
             let s = lock(s);
-            assert_eq!(s.map.len(), s.order.len(), "map and order out of step");
+            assert_eq!(
+                s.map.len(),
+                s.order.values().sum::<usize>(),
+                "map and order out of step"
+            );
             (e + s.evicted, f + s.forgotten)
         })
     }
@@ -907,12 +923,13 @@ mod tests {
         let _ = store.decide_at("other", &Policy::from(a), 1, 0).unwrap();
         let shard_full_at = |store: &MemoryStore| {
             let (hash, s) = store.shard("k");
-            s.get(hash, "k").map(|e| e.full_at)
+            s.get(hash, "k")
+                .map(|e| (e.buckets.full_at(&[]), e.filed_at))
         };
-        assert_eq!(shard_full_at(&store), Some(3_600_000_000));
+        assert_eq!(shard_full_at(&store), Some((3_600_000_000, 3_600_000_000)));
         // Forgetting the hourly bucket leaves the per-second one, full at 1 s.
         reset_blocking(&store, "k", &Policy::from(b));
-        assert_eq!(shard_full_at(&store), Some(1_000_000));
+        assert_eq!(shard_full_at(&store), Some((1_000_000, 1_000_000)));
         reset_blocking(&store, "k", &Policy::from(a));
         assert_eq!(shard_full_at(&store), None);
         assert_eq!(store.len(), 1);
