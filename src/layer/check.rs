@@ -12,7 +12,6 @@
 use std::borrow::Cow;
 use std::cell::RefCell;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
@@ -75,7 +74,7 @@ pub(crate) enum Now {
 /// boxed, and nothing is sent to a store here. A memory store spends the
 /// request's tokens here, in the service's `call`.
 pub(crate) fn check_now(config: &Config, parts: &mut Parts) -> Now {
-    if config.delay.is_some() || config.waits.load(Ordering::Relaxed) {
+    if config.delay.is_some() || config.waits.happened() {
         return Now::Wait;
     }
     let prepared = {
@@ -83,7 +82,7 @@ pub(crate) fn check_now(config: &Config, parts: &mut Parts) -> Now {
         match prepare.poll(&mut Context::from_waker(Waker::noop())) {
             Poll::Ready(prepared) => prepared,
             Poll::Pending => {
-                config.waits.store(true, Ordering::Relaxed);
+                config.waits.set();
                 return Now::Wait;
             }
         }
@@ -211,7 +210,7 @@ pub(crate) fn check_held<B>(
     // Once an extractor of this layer (a missing key's fallback) has
     // waited, every request is decided when its response future is polled,
     // as `check_now` then does.
-    if config.waits.load(Ordering::Relaxed) {
+    if config.waits.happened() {
         return None;
     }
     let value = held.header.key_in(req.headers())?;

@@ -4,7 +4,7 @@
 use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use http::request::Parts;
 use tokio::sync::Semaphore;
@@ -48,8 +48,25 @@ pub(crate) enum Cost {
 }
 
 /// Everything a service clone needs, shared behind one `Arc`.
+///
+/// Laid out in this order (`repr(C)`): what `call` reads for every request
+/// a memory store decides at once (`held`, `waits`, `headers`,
+/// `decision_in_response`, the limiter) comes first, on the fewest cache
+/// lines.
 #[derive(Clone)]
+#[repr(C)]
 pub(crate) struct Config {
+    /// What a request whose key a memory store holds is decided with, when
+    /// this configuration allows it (see [`Held`]); set by the layer
+    /// after every change.
+    pub(crate) held: Option<Held>,
+    /// Set once a request's key extractor waited: from then on every request
+    /// is checked in its response future, without a try in `call` (which
+    /// would run the policy choice twice).
+    pub(crate) waits: Waits,
+    pub(crate) headers: HeaderStyle,
+    /// The decision also goes into the inner service's responses.
+    pub(crate) decision_in_response: bool,
     /// The store and the default policy.
     pub(crate) limiter: RateLimiter,
     pub(crate) key: Extractor,
@@ -57,22 +74,36 @@ pub(crate) struct Config {
     pub(crate) cost: Cost,
     pub(crate) missing: Missing,
     pub(crate) on_store_error: OnStoreError,
-    pub(crate) headers: HeaderStyle,
-    /// The decision also goes into the inner service's responses.
-    pub(crate) decision_in_response: bool,
     pub(crate) rejection: Reject,
     pub(crate) shadow: bool,
     /// Delay mode, when set.
     pub(crate) delay: Option<Holding>,
     pub(crate) settle: Option<Settler>,
-    /// Set once a request's key extractor waited: from then on every request
-    /// is checked in its response future, without a try in `call` (which
-    /// would run the policy choice twice).
-    pub(crate) waits: Arc<AtomicBool>,
-    /// What a request whose key a memory store holds is decided with, when
-    /// this configuration allows it (see [`Held`]); set by the layer
-    /// after every change.
-    pub(crate) held: Option<Held>,
+}
+
+/// Whether an extractor of the layer has waited. Held in the configuration
+/// itself, not behind an `Arc` of its own: `call` reads it for every
+/// request, next to the fields it reads anyway, and a pointer to follow would
+/// be one more cache line per request. The layer's services share it with
+/// their configuration; a layer changed after it was built starts with the
+/// value its original had then.
+#[derive(Default)]
+pub(crate) struct Waits(AtomicBool);
+
+impl Waits {
+    pub(crate) fn happened(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn set(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+impl Clone for Waits {
+    fn clone(&self) -> Self {
+        Waits(AtomicBool::new(self.happened()))
+    }
 }
 
 impl fmt::Debug for Config {

@@ -11,12 +11,15 @@ use crate::store::{KeyPrefix, MemoryStore};
 /// fixed cost, a [`Header`] key, a memory store, and nothing that waits,
 /// chooses or settles (no policy closure or table, no delay, shadow or
 /// settle mode).
+///
+/// In the order `check_held` reads it (`repr(C)`, see `Config`).
 #[derive(Clone)]
+#[repr(C)]
 pub(crate) struct Held {
-    pub(crate) store: MemoryStore,
     pub(crate) header: Header,
     /// `name:kind:`, the storage keys' start, hashed with the store's seed.
     pub(crate) prefix: KeyPrefix,
+    pub(crate) store: MemoryStore,
     pub(crate) quota: Quota,
     pub(crate) cost: u64,
 }

@@ -8,7 +8,7 @@ use tower_layer::Layer;
 
 #[cfg(feature = "axum")]
 use super::bodies::AxumBody;
-use super::config::{Config, Cost, Holding};
+use super::config::{Config, Cost, Holding, Waits};
 use super::dyn_key::Extractor;
 use super::held::Held;
 use super::options::{Choice, Delay, HeaderStyle, MissingKey, OnStoreError, Rejection};
@@ -75,7 +75,7 @@ impl RateLimitLayer {
                 shadow: false,
                 delay: None,
                 settle: None,
-                waits: Arc::default(),
+                waits: Waits::default(),
                 held: None,
             }),
         };

@@ -467,7 +467,7 @@ mod tests {
                 .status(),
             200
         );
-        assert!(svc.config.waits.load(std::sync::atomic::Ordering::Relaxed));
+        assert!(svc.config.waits.happened());
         // Called and dropped unpolled: nothing spent, "a" still has its token.
         drop(svc.ready().await.unwrap().call(with()));
         assert_eq!(svc.clone().oneshot(with()).await.unwrap().status(), 200);
