@@ -88,9 +88,20 @@ impl Header {
 
     /// [`key_of`](Self::key_of) from the request's headers alone.
     pub(crate) fn key_in<'p>(&self, headers: &'p http::HeaderMap) -> Option<Cow<'p, str>> {
-        let mut values = headers.get_all(&self.name).iter();
-        let value = values.next()?;
-        if value.is_empty() || values.next().is_some() {
+        // A header sent twice is no key. When no name of the request has
+        // two values (the common case), the value found first is the only
+        // one: no second look.
+        let value = if headers.len() == headers.keys_len() {
+            headers.get(&self.name)?
+        } else {
+            let mut values = headers.get_all(&self.name).iter();
+            let value = values.next()?;
+            if values.next().is_some() {
+                return None;
+            }
+            value
+        };
+        if value.is_empty() {
             return None;
         }
         if !self.verbatim {
@@ -133,6 +144,23 @@ mod tests {
             Request::get("/")
                 .header("x-api-key", "a")
                 .header("x-api-key", "b"),
+        );
+        assert_eq!(Header::new("x-api-key").extract(&p).await, None);
+        // Another header sent twice leaves a key sent once as it is.
+        let p = parts(
+            Request::get("/")
+                .header("x-api-key", "a")
+                .header("accept", "text/plain")
+                .header("accept", "text/html"),
+        );
+        let key = Header::new("x-api-key").verbatim().extract(&p).await;
+        assert_eq!(key.as_deref(), Some("a"));
+        // And a key sent twice among headers sent once each is still missing.
+        let p = parts(
+            Request::get("/")
+                .header("accept", "text/plain")
+                .header("x-api-key", "a")
+                .header("x-api-key", "a"),
         );
         assert_eq!(Header::new("x-api-key").extract(&p).await, None);
     }

@@ -23,6 +23,13 @@ pub trait Bodies<B>: Sealed {
 
     #[doc(hidden)]
     fn body(body: ResponseBody<B>) -> Self::Body;
+
+    /// A response of the inner service the layer adds nothing to.
+    #[doc(hidden)]
+    #[inline]
+    fn pass(res: http::Response<B>) -> http::Response<Self::Body> {
+        res.map(|body| Self::body(ResponseBody::settling(body, None)))
+    }
 }
 
 /// Responses carry a [`ResponseBody`] around the inner service's body (the
@@ -56,6 +63,12 @@ impl Sealed for AxumBody {}
 #[cfg(feature = "axum")]
 impl Bodies<axum::body::Body> for AxumBody {
     type Body = axum::body::Body;
+
+    /// As it is: no body to wrap, no response to take apart.
+    #[inline]
+    fn pass(res: http::Response<axum::body::Body>) -> http::Response<Self::Body> {
+        res
+    }
 
     fn body(body: ResponseBody<axum::body::Body>) -> Self::Body {
         match body.taken() {

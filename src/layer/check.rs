@@ -157,7 +157,11 @@ fn verdict(config: &Config, parts: &mut Parts, result: Result<After, Answer>) ->
         Err(answer) if config.shadow => shadow_report(answer, config.headers),
         Err(answer) => return Verdict::Respond(respond(config, parts, answer)),
     };
-    place_decision(config, &mut parts.extensions, &mut after);
+    if let Some(decision) = after.decision.take() {
+        after.decision_in_response = config.decision_in_response;
+        let headers = after.headers.is_some();
+        after.decision = place_decision(config, &mut parts.extensions, decision, headers);
+    }
     if let Some(marks) = &after.marks {
         if let Some(delayed) = marks.delayed {
             parts.extensions.insert(delayed);
@@ -173,17 +177,20 @@ fn verdict(config: &Config, parts: &mut Parts, result: Result<After, Answer>) ->
 }
 
 /// Puts an admitted request's decision into its `extensions`, where
-/// handlers read it, and keeps it in `after` only if the response's
-/// headers or extensions need it.
-fn place_decision(config: &Config, extensions: &mut Extensions, after: &mut After) {
-    if let Some(decision) = after.decision.take() {
-        after.decision_in_response = config.decision_in_response;
-        if after.headers.is_some() || after.decision_in_response {
-            extensions.insert(decision.clone());
-            after.decision = Some(decision);
-        } else {
-            extensions.insert(decision);
-        }
+/// handlers read it, and gives it back only if the response needs it too:
+/// for its rate limit headers (`headers`) or its extensions.
+fn place_decision(
+    config: &Config,
+    extensions: &mut Extensions,
+    decision: Decision,
+    headers: bool,
+) -> Option<Decision> {
+    if headers || config.decision_in_response {
+        extensions.insert(decision.clone());
+        Some(decision)
+    } else {
+        extensions.insert(decision);
+        None
     }
 }
 
@@ -197,16 +204,15 @@ fn respond(config: &Config, parts: &Parts, answer: Answer) -> Response<Bytes> {
 
 /// A request whose key a memory store holds, decided in the service's
 /// `call` for less than [`check_now`] (the request is not taken apart, the
-/// storage key is not written out): as `check_now` would decide it. `Ok`:
-/// admitted, the decision in its extensions, forward it with `After`;
-/// `Err`: answer it with that. `None`, having changed nothing, for every
-/// other request (no key, a key the store does not hold as it is): check it
-/// with `check_now`.
+/// storage key is not written out): as `check_now` would decide it (see
+/// [`HeldVerdict`]; an admitted request has its decision in its
+/// extensions). `None`, having changed nothing, for every other request (no
+/// key, a key the store does not hold as it is): check it with `check_now`.
 pub(crate) fn check_held<B>(
     config: &Config,
     held: &Held,
     req: &mut Request<B>,
-) -> Option<Result<After, Answer>> {
+) -> Option<HeldVerdict> {
     // Once an extractor of this layer (a missing key's fallback) has
     // waited, every request is decided when its response future is polled,
     // as `check_now` then does.
@@ -221,7 +227,7 @@ pub(crate) fn check_held<B>(
     // built (hashed, as it starts with `#`) is hashed again.
     let value = match value {
         Cow::Borrowed(value) => Cow::Borrowed(value),
-        Cow::Owned(value) => Cow::Owned(into_safe_key(value)),
+        Cow::Owned(value) => made_safe(value),
     };
     let decision = held
         .store
@@ -230,11 +236,7 @@ pub(crate) fn check_held<B>(
     let kind = config.key.name();
     config.limiter.answered(&decision, policy, kind);
     if !decision.allowed() {
-        return Some(Err(Answer::TooMany {
-            policy: policy.clone(),
-            decision,
-            kind: Arc::clone(kind),
-        }));
+        return Some(HeldVerdict::Refuse(too_many(policy, decision, kind)));
     }
     // As `outcome` and `verdict` make it, with this thread's copy of the
     // policy (see `Policy::thread_copy`).
@@ -242,13 +244,48 @@ pub(crate) fn check_held<B>(
         style: config.headers,
         policy: policy.thread_copy(),
     });
-    let mut after = After {
-        headers,
-        decision: Some(decision),
-        ..After::default()
-    };
-    place_decision(config, req.extensions_mut(), &mut after);
-    Some(Ok(after))
+    let with_headers = headers.is_some();
+    Some(
+        match place_decision(config, req.extensions_mut(), decision, with_headers) {
+            // Nothing for the response (so no headers either).
+            None => HeldVerdict::Pass,
+            decision => HeldVerdict::Forward(After {
+                headers,
+                decision,
+                decision_in_response: config.decision_in_response,
+                ..After::default()
+            }),
+        },
+    )
+}
+
+/// What [`check_held`] decided for a request it could decide.
+pub(crate) enum HeldVerdict {
+    /// Admitted, with nothing to add to the response: forward it, and pass
+    /// its response on as it is.
+    Pass,
+    /// Admitted: forward it, and add this to its response.
+    Forward(After),
+    /// Refused: answer it with this.
+    Refuse(Answer),
+}
+
+/// A value the header's extractor built, made safe as `prepare` makes it
+/// (out of `check_held`'s way: a held key is seldom built).
+#[cold]
+fn made_safe(value: String) -> Cow<'static, str> {
+    Cow::Owned(into_safe_key(value))
+}
+
+/// The answer to a denial in [`check_held`] (out of its way: most requests
+/// are admitted).
+#[cold]
+fn too_many(policy: &Policy, decision: Decision, kind: &Arc<str>) -> Answer {
+    Answer::TooMany {
+        policy: policy.clone(),
+        decision,
+        kind: Arc::clone(kind),
+    }
 }
 
 /// The answer to a request [`check_held`] refused.

@@ -91,10 +91,12 @@ pub(crate) struct Config {
 pub(crate) struct Waits(AtomicBool);
 
 impl Waits {
+    #[inline]
     pub(crate) fn happened(&self) -> bool {
         self.0.load(Ordering::Relaxed)
     }
 
+    #[inline]
     pub(crate) fn set(&self) {
         self.0.store(true, Ordering::Relaxed);
     }

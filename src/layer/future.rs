@@ -158,12 +158,13 @@ where
                     let future = service.call(Request::from_parts(parts, body));
                     this.state.set(State::calling(future, after));
                 }
+                // The inner future's answer as it is, its body wrapped at
+                // most. The inner future is dropped with this one: the
+                // state is not set to `Done` (a future that is ready is
+                // not polled again; one that is gets what the inner
+                // future does then).
                 StateProj::Passing { future } => {
-                    let res = ready!(future.poll(cx));
-                    this.state.set(State::Done);
-                    return Poll::Ready(
-                        res.map(|res| res.map(|body| M::body(ResponseBody::settling(body, None)))),
-                    );
+                    return future.poll(cx).map(|res| res.map(M::pass));
                 }
                 StateProj::Calling { future, after } => {
                     let res = ready!(future.poll(cx));

@@ -10,7 +10,7 @@ use tower_service::Service;
 
 use super::bodies::{Bodies, Wrapped};
 use super::check::{
-    Checked, Now, Verdict, check, check_held, check_now, check_unsent, refuse_held,
+    Checked, HeldVerdict, Now, Verdict, check, check_held, check_now, check_unsent, refuse_held,
 };
 use super::config::Config;
 use super::dyn_key::BoxFuture;
@@ -90,11 +90,13 @@ where
             match check_held(&self.config, held, &mut req) {
                 // Built where it is returned: the inner future is not
                 // moved again on its way out.
-                Some(Ok(after)) if after.is_empty() => {
+                Some(HeldVerdict::Pass) => {
                     return ResponseFuture::passing(self.inner.call(req));
                 }
-                Some(Ok(after)) => return ResponseFuture::calling(self.inner.call(req), after),
-                Some(Err(answer)) => {
+                Some(HeldVerdict::Forward(after)) => {
+                    return ResponseFuture::calling(self.inner.call(req), after);
+                }
+                Some(HeldVerdict::Refuse(answer)) => {
                     return ResponseFuture::answered(refuse_held(&self.config, req, answer));
                 }
                 None => {}
