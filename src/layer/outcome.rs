@@ -129,9 +129,10 @@ impl Deferred {
 
 /// What is added to a forwarded request and to the inner service's response.
 ///
-/// It waits with the inner service's future, and is moved with it several
-/// times per request, so it is kept within 128 bytes (what is copied without
-/// a call to `memcpy`): what only some requests carry is boxed ([`Marks`]).
+/// It is moved several times per request before it waits, boxed, with the
+/// inner service's future, so it is kept within 128 bytes (what is copied
+/// without a call to `memcpy`): what only some requests carry is boxed
+/// ([`Marks`]).
 #[derive(Default)]
 pub(crate) struct After {
     /// Rendered from `decision` onto the response.
