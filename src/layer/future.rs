@@ -188,7 +188,10 @@ where
                     {
                         after.decision = after.decision.take().map(|d| d.charged(charged));
                     }
-                    let mut res = res.map(|body| M::body(ResponseBody::settling(body, trailing)));
+                    let mut res = match trailing {
+                        None => M::pass(res),
+                        trailing => res.map(|body| M::body(ResponseBody::settling(body, trailing))),
+                    };
                     if let Some(after) = after {
                         if let (Some(headers), Some(decision)) = (&after.headers, &after.decision) {
                             add_report(res.headers_mut(), headers.style, &headers.policy, decision);
