@@ -16,6 +16,13 @@
 #   VARIANTS="none governor tollgate-memory-bare" bash benches/http_instructions.sh
 #   BASE=84b6475 bash benches/http_instructions.sh   # also tollgate at a past commit
 #
+# LINES=1 also counts the cache lines a request touches, as the misses of a
+# simulated cache small enough (8 KiB of code, 8 KiB of data) that a line a
+# request needs is almost never still there from the request before: a
+# server's kernel (sockets, scheduling) evicts much of what user space left
+# in the caches between two requests, so these are the lines a request brings
+# back from farther away, where fewer instructions alone do not show it.
+#
 # Environment: VARIANTS (default below), SECONDS_MEASURED [5] (wrk's measured
 # run; callgrind runs the server about 50x slower, so a few thousand requests),
 # CONNS [16], BASE (a commit: its peer-server, built in a temporary git
@@ -92,7 +99,9 @@ wrk_run() { # seconds output
   WRK_KEYS=10000 wrk -t1 -c"$conns" -d"$1"s -s benches/http_peers/wrk.lua "http://127.0.0.1:$port/" >"$2" 2>&1
 }
 
-declare -A per_request
+declare -A per_request code_lines data_lines
+cache_sim=()
+[ "${LINES:-0}" = 1 ] && cache_sim=(--cache-sim=yes --I1=8192,2,64 --D1=8192,2,64 --LL=262144,8,64)
 echo "peer-server user-space instructions per request (callgrind; wrk -t1 -c$conns for ${measured}s after a warm-up over every key; open case, 10 000 keys):"
 for v in $order; do
   dir="$work/${v//\//-}"
@@ -100,7 +109,7 @@ for v in $order; do
   port=$(free_port)
   redis-cli -p "$redis_port" flushall >/dev/null
   PORT=$port REDIS_URL="redis://127.0.0.1:$redis_port" valgrind --tool=callgrind \
-    --callgrind-out-file="$dir/cg.%p" --dump-instr=no "${bins[$v]}" "${v#base/}" open >"$dir/server.log" 2>&1 &
+    --callgrind-out-file="$dir/cg.%p" --dump-instr=no "${cache_sim[@]}" "${bins[$v]}" "${v#base/}" open >"$dir/server.log" 2>&1 &
   server_pid=$!
   up=""
   for _ in $(seq 300); do
@@ -135,6 +144,14 @@ for v in $order; do
   ir=$(callgrind_annotate "$dump" 2>/dev/null | awk '/PROGRAM TOTALS/ { gsub(",", "", $1); print $1; exit }')
   per_request[$v]=$((ir / requests))
   printf '  %-27s %7d instructions per request (%d requests)\n' "$v" "${per_request[$v]}" "$requests"
+  if [ "${#cache_sim[@]}" -gt 0 ]; then
+    # events: Ir Dr Dw I1mr D1mr D1mw ILmr DLmr DLmw
+    read -r i1 d1 < <(awk '/^(summary|totals):/ { print $5, $6 + $7; exit }' "$dump")
+    code_lines[$v]=$(awk -v m="$i1" -v n="$requests" 'BEGIN { printf "%.0f", m / n }')
+    data_lines[$v]=$(awk -v m="$d1" -v n="$requests" 'BEGIN { printf "%.0f", m / n }')
+    printf '  %-27s %7d code lines, %d data lines per request (8 KiB caches missed)\n' "" \
+      "${code_lines[$v]}" "${data_lines[$v]}"
+  fi
 done
 
 has() { [ -n "${per_request[$1]:-}" ]; }
@@ -152,6 +169,15 @@ has governor && has tollgate-memory && line="$line, tollgate-memory/governor = $
 has governor-headers && has tollgate-memory && line="$line, tollgate-memory/governor-headers = $(ratio tollgate-memory governor-headers)"
 has trlr && has tollgate-redis-bare && line="$line, tollgate-redis-bare/trlr = $(ratio tollgate-redis-bare trlr)"
 echo "$line"
+if [ "${#cache_sim[@]}" -gt 0 ]; then
+  lines() { awk -v a="$1" -v b="$2" -v c="$3" -v d="$4" 'BEGIN { printf "code %.3f, data %.3f", a / b, c / d }'; }
+  line="ratios (lines per request, whole server):"
+  for pair in tollgate-memory-bare/governor tollgate-memory/governor-headers tollgate-redis-bare/trlr; do
+    a=${pair%/*} b=${pair#*/}
+    has "$a" && has "$b" && line="$line $pair: $(lines "${code_lines[$a]}" "${code_lines[$b]}" "${data_lines[$a]}" "${data_lines[$b]}");"
+  done
+  echo "${line%;}"
+fi
 if [ -n "${BASE:-}" ]; then
   line="against $BASE (the limiter's own instructions, now / then):"
   for v in $variants; do

@@ -50,12 +50,14 @@ const MIN_PER_SHARD: usize = 1024;
 ///   bytes (longer keys are hashed), and the store holds at most `max_keys` keys
 ///   (default [`DEFAULT_MAX_KEYS`]). Stores for fewer than 2048 keys use one
 ///   shard and hold exactly `max_keys`; larger ones split them evenly over the
-///   shards, so a shard can be full a little before the whole store is.
+///   shards, so a shard can be full a little before the whole store is. A key
+///   with one quota's bucket takes one 64-byte slot of its shard's table, its
+///   name, and a place in the shard's eviction order.
 /// - **A full store keeps serving new clients.** When a new key arrives at a
 ///   full shard, the shard forgets the one key whose buckets will be full again
 ///   soonest: a key that has already refilled completely if there is one
 ///   (forgetting it changes no decision), else the key closest to full (on a
-///   tie, the oldest). Each shard keeps its keys ordered by that time, so this
+///   tie, either). Each shard keeps its keys ordered by that time, so this
 ///   costs a logarithmic step per admission, amortised, however hard a flood of
 ///   new keys pushes. The order is brought up to date when a key must be
 ///   forgotten, so one check can pay for many admissions before it: at worst
@@ -174,7 +176,7 @@ fn unfile(order: &mut Order, at: u64, hash: u64) {
     }
 }
 
-/// One shard's keys, also ordered by when they are full again (then by age).
+/// One shard's keys, also ordered by when they are full again (then by hash).
 ///
 /// Invariant: `order` counts one `(entry.filed_at, hash)` for every entry of
 /// `map` (`hash` the entry's), so its counts add up to the map's length, at
