@@ -162,12 +162,11 @@ where
                     this.state.set(State::calling(future, after));
                 }
                 // The inner future's answer as it is, its body wrapped at
-                // most. The inner future is dropped with this one: the
-                // state is not set to `Done` (a future that is ready is
-                // not polled again; one that is gets what the inner
-                // future does then).
+                // most.
                 StateProj::Passing { future } => {
-                    return future.poll(cx).map(|res| res.map(M::pass));
+                    let res = ready!(future.poll(cx));
+                    this.state.set(State::Done);
+                    return Poll::Ready(res.map(M::pass));
                 }
                 StateProj::Calling { future, after } => {
                     let res = ready!(future.poll(cx));

@@ -107,8 +107,8 @@ pub(crate) enum Answer {
 
 /// The rate limit fields of a forwarded request's response, rendered from
 /// the decision when the response comes ([`After::headers`]): the style and
-/// the policy, 16 bytes. What waits for the inner service is moved with its
-/// future several times per request, so it is kept small (rendered fields
+/// the policy, 16 bytes. It is part of [`After`], which is moved several
+/// times per request before it waits, so it is kept small (rendered fields
 /// are over 200 bytes).
 #[derive(Debug)]
 pub(crate) struct Deferred {

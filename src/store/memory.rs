@@ -213,7 +213,8 @@ impl Shard {
     }
 
     /// Files the first key of `order` under its current `full_at` until the
-    /// first one is current, and returns its place: `(full_at, hash)`.
+    /// first one is current, and returns its place: `(filed_at, hash)`, its
+    /// `filed_at` its `full_at` now.
     fn first_current(&mut self, hasher: &RandomState) -> Option<(u64, u64)> {
         loop {
             let (&(filed_at, hash), _) = self.order.first_key_value()?;
