@@ -5,7 +5,7 @@ use std::borrow::Cow;
 use std::cell::RefCell;
 use std::time::Duration;
 
-use http::{HeaderMap, HeaderName, HeaderValue};
+use http::{HeaderMap, HeaderValue};
 
 use super::headers::{
     RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
@@ -227,7 +227,7 @@ pub(crate) fn add_report(
     match style {
         HeaderStyle::Ietf => {
             if let Some(header) = &advertised(policy).header {
-                add_item(target, RATELIMIT_POLICY, header.clone());
+                target.append(RATELIMIT_POLICY, header.clone());
             }
             // Item names, `;r=`, `;t=`, digits and ", ": always a valid value.
             let value = match (items(policy), decision.states()) {
@@ -240,7 +240,7 @@ pub(crate) fn add_report(
                 _ => HeaderValue::try_from(ratelimit_value(policy, decision)).ok(),
             };
             if let Some(v) = value {
-                add_item(target, RATELIMIT, v);
+                target.append(RATELIMIT, v);
             }
         }
         HeaderStyle::Legacy => {
@@ -263,17 +263,6 @@ pub(crate) fn add_report(
             }
         }
         HeaderStyle::None => {}
-    }
-}
-
-/// Adds a list field's item to `target`: appended after the items already
-/// there (nested layers), or, for the first (the common case), inserted
-/// through the same code every response's own headers take.
-fn add_item(target: &mut HeaderMap, name: HeaderName, value: HeaderValue) {
-    if target.get(&name).is_some() {
-        target.append(name, value);
-    } else {
-        target.insert(name, value);
     }
 }
 
