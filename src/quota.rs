@@ -206,25 +206,6 @@ impl Quota {
         self.den
     }
 
-    /// The refill period in microseconds.
-    pub(crate) fn period_us(&self) -> u64 {
-        self.period_us
-    }
-
-    /// The quota of `tokens` per `period_us` with `capacity`, the three
-    /// numbers that name it: its refill rate reduced again, as `new` and
-    /// `burst` reduce it (for a quota that was valid when taken apart).
-    pub(crate) fn from_parts(tokens: u64, period_us: u64, capacity: u64) -> Self {
-        let g = gcd(tokens, period_us).max(1);
-        Quota {
-            tokens,
-            period_us,
-            capacity,
-            num: tokens / g,
-            den: period_us / g,
-        }
-    }
-
     /// A full bucket, in units of `1 / den` token.
     pub(crate) fn full(&self) -> u64 {
         self.capacity * self.den

@@ -21,11 +21,11 @@ use crate::error::{ConfigError, Error};
 use crate::policy::Policy;
 use crate::quota::Quota;
 use crate::quota::micros;
-mod buckets;
+mod entry;
 #[cfg(feature = "test-util")]
 mod test_clock;
 
-use buckets::Buckets;
+use entry::{Entry, Known, MAX_KNOWN};
 
 /// The default key limit of [`MemoryStore::new`].
 pub const DEFAULT_MAX_KEYS: usize = 100_000;
@@ -51,8 +51,12 @@ const MIN_PER_SHARD: usize = 1024;
 ///   (default [`DEFAULT_MAX_KEYS`]). Stores for fewer than 2048 keys use one
 ///   shard and hold exactly `max_keys`; larger ones split them evenly over the
 ///   shards, so a shard can be full a little before the whole store is. A key
-///   with one quota's bucket takes one 64-byte slot of its shard's table, its
-///   name, and a place in the shard's eviction order.
+///   with one quota's bucket takes one 64-byte slot of its shard's table and a
+///   place in the shard's eviction order; its name is held in the slot when
+///   what follows a layer's `policy:kind:` start is at most 36 bytes (an IP
+///   address, a UUID, a 32-character API key), else on the heap. A shard
+///   numbers up to 255 quotas and the store up to 255 starts; keys under others
+///   keep them on the heap.
 /// - **A full store keeps serving new clients.** When a new key arrives at a
 ///   full shard, the shard forgets the one key whose buckets will be full again
 ///   soonest: a key that has already refilled completely if there is one
@@ -107,50 +111,29 @@ struct Inner {
     per_shard: usize,
     hasher: RandomState,
     epoch: Instant,
+    /// The key starts numbered (see [`MemoryStore::key_prefix`]): every
+    /// shard's `known` starts, in the same order.
+    starts: Mutex<Vec<Arc<str>>>,
 }
 
-/// One key: its name, its buckets and the time under which it is filed in
-/// its shard's `order` (never later than the microsecond at which all of its
-/// buckets are full again, see [`Shard`]). One cache line: the slots of a
-/// shard's table are aligned to it, so a check reads and writes one line of
-/// the table, not two shared with other keys.
-#[derive(Debug)]
-#[repr(align(64))]
-struct Entry {
-    name: Box<str>,
-    buckets: Buckets,
-    filed_at: u64,
-}
-
-const _: () = assert!(
-    std::mem::size_of::<Entry>() == 64,
-    "an entry is one cache line"
-);
-
-impl Entry {
-    /// The levels of `quotas` at `now_us`: this key's buckets brought up to
-    /// date, full for a quota it has no bucket of.
-    fn levels(&self, quotas: &[Quota], now_us: u64, levels: &mut [Level]) {
-        for (level, q) in levels.iter_mut().zip(quotas) {
-            *level = match self.buckets.get(q) {
-                Some(stored) => stored.refilled(q, now_us),
-                None => Level::full(q, now_us),
-            };
-        }
-    }
-
-    /// Writes the `levels` of `quotas` into this key's buckets (`hash` its
-    /// hash), and files it again in `order` (its shard's) if it is now full
-    /// sooner than where it is filed.
-    fn store(&mut self, order: &mut Order, hash: u64, quotas: &[Quota], levels: &[Level]) {
-        self.buckets.set(quotas, levels);
-        let full_at = self.buckets.full_at(quotas);
-        if full_at < self.filed_at {
-            // Never from an admission (see `Shard`); kept exact anyway.
-            unfile(order, self.filed_at, hash);
-            self.filed_at = full_at;
-            file(order, full_at, hash);
-        }
+/// Writes the `levels` of `quotas` into `entry`'s buckets (`hash` its
+/// hash), and files it again in `order` (its shard's) if it is now full
+/// sooner than where it is filed.
+fn store(
+    entry: &mut Entry,
+    order: &mut Order,
+    known: &Known,
+    hash: u64,
+    quotas: &[Quota],
+    levels: &[Level],
+) {
+    entry.set(known, quotas, levels);
+    let full_at = entry.full_at(known);
+    if full_at < entry.filed_at {
+        // Never from an admission (see `Shard`); kept exact anyway.
+        unfile(order, entry.filed_at, hash);
+        entry.filed_at = full_at;
+        file(order, full_at, hash);
     }
 }
 
@@ -194,9 +177,15 @@ fn unfile(order: &mut Order, at: u64, hash: u64) {
 ///
 /// `map` is keyed by the key's hash, computed once per check with the store's
 /// random seed; the same hash picks the shard.
+///
+/// `repr(C)`, in the order a check reads it: the lock, the table and the
+/// quotas by number share the shard's first cache line.
 #[derive(Debug, Default)]
+#[repr(C)]
 struct Shard {
     map: HashTable<Entry>,
+    /// What the entries of `map` refer to by number.
+    known: Known,
     order: Order,
     /// Keys forgotten to make room before they had refilled.
     #[cfg(test)]
@@ -206,10 +195,15 @@ struct Shard {
     forgotten: u64,
 }
 
+const _: () = assert!(
+    std::mem::offset_of!(Shard, known) + std::mem::size_of::<Vec<Quota>>() <= 56,
+    "the table and the numbered quotas fit the lock's cache line"
+);
+
 impl Shard {
     #[cfg(test)]
     fn get(&self, hash: u64, key: &str) -> Option<&Entry> {
-        self.map.find(hash, |e| &*e.name == key)
+        self.map.find(hash, |e| e.is(&self.known, key))
     }
 
     /// Files the first key of `order` under its current `full_at` until the
@@ -218,9 +212,13 @@ impl Shard {
     fn first_current(&mut self, hasher: &RandomState) -> Option<(u64, u64)> {
         loop {
             let (&(filed_at, hash), _) = self.order.first_key_value()?;
-            let full_at = match self.map.find_mut(hash, filed_as(hasher, filed_at, hash)) {
+            let known = &self.known;
+            let full_at = match self
+                .map
+                .find_mut(hash, filed_as(hasher, known, filed_at, hash))
+            {
                 Some(entry) => {
-                    let full_at = entry.buckets.full_at(&[]);
+                    let full_at = entry.full_at(known);
                     if full_at <= filed_at {
                         return Some((filed_at, hash));
                     }
@@ -240,7 +238,10 @@ impl Shard {
             return;
         };
         unfile(&mut self.order, at, hash);
-        if let Ok(entry) = self.map.find_entry(hash, filed_as(hasher, at, hash)) {
+        if let Ok(entry) = self
+            .map
+            .find_entry(hash, filed_as(hasher, &self.known, at, hash))
+        {
             entry.remove();
         }
         self.count(at <= now);
@@ -284,13 +285,14 @@ impl Shard {
     where
         U: FnOnce(&[Quota], &mut [Level], bool) -> (T, bool),
     {
-        let Some(entry) = self.map.find_mut(hash, |e| *e.name == *key) else {
+        let known = &self.known;
+        let Some(entry) = self.map.find_mut(hash, |e| e.is(known, key)) else {
             return Err(update);
         };
-        entry.levels(quotas, now_us, levels);
+        entry.levels(known, quotas, now_us, levels);
         let (out, write) = update(quotas, levels, true);
         if write {
-            entry.store(&mut self.order, hash, quotas, levels);
+            store(entry, &mut self.order, known, hash, quotas, levels);
         }
         Ok(out)
     }
@@ -302,28 +304,25 @@ impl Shard {
     fn check_held(
         &mut self,
         hash: u64,
-        prefix: &str,
+        prefix: &KeyPrefix,
         value: &str,
         quota: &Quota,
         cost: u64,
         now_us: u64,
     ) -> Option<Decision> {
-        let entry = self
-            .map
-            .find_mut(hash, |e| e.name.strip_prefix(prefix) == Some(value))?;
-        let Buckets::One(held, stored) = &mut entry.buckets else {
-            return None;
-        };
-        if !held.is(quota) {
-            return None;
-        }
+        let known = &self.known;
+        let entry = self.map.find_mut(hash, |e| {
+            e.is_held(known, prefix.number, &prefix.text, value)
+        })?;
+        let filed_at = entry.filed_at;
+        let stored = entry.held_level(known, quota)?;
         let mut level = stored.refilled(quota, now_us);
         let decision = spend_one(quota, &mut level, cost, now_us);
         if decision.allowed() && cost != 0 {
             // An admission only moves the key's `full_at` later (see
             // `Shard`): it stays where it is filed.
             debug_assert!(
-                level.full_at(quota) >= entry.filed_at,
+                level.full_at(quota) >= filed_at,
                 "an admission filed a key earlier"
             );
             *stored = level;
@@ -341,35 +340,35 @@ impl Shard {
         quotas: &[Quota],
         levels: &[Level],
     ) {
-        let buckets = Buckets::new(quotas, levels);
-        let full_at = buckets.full_at(quotas);
+        let full_at = quotas
+            .iter()
+            .zip(levels)
+            .map(|(q, l)| l.full_at(q))
+            .max()
+            .unwrap_or(0);
         file(&mut self.order, full_at, hash);
-        self.map.insert_unique(
-            hash,
-            Entry {
-                name: Box::from(key),
-                buckets,
-                filed_at: full_at,
-            },
-            |e| hash_key(hasher, &e.name),
-        );
+        let entry = Entry::new(&mut self.known, key, quotas, levels, full_at);
+        let known = &self.known;
+        self.map
+            .insert_unique(hash, entry, |e| e.hash(hasher, known));
     }
 
     /// Forgets the buckets of `quotas` for `key`, and the key when it has no
     /// bucket left.
     fn reset(&mut self, hash: u64, key: &str, quotas: &[Quota]) {
-        let Ok(mut found) = self.map.find_entry(hash, |e| &*e.name == key) else {
+        let known = &self.known;
+        let Ok(mut found) = self.map.find_entry(hash, |e| e.is(known, key)) else {
             return;
         };
         let entry = found.get_mut();
-        let emptied = entry.buckets.remove(quotas);
+        let emptied = entry.remove(known, quotas);
         let filed_at = entry.filed_at;
         unfile(&mut self.order, filed_at, hash);
         if emptied {
             found.remove();
             return;
         }
-        let full_at = entry.buckets.full_at(&[]);
+        let full_at = entry.full_at(known);
         entry.filed_at = full_at;
         file(&mut self.order, full_at, hash);
     }
@@ -411,6 +410,7 @@ impl MemoryStore {
                 per_shard: max_keys / shards,
                 hasher: RandomState::new(),
                 epoch: Instant::now(),
+                starts: Mutex::new(Vec::new()),
             }),
         }
     }
@@ -470,10 +470,37 @@ impl MemoryStore {
         }
         let mut state = self.inner.hasher.build_hasher();
         state.write(prefix.as_bytes());
+        let number = self.number_start(&prefix);
         Some(KeyPrefix {
             text: prefix.into_boxed_str(),
             state,
+            number,
         })
+    }
+
+    /// `start`'s number in every shard's `known`, given now if it has none
+    /// and there is room (keys starting with it are then held in their
+    /// slots after it, see `entry`). One lock orders the numbering, so the
+    /// shards number starts alike.
+    fn number_start(&self, start: &str) -> Option<u8> {
+        let mut starts = self
+            .inner
+            .starts
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let at = match starts.iter().position(|s| **s == *start) {
+            Some(at) => at,
+            None if starts.len() < MAX_KNOWN => {
+                let start: Arc<str> = Arc::from(start);
+                for shard in self.inner.shards.iter() {
+                    lock(shard).known.add_start(Arc::clone(&start));
+                }
+                starts.push(start);
+                starts.len() - 1
+            }
+            None => return None,
+        };
+        u8::try_from(at).ok()
     }
 
     /// A check of the key `prefix` + `value` at once, when this store holds
@@ -514,7 +541,7 @@ impl MemoryStore {
         state.write(value.as_bytes());
         let hash = state.finish();
         self.shard_of(hash)
-            .check_held(hash, &prefix.text, value, quota, cost, now_us)
+            .check_held(hash, prefix, value, quota, cost, now_us)
     }
 
     /// A check at the microsecond `now_us` of this store's clock.
@@ -702,12 +729,19 @@ impl Store for MemoryStore {
 pub(crate) struct KeyPrefix {
     text: Box<str>,
     state: DefaultHasher,
+    /// The start's number in the store's shards, if it has one.
+    number: Option<u8>,
 }
 
 /// An entry filed at `at` whose key hashes to `hash` (the table's probe
 /// meets keys of other hashes too; only those filed at `at` are hashed).
-fn filed_as(hasher: &RandomState, at: u64, hash: u64) -> impl Fn(&Entry) -> bool + '_ {
-    move |e| e.filed_at == at && hash_key(hasher, &e.name) == hash
+fn filed_as<'a>(
+    hasher: &'a RandomState,
+    known: &'a Known,
+    at: u64,
+    hash: u64,
+) -> impl Fn(&Entry) -> bool + 'a {
+    move |e| e.filed_at == at && e.hash(hasher, known) == hash
 }
 
 /// A shard on cache lines of its own, so that locking it never takes a line
@@ -794,8 +828,8 @@ mod tests {
                 }
                 let (hash, shard) = held.shard(&full);
                 let (plain_hash, plain_shard) = plain.shard(&full);
-                let held_entry = shard.get(hash, &full).map(|e| (e.buckets.to_vec(), e.filed_at, e.buckets.full_at(&[])));
-                let plain_entry = plain_shard.get(plain_hash, &full).map(|e| (e.buckets.to_vec(), e.filed_at, e.buckets.full_at(&[])));
+                let held_entry = shard.get(hash, &full).map(|e| (e.to_vec(&shard.known), e.filed_at, e.full_at(&shard.known)));
+                let plain_entry = plain_shard.get(plain_hash, &full).map(|e| (e.to_vec(&plain_shard.known), e.filed_at, e.full_at(&plain_shard.known)));
                 proptest::prop_assert_eq!(held_entry, plain_entry);
             }
         }
@@ -926,8 +960,7 @@ mod tests {
         let _ = store.decide_at("other", &Policy::from(a), 1, 0).unwrap();
         let shard_full_at = |store: &MemoryStore| {
             let (hash, s) = store.shard("k");
-            s.get(hash, "k")
-                .map(|e| (e.buckets.full_at(&[]), e.filed_at))
+            s.get(hash, "k").map(|e| (e.full_at(&s.known), e.filed_at))
         };
         assert_eq!(shard_full_at(&store), Some((3_600_000_000, 3_600_000_000)));
         // Forgetting the hourly bucket leaves the per-second one, full at 1 s.
@@ -1027,11 +1060,8 @@ mod tests {
             .shards
             .iter()
             .flat_map(|s| {
-                lock(s)
-                    .map
-                    .iter()
-                    .map(|e| e.name.to_string())
-                    .collect::<Vec<_>>()
+                let s = lock(s);
+                s.map.iter().map(|e| e.name(&s.known)).collect::<Vec<_>>()
             })
             .collect();
         assert_eq!(shard_keys.len(), 1);

@@ -1,0 +1,460 @@
+//! [`Entry`]: one key of a shard's table, its name and buckets in one cache
+//! line; [`Known`]: the quotas and key starts a shard's entries refer to by
+//! number.
+//!
+//! A key checked under one quota (the common case) is held in its slot of
+//! the table whole: its bucket, the quota's number, and its name after a
+//! start the store knows (a layer's `name:kind:`, given when the layer is
+//! built) when the rest is at most [`INLINE`] bytes. A check of such a key
+//! reads the table and nothing else: no name to fetch from elsewhere (one
+//! cache line less per check, the one a busy server's other work evicts
+//! first), no block to allocate for a new key. Other keys keep their name
+//! on the heap, and keys of several quotas (or of a quota the shard has no
+//! number left for) their buckets too.
+
+use std::collections::hash_map::RandomState;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::Arc;
+
+use crate::quota::Quota;
+use crate::store::bucket::Level;
+
+/// The most bytes of a name, after its known start, an entry holds itself.
+pub(super) const INLINE: usize = 36;
+
+/// The most quotas, and key starts, a shard numbers: a number is one byte,
+/// and [`WHOLE`] is none of them.
+pub(super) const MAX_KNOWN: usize = 255;
+
+/// No start: the name is held whole.
+const WHOLE: u8 = u8::MAX;
+
+/// The quotas and key starts a shard's entries refer to by number. Both
+/// only grow, up to [`MAX_KNOWN`] each (a quota numbered for one key stays
+/// numbered; past the bound keys keep their quotas themselves), so a number
+/// means the same for as long as the shard lives. Starts are numbered the
+/// same in every shard of a store (see `MemoryStore::key_prefix`).
+/// `repr(C)`: the quotas, which every check reads, first.
+#[derive(Debug, Default)]
+#[repr(C)]
+pub(super) struct Known {
+    quotas: Vec<Quota>,
+    starts: Vec<Arc<str>>,
+}
+
+impl Known {
+    fn quota(&self, number: u8) -> Option<&Quota> {
+        self.quotas.get(usize::from(number))
+    }
+
+    fn start(&self, number: u8) -> &str {
+        self.starts.get(usize::from(number)).map_or("", |s| s)
+    }
+
+    /// `quota`'s number, given now if it has none and there is room.
+    fn number(&mut self, quota: &Quota) -> Option<u8> {
+        let at = match self.quotas.iter().position(|q| q == quota) {
+            Some(at) => at,
+            None if self.quotas.len() < MAX_KNOWN => {
+                self.quotas.push(*quota);
+                self.quotas.len() - 1
+            }
+            None => return None,
+        };
+        u8::try_from(at).ok()
+    }
+
+    /// Numbers one more start (the next number: the caller keeps every
+    /// shard's starts the same).
+    pub(super) fn add_start(&mut self, start: Arc<str>) {
+        self.starts.push(start);
+    }
+}
+
+/// One key: its buckets, its name and the time under which it is filed in
+/// its shard's order (never later than the microsecond at which all of its
+/// buckets are full again, see `Shard`). One cache line: the slots of a
+/// shard's table are aligned to it, so a check reads and writes one line of
+/// the table, not two shared with other keys.
+#[derive(Debug)]
+#[repr(align(64))]
+pub(super) struct Entry {
+    /// The single bucket's level (a key of several buckets keeps them in
+    /// [`Body::Many`]).
+    level: Level,
+    pub(super) filed_at: u64,
+    body: Body,
+}
+
+const _: () = assert!(
+    std::mem::size_of::<Entry>() == 64,
+    "an entry is one cache line"
+);
+
+#[derive(Debug)]
+enum Body {
+    /// One bucket, under the shard's quota `quota`; the name is the start
+    /// numbered `start` (nothing for [`WHOLE`]) and the first `len` bytes
+    /// of `rest`.
+    Short {
+        quota: u8,
+        start: u8,
+        len: u8,
+        rest: [u8; INLINE],
+    },
+    /// One bucket, under the shard's quota `quota`; the name, too long to
+    /// hold here.
+    Long { quota: u8, name: Box<str> },
+    /// Any buckets, each with its quota.
+    Many(Box<Many>),
+}
+
+#[derive(Debug)]
+struct Many {
+    name: Box<str>,
+    buckets: Vec<(Quota, Level)>,
+}
+
+impl Entry {
+    /// `key` with the `levels` of `quotas`, filed at `filed_at`.
+    pub(super) fn new(
+        known: &mut Known,
+        key: &str,
+        quotas: &[Quota],
+        levels: &[Level],
+        filed_at: u64,
+    ) -> Self {
+        let single = match (quotas, levels) {
+            ([quota], [level]) => known.number(quota).map(|number| (number, *level)),
+            _ => None,
+        };
+        let Some((quota, level)) = single else {
+            let buckets = quotas.iter().copied().zip(levels.iter().copied());
+            return Entry {
+                level: Level::EMPTY,
+                filed_at,
+                body: Body::Many(Box::new(Many {
+                    name: Box::from(key),
+                    buckets: buckets.collect(),
+                })),
+            };
+        };
+        let body = match short(known, key) {
+            Some((start, len, rest)) => Body::Short {
+                quota,
+                start,
+                len,
+                rest,
+            },
+            None => Body::Long {
+                quota,
+                name: Box::from(key),
+            },
+        };
+        Entry {
+            level,
+            filed_at,
+            body,
+        }
+    }
+
+    /// The name, in two pieces (a known start and the rest).
+    fn pieces<'a>(&'a self, known: &'a Known) -> (&'a [u8], &'a [u8]) {
+        match &self.body {
+            Body::Short {
+                start, len, rest, ..
+            } => (
+                known.start(*start).as_bytes(),
+                rest.get(..usize::from(*len)).unwrap_or_default(),
+            ),
+            Body::Long { name, .. } => (name.as_bytes(), &[]),
+            Body::Many(many) => (many.name.as_bytes(), &[]),
+        }
+    }
+
+    /// The name, written out.
+    pub(super) fn name(&self, known: &Known) -> String {
+        let (a, b) = self.pieces(known);
+        String::from_utf8_lossy(&[a, b].concat()).into_owned()
+    }
+
+    /// Whether this is the key `key`.
+    #[inline]
+    pub(super) fn is(&self, known: &Known, key: &str) -> bool {
+        same(self.pieces(known), (key.as_bytes(), &[]))
+    }
+
+    /// Whether this is the key `start` + `value`, `start` numbered `number`
+    /// when it has a number.
+    #[inline]
+    pub(super) fn is_held(
+        &self,
+        known: &Known,
+        number: Option<u8>,
+        start: &str,
+        value: &str,
+    ) -> bool {
+        match &self.body {
+            Body::Short {
+                start: held,
+                len,
+                rest,
+                ..
+            } if Some(*held) == number => rest.get(..usize::from(*len)) == Some(value.as_bytes()),
+            _ => same(self.pieces(known), (start.as_bytes(), value.as_bytes())),
+        }
+    }
+
+    /// The name's hash, with the store's seed (as `hash_key` hashes it
+    /// written out: SipHash of bytes written in pieces is the hash of the
+    /// pieces written at once).
+    pub(super) fn hash(&self, hasher: &RandomState, known: &Known) -> u64 {
+        let (a, b) = self.pieces(known);
+        let mut state = hasher.build_hasher();
+        state.write(a);
+        state.write(b);
+        state.finish()
+    }
+
+    /// The number of the single bucket's quota, for a key of one bucket.
+    fn single(&self) -> Option<u8> {
+        match &self.body {
+            Body::Short { quota, .. } | Body::Long { quota, .. } => Some(*quota),
+            Body::Many(_) => None,
+        }
+    }
+
+    /// The level of `quota`'s bucket, if the key has one.
+    fn get(&self, known: &Known, quota: &Quota) -> Option<&Level> {
+        match (&self.body, self.single()) {
+            (Body::Many(many), _) => many
+                .buckets
+                .iter()
+                .find(|(q, _)| q == quota)
+                .map(|(_, l)| l),
+            (_, Some(number)) => (known.quota(number) == Some(quota)).then_some(&self.level),
+            (_, None) => None,
+        }
+    }
+
+    /// The level of this key's bucket, when it has one bucket alone and
+    /// that is `quota`'s.
+    #[inline]
+    pub(super) fn held_level(&mut self, known: &Known, quota: &Quota) -> Option<&mut Level> {
+        let number = self.single()?;
+        (known.quota(number) == Some(quota)).then_some(&mut self.level)
+    }
+
+    /// The levels of `quotas` at `now_us`: this key's buckets brought up to
+    /// date, full for a quota it has no bucket of.
+    pub(super) fn levels(
+        &self,
+        known: &Known,
+        quotas: &[Quota],
+        now_us: u64,
+        levels: &mut [Level],
+    ) {
+        for (level, q) in levels.iter_mut().zip(quotas) {
+            *level = match self.get(known, q) {
+                Some(stored) => stored.refilled(q, now_us),
+                None => Level::full(q, now_us),
+            };
+        }
+    }
+
+    /// Sets the `levels` of `quotas`: the buckets the key has, and new ones
+    /// for the others (which moves a single bucket out of line).
+    pub(super) fn set(&mut self, known: &Known, quotas: &[Quota], levels: &[Level]) {
+        for (q, &level) in quotas.iter().zip(levels) {
+            if let Body::Many(many) = &mut self.body {
+                match many.buckets.iter_mut().find(|(bq, _)| bq == q) {
+                    Some(slot) => slot.1 = level,
+                    None => many.buckets.push((*q, level)),
+                }
+                continue;
+            }
+            let first = self.single().and_then(|n| known.quota(n)).copied();
+            if first.as_ref() == Some(q) {
+                self.level = level;
+                continue;
+            }
+            let mut buckets = Vec::with_capacity(2);
+            buckets.extend(first.map(|f| (f, self.level)));
+            buckets.push((*q, level));
+            self.body = Body::Many(Box::new(Many {
+                name: self.name(known).into_boxed_str(),
+                buckets,
+            }));
+            self.level = Level::EMPTY;
+        }
+    }
+
+    /// Forgets the buckets of `quotas`; true when none is left.
+    pub(super) fn remove(&mut self, known: &Known, quotas: &[Quota]) -> bool {
+        match &mut self.body {
+            Body::Many(many) => {
+                many.buckets.retain(|(q, _)| !quotas.contains(q));
+                many.buckets.is_empty()
+            }
+            _ => {
+                let quota = self.single().and_then(|n| known.quota(n));
+                quotas.iter().any(|q| Some(q) == quota)
+            }
+        }
+    }
+
+    /// When every bucket is full again, so forgetting the key changes no
+    /// decision.
+    pub(super) fn full_at(&self, known: &Known) -> u64 {
+        match &self.body {
+            Body::Many(many) => many
+                .buckets
+                .iter()
+                .map(|(q, l)| l.full_at(q))
+                .max()
+                .unwrap_or(0),
+            _ => self
+                .single()
+                .and_then(|n| known.quota(n))
+                .map_or(0, |q| self.level.full_at(q)),
+        }
+    }
+
+    /// Every bucket with its quota (a test's view).
+    #[cfg(test)]
+    pub(super) fn to_vec(&self, known: &Known) -> Vec<(Quota, Level)> {
+        match &self.body {
+            Body::Many(many) => many.buckets.clone(),
+            _ => self
+                .single()
+                .and_then(|n| known.quota(n))
+                .map(|q| vec![(*q, self.level)])
+                .unwrap_or_default(),
+        }
+    }
+
+    /// Whether the name is held in the slot (a test's view).
+    #[cfg(test)]
+    pub(super) fn is_short(&self) -> bool {
+        matches!(self.body, Body::Short { .. })
+    }
+}
+
+/// `key` as a known start's number and the rest, when the rest fits
+/// [`INLINE`] (after the longest start `key` begins with, or whole).
+fn short(known: &Known, key: &str) -> Option<(u8, u8, [u8; INLINE])> {
+    let started = known
+        .starts
+        .iter()
+        .enumerate()
+        .filter_map(|(at, s)| Some((u8::try_from(at).ok()?, key.strip_prefix(&**s)?)))
+        .min_by_key(|(_, rest)| rest.len());
+    let (start, rest) = started.unwrap_or((WHOLE, key));
+    let bytes = rest.as_bytes();
+    let mut held = [0; INLINE];
+    held.get_mut(..bytes.len())?.copy_from_slice(bytes);
+    Some((start, u8::try_from(bytes.len()).ok()?, held))
+}
+
+/// Whether two names, each in two pieces, are the same bytes.
+fn same(a: (&[u8], &[u8]), b: (&[u8], &[u8])) -> bool {
+    a.0.len() + a.1.len() == b.0.len() + b.1.len()
+        && a.0.iter().chain(a.1).eq(b.0.iter().chain(b.1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn level(n: i64) -> Level {
+        Level { level: n, stamp: 0 }
+    }
+
+    #[test]
+    fn a_second_quota_moves_the_buckets_out_of_line() {
+        let a = Quota::per_second(1).unwrap();
+        let b = Quota::per_hour(1).unwrap();
+        let mut known = Known::default();
+        known.add_start(Arc::from("p:k:"));
+        let mut entry = Entry::new(&mut known, "p:k:v", &[a], &[level(1)], 0);
+        assert!(entry.is_short());
+        entry.set(&known, &[b, a], &[level(2), level(3)]);
+        assert!(!entry.is_short());
+        assert_eq!(entry.to_vec(&known), [(a, level(3)), (b, level(2))]);
+        assert_eq!(entry.get(&known, &b), Some(&level(2)));
+        assert_eq!(entry.name(&known), "p:k:v");
+        assert!(entry.is(&known, "p:k:v"));
+        assert!(entry.is_held(&known, Some(0), "p:k:", "v"));
+        assert!(!entry.remove(&known, &[a]));
+        assert_eq!(entry.to_vec(&known), [(b, level(2))]);
+        assert!(entry.remove(&known, &[b]));
+        let mut one = Entry::new(&mut known, "p:k:w", &[a], &[level(1)], 0);
+        assert!(!one.remove(&known, &[b]));
+        assert!(one.remove(&known, &[a]));
+    }
+
+    /// A name is the same key however it is held: after the longest start
+    /// it begins with, whole, or on the heap; and it is found by its whole
+    /// text, by any start and value it is made of, and hashed as written
+    /// out, and never taken for another name.
+    #[test]
+    fn a_name_is_its_key_however_it_is_held() {
+        let q = Quota::per_second(1).unwrap();
+        let hasher = RandomState::new();
+        let mut known = Known::default();
+        for start in ["a:", "a:b:", "zz:"] {
+            known.add_start(Arc::from(start));
+        }
+        let long = format!("a:b:{}", "x".repeat(INLINE + 1));
+        let exact = format!("a:b:{}", "é".repeat(INLINE / 2));
+        let names = [
+            "a:b:v", "a:v", "q:v", "a:b:", "", "zz", "a:bb", &long, &exact,
+        ];
+        for name in names {
+            let entry = Entry::new(&mut known, name, &[q], &[level(1)], 0);
+            assert_eq!(entry.is_short(), name != long, "{name}");
+            assert_eq!(entry.name(&known), name);
+            assert_eq!(entry.hash(&hasher, &known), {
+                let mut s = hasher.build_hasher();
+                s.write(name.as_bytes());
+                s.finish()
+            });
+            for other in names {
+                assert_eq!(entry.is(&known, other), other == name, "{name} {other}");
+                for (number, start) in
+                    [(Some(0), "a:"), (Some(1), "a:b:"), (None, "a:"), (None, "")]
+                {
+                    if let Some(value) = other.strip_prefix(start) {
+                        assert_eq!(
+                            entry.is_held(&known, number, start, value),
+                            other == name,
+                            "{name}: {start} {value}"
+                        );
+                    }
+                }
+            }
+        }
+        // The rest after "a:b:" is held when it fits, in bytes.
+        assert_eq!(exact.len() - 4, INLINE);
+    }
+
+    /// A shard numbers at most `MAX_KNOWN` quotas; a key under a quota
+    /// past them keeps the quota itself, and decides the same.
+    #[test]
+    fn quotas_past_the_numbered_ones_are_kept_whole() {
+        let mut known = Known::default();
+        for n in 1..=u64::try_from(MAX_KNOWN).unwrap() {
+            let q = Quota::per_second(n).unwrap();
+            let entry = Entry::new(&mut known, "k", &[q], &[level(1)], 0);
+            assert!(entry.is_short());
+        }
+        let past = Quota::per_second(1_000).unwrap();
+        let entry = Entry::new(&mut known, "k", &[past], &[level(7)], 0);
+        assert!(!entry.is_short());
+        assert_eq!(entry.to_vec(&known), [(past, level(7))]);
+        assert_eq!(known.quotas.len(), MAX_KNOWN);
+        // A numbered one is still found by its number.
+        let first = Quota::per_second(1).unwrap();
+        assert!(Entry::new(&mut known, "k", &[first], &[level(1)], 0).is_short());
+    }
+}
