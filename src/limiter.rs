@@ -205,11 +205,18 @@ impl RateLimiter {
         }
     }
 
-    /// What [`settle`](Self::settle) does with a decision a memory store
-    /// made at once for the layer: a decision from the store ends the
-    /// fallback's outage, and is reported.
-    pub(crate) fn answered(&self, decision: &Decision, policy: &Policy, key_kind: &str) {
-        if let Some(fallback) = &self.fallback {
+    /// What [`settle`](Self::settle) does with a decision a store made at
+    /// once for the layer: a decision `fresh` from the store (a memory
+    /// store's, not a Redis store's from a hold) ends the fallback's
+    /// outage, and every decision is reported.
+    pub(crate) fn answered(
+        &self,
+        decision: &Decision,
+        policy: &Policy,
+        key_kind: &str,
+        fresh: bool,
+    ) {
+        if fresh && let Some(fallback) = &self.fallback {
             fallback.store_answered();
         }
         let outcome = if decision.allowed() {

@@ -460,3 +460,68 @@ async fn a_reset_forgets_holds_taken_under_another_policy_on_its_buckets() {
     let key = store.bucket_key("k", &per_minute);
     assert!(server.cmd::<Vec<String>>(&["KEYS", &key]).len() == 1);
 }
+
+/// A layer keyed by a header over a leasing store spends a held key's
+/// tokens in the service's `call` exactly as the general path does: two
+/// servers over one store, one whose layer can decide there and one that
+/// cannot (its cost is a closure), take turns on one key through real
+/// sockets. Each decision made in process, on either server, is one token
+/// less of the same hold (the remaining count steps down by one, except
+/// where a new hold takes over, at most once per lease granted), and its
+/// headers say what the handler's decision says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_layer_spends_held_tokens_as_the_general_path_does() {
+    use axum::routing::get;
+    use axum::{Extension, Router};
+    use support::http::{Client, TestServer};
+    use tollgate::Decision;
+    use tollgate::key::Header;
+    use tollgate::layer::RateLimitLayer;
+
+    async fn remaining(Extension(d): Extension<Decision>) -> String {
+        d.remaining().to_string()
+    }
+    let redis = RedisServer::start();
+    let store = leased(&redis, Duration::from_secs(1));
+    let quota = Quota::per_second(100).unwrap().burst(10_000).unwrap();
+    let layer = RateLimitLayer::new(store.clone(), quota).key(Header::new("x-client").verbatim());
+    let app = |layer: RateLimitLayer| Router::new().route("/", get(remaining)).layer(layer);
+    let held = TestServer::axum(app(layer.clone())).await;
+    let general = TestServer::axum(app(layer.cost(|_| 1))).await;
+    let client = Client::new();
+    let mut last: Option<u64> = None;
+    let (mut local, mut steps, mut jumps) = (0, 0, 0);
+    for n in 0..400 {
+        let server = if n % 2 == 0 { &held } else { &general };
+        let before = store.lease_stats().local_decisions;
+        let reply = client
+            .get_with(&server.url("/"), &[("x-client", b"k")])
+            .await;
+        assert_eq!(reply.status, 200, "request {n}: {reply:?}");
+        let left: u64 = reply.body.parse().unwrap();
+        let r = reply
+            .header("ratelimit")
+            .and_then(|h| h.split(";r=").nth(1))
+            .and_then(|r| r.split(';').next())
+            .and_then(|r| r.parse::<u64>().ok());
+        assert_eq!(r, Some(left), "request {n}: {reply:?}");
+        if store.lease_stats().local_decisions == before + 1 {
+            local += 1;
+            if let Some(last) = last {
+                steps += 1;
+                if left + 1 != last {
+                    jumps += 1;
+                }
+            }
+            last = Some(left);
+        } else {
+            last = None;
+        }
+    }
+    let stats = store.lease_stats();
+    assert!(local >= 300, "{local} of 400 decided in process: {stats:?}");
+    assert!(
+        jumps <= stats.requests,
+        "{jumps} of {steps} steps were not one token: {stats:?}"
+    );
+}

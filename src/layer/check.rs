@@ -229,12 +229,12 @@ pub(crate) fn check_held<B>(
         Cow::Borrowed(value) => Cow::Borrowed(value),
         Cow::Owned(value) => made_safe(value),
     };
-    let decision = held
-        .store
-        .check_held(&held.prefix, &value, &held.quota, held.cost)?;
     let policy = config.limiter.policy();
+    let decision = held.check(&value, policy)?;
     let kind = config.key.name();
-    config.limiter.answered(&decision, policy, kind);
+    config
+        .limiter
+        .answered(&decision, policy, kind, held.fresh());
     if !decision.allowed() {
         return Some(HeldVerdict::Refuse(too_many(policy, decision, kind)));
     }

@@ -10,7 +10,7 @@ use tower_layer::Layer;
 use super::bodies::AxumBody;
 use super::config::{Config, Cost, Holding, Waits};
 use super::dyn_key::Extractor;
-use super::held::Held;
+use super::held::{Held, HeldStore};
 use super::options::{Choice, Delay, HeaderStyle, MissingKey, OnStoreError, Rejection};
 use super::service::RateLimit;
 use super::settle::{ResponseHead, Settle, Settler};
@@ -379,16 +379,36 @@ fn held(config: &Config) -> Option<Held> {
     if cost > policy.max_cost() {
         return None;
     }
-    let store = config.limiter.store().as_memory()?.clone();
+    let header = config.key.header()?.clone();
     // The storage key is `name:kind:value` (see `check::bucket_key`).
-    let prefix = store.key_prefix(format!("{}:{}:", policy.name(), config.key.name()))?;
+    let start = format!("{}:{}:", policy.name(), config.key.name());
+    let store = match config.limiter.store().as_memory() {
+        Some(memory) => HeldStore::Memory(memory.clone(), memory.key_prefix(start)?),
+        None => leased(config, policy, cost, start)?,
+    };
     Some(Held {
-        header: config.key.header()?.clone(),
+        header,
         store,
-        prefix,
         quota: *quota,
         cost,
     })
+}
+
+/// A Redis store whose leases pay on `policy`, for `check::check_held`:
+/// a check of at least one token (as leases decide) under a start that is
+/// a safe key's.
+#[cfg(feature = "redis")]
+fn leased(config: &Config, policy: &Policy, cost: u64, start: String) -> Option<HeldStore> {
+    let redis = config.limiter.store().as_redis()?;
+    if cost == 0 || !redis.leases_pay_on(policy) || !crate::store::is_safe(start.as_bytes()) {
+        return None;
+    }
+    Some(HeldStore::Leased(redis.clone(), start.into_boxed_str()))
+}
+
+#[cfg(not(feature = "redis"))]
+fn leased(_: &Config, _: &Policy, _: u64, _: String) -> Option<HeldStore> {
+    None
 }
 
 impl<S> Layer<S> for RateLimitLayer {

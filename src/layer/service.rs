@@ -495,6 +495,35 @@ mod tests {
         ));
     }
 
+    /// A Redis store's keys are held when its leases pay on the policy and
+    /// a check costs at least a token (as leases decide), and not
+    /// otherwise. Building a store connects to nothing.
+    #[cfg(feature = "redis")]
+    #[test]
+    fn a_layer_checks_held_keys_of_a_redis_store_whose_leases_pay() {
+        let store = |leases: bool| {
+            crate::RedisStore::builder()
+                .url("redis://127.0.0.1:6379")
+                .leases(leases)
+                .build()
+                .unwrap()
+        };
+        let inner = tower::service_fn(|_: Request<()>| async { text("ok") });
+        let held = |layer: RateLimitLayer| layer.layer(inner).config.held.is_some();
+        let key = || crate::key::Header::new("x-client");
+        let roomy = Quota::per_second(100).unwrap();
+        assert!(held(RateLimitLayer::new(store(true), roomy).key(key())));
+        assert!(!held(RateLimitLayer::new(store(false), roomy).key(key())));
+        // A quota too slow for leases to pay on.
+        let slow = Quota::per_hour(3).unwrap();
+        assert!(!held(RateLimitLayer::new(store(true), slow).key(key())));
+        let free = RateLimitLayer::new(store(true), roomy)
+            .key(key())
+            .fixed_cost(0)
+            .unwrap();
+        assert!(!held(free));
+    }
+
     #[tokio::test]
     async fn kinds_of_different_extractors_never_share_a_bucket() {
         let store = MemoryStore::new();

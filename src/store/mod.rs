@@ -83,6 +83,8 @@ pub use breaker::{
 pub use contract::Store;
 #[cfg(feature = "redis")]
 pub use deny_cache::DEFAULT_DENY_CACHE;
+#[cfg(feature = "redis")]
+pub(crate) use key::is_safe;
 pub use key::{MAX_RAW_KEY_LEN, hashed_key, safe_key, safe_key_bytes};
 pub(crate) use key::{in_scratch, into_safe_key};
 pub(crate) use memory::KeyPrefix;

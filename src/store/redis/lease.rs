@@ -53,7 +53,7 @@ use crate::observe;
 use crate::policy::Policy;
 use crate::quota::ceil_div;
 use crate::store::in_scratch;
-use crate::store::key::safe_key;
+use crate::store::key::{is_safe, safe_key};
 
 /// The default lease period: a lease holds about this long's worth of a
 /// key's local demand.
@@ -98,6 +98,31 @@ pub(crate) fn lease_name<R>(key: &str, policy: &Policy, f: impl FnOnce(&str) -> 
         }
     };
     in_scratch(&NAME, write, f)
+}
+
+/// Runs `f` on the name in the lease map of the key `start` + `value`
+/// under `policy`, when that key is its own storage-safe form (so
+/// [`lease_name`] names it the same); `None` otherwise.
+pub(crate) fn held_name<R>(
+    start: &str,
+    value: &str,
+    policy: &Policy,
+    f: impl FnOnce(&str) -> Option<R>,
+) -> Option<R> {
+    let key_len = start.len() + value.len();
+    let write = |name: &mut String| {
+        name.push_str(start);
+        name.push_str(value);
+        for tail in policy.key_tails() {
+            name.push_str(tail);
+        }
+    };
+    in_scratch(&NAME, write, |name| {
+        if !is_safe(name.as_bytes().get(..key_len)?) {
+            return None;
+        }
+        f(name)
+    })
 }
 
 /// What a store's leases have done so far (all counts since the store was
@@ -157,37 +182,145 @@ struct Hold {
     until: Instant,
 }
 
+/// The longest name held in its entry.
+const SHORT_NAME: usize = 62;
+
+/// A key's name in the map: held in its entry when it fits (most do), so a
+/// check compares it where it reads the key's holds, without a block of
+/// its own to fetch.
+enum Name {
+    Short { len: u8, bytes: [u8; SHORT_NAME] },
+    Long(Box<str>),
+}
+
+impl Name {
+    fn new(name: &str) -> Self {
+        let given = name.as_bytes();
+        let mut bytes = [0; SHORT_NAME];
+        match (bytes.get_mut(..given.len()), u8::try_from(given.len())) {
+            (Some(held), Ok(len)) => {
+                held.copy_from_slice(given);
+                Name::Short { len, bytes }
+            }
+            _ => Name::Long(name.into()),
+        }
+    }
+
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Name::Short { len, bytes } => bytes.get(..usize::from(*len)).unwrap_or_default(),
+            Name::Long(name) => name.as_bytes(),
+        }
+    }
+
+    #[inline]
+    fn is(&self, name: &str) -> bool {
+        self.bytes() == name.as_bytes()
+    }
+
+    fn to_boxed(&self) -> Box<str> {
+        String::from_utf8_lossy(self.bytes()).into()
+    }
+}
+
+/// A key's holds, oldest first, at most [`MAX_HOLDS`]: kept in its entry,
+/// so a check reads them with the key's name (no block of their own to
+/// fetch). The slots in use come first.
+#[derive(Default)]
+struct Holds([Option<Hold>; MAX_HOLDS]);
+
+impl Holds {
+    fn iter(&self) -> impl Iterator<Item = &Hold> {
+        self.0.iter().flatten()
+    }
+
+    fn iter_mut(&mut self) -> impl Iterator<Item = &mut Hold> {
+        self.0.iter_mut().flatten()
+    }
+
+    fn get(&self, i: usize) -> Option<&Hold> {
+        self.0.get(i)?.as_ref()
+    }
+
+    fn len(&self) -> usize {
+        self.iter().count()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.iter().all(Option::is_none)
+    }
+
+    /// The newest hold.
+    fn back(&self) -> Option<&Hold> {
+        self.iter().last()
+    }
+
+    /// Takes the `i`th hold out, the later ones moving up.
+    fn remove(&mut self, i: usize) -> Option<Hold> {
+        let hold = self.0.get_mut(i)?.take()?;
+        if let Some(rest) = self.0.get_mut(i..) {
+            rest.rotate_left(1);
+        }
+        Some(hold)
+    }
+
+    /// Adds `hold` as the newest, or gives it back when the key has
+    /// [`MAX_HOLDS`] already.
+    fn push_back(&mut self, hold: Hold) -> Result<(), Hold> {
+        match self.0.iter_mut().find(|slot| slot.is_none()) {
+            Some(slot) => {
+                *slot = Some(hold);
+                Ok(())
+            }
+            None => Err(hold),
+        }
+    }
+}
+
+impl IntoIterator for Holds {
+    type Item = Hold;
+    type IntoIter = std::iter::Flatten<std::array::IntoIter<Option<Hold>, MAX_HOLDS>>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.into_iter().flatten()
+    }
+}
+
 /// One key: its demand, its holds, and whether a lease is being asked for.
+///
+/// `repr(C)`, in the order a check reads it: its name, its holds and its
+/// demand first, together.
+#[repr(C)]
 struct Entry {
     /// The key's name in the map: its storage-safe form followed by the
     /// key tails of its policy (see `leasing.rs`), one string per set of
     /// buckets.
-    name: Box<str>,
-    /// This entry among those the name has had: a lease answered for an
-    /// earlier one (forgotten by a reset, or evicted, while the lease was
-    /// under way) is not this entry's to use.
-    serial: u64,
-    /// The storage keys of its buckets, for lease requests and reports.
-    keys: Vec<String>,
-    policy: Policy,
+    name: Name,
+    holds: Holds,
     /// Tokens asked for, decayed by `exp(-age / period)`.
     demand: f64,
     seen: Instant,
     /// When the key was first seen: a young key's count covers less than
     /// a period, and is scaled up (4x at most).
     born: Instant,
-    holds: VecDeque<Hold>,
-    /// Holds spent whole, whose reports wait to ride with the next lease
-    /// request (a report of a hold spent whole changes only when Redis
-    /// debits it: now, or at its expiry).
-    spent: VecDeque<u64>,
-    asking: bool,
     /// No lease is asked for before then (after a grant of nothing).
     quiet_until: Option<Instant>,
+    asking: bool,
     /// The last lease got its roomy size and life (every bucket was at
     /// least 3/4 free besides its cost): renewed when under two periods'
     /// demand is held, not half of one.
     roomy: bool,
+    /// Holds spent whole, whose reports wait to ride with the next lease
+    /// request (a report of a hold spent whole changes only when Redis
+    /// debits it: now, or at its expiry).
+    spent: VecDeque<u64>,
+    policy: Policy,
+    /// This entry among those the name has had: a lease answered for an
+    /// earlier one (forgotten by a reset, or evicted, while the lease was
+    /// under way) is not this entry's to use.
+    serial: u64,
+    /// The storage keys of its buckets, for lease requests and reports.
+    keys: Vec<String>,
 }
 
 /// A part of the map, with the counts of the checks decided from its
@@ -201,6 +334,13 @@ struct Shard {
     spent: u64,
     /// Held tokens not yet spent, in this shard's holds.
     outstanding: u64,
+}
+
+/// A shard's counts, as one check updates them.
+struct Counts<'a> {
+    local: &'a mut u64,
+    spent: &'a mut u64,
+    outstanding: &'a mut u64,
 }
 
 /// A hold to report: the keys and policy of its buckets, its id, what was
@@ -299,15 +439,15 @@ impl Leases {
     }
 
     /// `name`'s hash: its bytes alone, with this map's random seed.
-    fn hash(&self, name: &str) -> u64 {
+    fn hash(&self, name: &[u8]) -> u64 {
         let mut state = self.hasher.build_hasher();
-        state.write(name.as_bytes());
+        state.write(name);
         state.finish()
     }
 
     /// `name`'s hash (computed once per check) and its shard, locked.
     fn shard(&self, name: &str) -> (u64, MutexGuard<'_, Shard>) {
-        let hash = self.hash(name);
+        let hash = self.hash(name.as_bytes());
         // The high half picks the shard: the table inside it indexes by the
         // low bits. `shards` is never empty; the modulo keeps the index in
         // range.
@@ -340,7 +480,6 @@ impl Leases {
         errand: &mut Errand,
     ) -> Option<Decision> {
         let now = Instant::now();
-        let period = self.config.period.as_secs_f64();
         let (hash, mut guard) = self.shard(name);
         let Shard {
             table,
@@ -348,7 +487,7 @@ impl Leases {
             spent,
             outstanding,
         } = &mut *guard;
-        let entry = match table.find_entry(hash, |e| &*e.name == name) {
+        let entry = match table.find_entry(hash, |e| e.name.is(name)) {
             Ok(found) => found.into_mut(),
             Err(absent) => {
                 let table = absent.into_table();
@@ -356,24 +495,84 @@ impl Leases {
                     self.evict(table, outstanding, errand);
                 }
                 let entry = Entry {
-                    name: name.into(),
+                    name: Name::new(name),
                     serial: self.next_serial.fetch_add(1, Ordering::Relaxed),
                     keys: keys(),
                     policy: policy.clone(),
                     demand: 0.0,
                     seen: now,
                     born: now,
-                    holds: VecDeque::new(),
+                    holds: Holds::default(),
                     spent: VecDeque::new(),
                     asking: false,
                     quiet_until: None,
                     roomy: false,
                 };
                 table
-                    .insert_unique(hash, entry, |e| self.hash(&e.name))
+                    .insert_unique(hash, entry, |e| self.hash(e.name.bytes()))
                     .into_mut()
             }
         };
+        let counts = Counts {
+            local,
+            spent,
+            outstanding,
+        };
+        self.spend_from(entry, now, policy, cost, counts, errand)
+    }
+
+    /// [`check`](Self::check) of a key this map holds with a hold that
+    /// pays for `cost` now (the common case, for a key with room to spare):
+    /// the same decision (`Some`), found without writing the key's storage
+    /// keys. `None`, having changed nothing, for any other key: check it
+    /// with `check`. `cost` must be at least 1.
+    pub(crate) fn check_held(
+        &self,
+        name: &str,
+        policy: &Policy,
+        cost: u64,
+        errand: &mut Errand,
+    ) -> Option<Decision> {
+        let now = Instant::now();
+        let (hash, mut guard) = self.shard(name);
+        let Shard {
+            table,
+            local,
+            spent,
+            outstanding,
+        } = &mut *guard;
+        let entry = table.find_mut(hash, |e| e.name.is(name))?;
+        // A hold that pays is kept by `spend_from`'s reports (it has tokens
+        // left and time) and then spent from: it decides.
+        if cost == 0 || !entry.holds.iter().any(|h| h.left >= cost && now < h.until) {
+            return None;
+        }
+        let counts = Counts {
+            local,
+            spent,
+            outstanding,
+        };
+        self.spend_from(entry, now, policy, cost, counts, errand)
+    }
+
+    /// The rest of a check of `cost` at `now` for `entry`: its demand
+    /// counted, its holds used up or past their time reported, a hold spent
+    /// from if one pays, and the next lease asked for when it is due.
+    fn spend_from(
+        &self,
+        entry: &mut Entry,
+        now: Instant,
+        policy: &Policy,
+        cost: u64,
+        counts: Counts<'_>,
+        errand: &mut Errand,
+    ) -> Option<Decision> {
+        let Counts {
+            local,
+            spent,
+            outstanding,
+        } = counts;
+        let period = self.config.period.as_secs_f64();
         let age = now.saturating_duration_since(entry.seen).as_secs_f64();
         // What the key asked for before this check, decayed to now.
         let prior = entry.demand * (-age / period).exp();
@@ -476,7 +675,7 @@ impl Leases {
         if want.max(roomy_want) >= MIN_LEASE && (low || aging) {
             entry.asking = true;
             errand.lease = Some(Ask {
-                name: entry.name.clone(),
+                name: entry.name.to_boxed(),
                 serial: entry.serial,
                 keys: entry.keys.clone(),
                 policy: entry.policy.clone(),
@@ -501,9 +700,9 @@ impl Leases {
             .take(8)
             .find(|e| e.holds.is_empty() && !e.asking)
             .or_else(|| table.iter().next())
-            .map(|e| e.name.clone());
+            .map(|e| e.name.to_boxed());
         if let Some(name) = victim
-            && let Ok(found) = table.find_entry(self.hash(&name), |e| e.name == name)
+            && let Ok(found) = table.find_entry(self.hash(name.as_bytes()), |e| e.name.is(&name))
         {
             let (entry, _) = found.remove();
             errand.reports.extend(self.leaving(entry, outstanding));
@@ -594,7 +793,7 @@ impl Leases {
         let shard = &mut *guard;
         let found = shard
             .table
-            .find_mut(hash, |e| &*e.name == name)
+            .find_mut(hash, |e| e.name.is(name))
             .filter(|e| e.serial == serial);
         let Some(entry) = found else {
             let granted = granted.filter(|&g| g > 0)?;
@@ -615,13 +814,24 @@ impl Leases {
                 shard.outstanding += granted;
                 let held = self.counters.held.fetch_add(granted, Ordering::Relaxed);
                 observe::lease_held(self.label, held + granted);
-                entry.holds.push_back(Hold {
+                let hold = Hold {
                     id,
                     granted,
                     left: granted,
                     life,
                     until: Self::until(sent, life),
-                });
+                };
+                // Never more than `MAX_HOLDS` (a lease is asked for only
+                // below it, one at a time); one past them goes back.
+                if let Err(hold) = entry.holds.push_back(hold) {
+                    return Some(self.report(
+                        keys,
+                        policy,
+                        hold,
+                        Instant::now(),
+                        &mut shard.outstanding,
+                    ));
+                }
             }
             // Nothing to spare (or no answer): not asked again for a period.
             _ => entry.quiet_until = Some(Instant::now() + self.config.period),
@@ -646,17 +856,20 @@ impl Leases {
                 // A name is the safe key, then its policy's tails, each
                 // starting with `}` (which no safe key holds).
                 let ours = |e: &Entry| {
-                    e.name.strip_prefix(&*safe).is_some_and(|rest| {
-                        rest.starts_with('}')
-                            && e.policy
-                                .key_tails()
-                                .iter()
-                                .any(|t| policy.key_tails().contains(t))
-                    })
+                    e.name
+                        .bytes()
+                        .strip_prefix(safe.as_bytes())
+                        .is_some_and(|rest| {
+                            rest.first() == Some(&b'}')
+                                && e.policy
+                                    .key_tails()
+                                    .iter()
+                                    .any(|t| policy.key_tails().contains(t))
+                        })
                 };
                 let gone: Vec<Entry> = table.extract_if(|e| ours(e)).collect();
                 for entry in gone {
-                    let same = *entry.name == *name;
+                    let same = entry.name.is(name);
                     let reports = self.leaving(entry, outstanding);
                     // The reset policy's own holds went with its buckets:
                     // their reports would find nothing.

@@ -9,7 +9,7 @@ use tokio::time::Instant;
 
 use super::decode::LeaseReply;
 use super::encode::{ROOMY, Spend};
-use super::lease::{Ask, Errand, LeaseStats, Leases, WHOLE, lease_name};
+use super::lease::{Ask, Errand, LeaseStats, Leases, WHOLE, held_name, lease_name};
 use super::store::RedisStore;
 use crate::decision::Decision;
 use crate::error::ErrorKind;
@@ -36,6 +36,39 @@ impl RedisStore {
         });
         self.run_errand(errand);
         decision
+    }
+
+    /// A check of the key `start` + `value` under `policy` decided from a
+    /// hold, when the leases hold that key with tokens that pay for `cost`
+    /// now: the decision [`leased`](Self::leased) would make, for less (the
+    /// key's storage keys are not written out). `None`, having changed
+    /// nothing, for any other key: check it the general way. `start` is a
+    /// layer's `policy:kind:`, `cost` at least 1 and at most `policy`'s
+    /// smallest capacity, and leases pay on `policy`
+    /// ([`leases_pay_on`](Self::leases_pay_on)).
+    pub(crate) fn check_held(
+        &self,
+        start: &str,
+        value: &str,
+        policy: &Policy,
+        cost: u64,
+    ) -> Option<Decision> {
+        let leases = self.inner.leases.as_ref()?;
+        let mut errand = Errand::default();
+        let decision = held_name(start, value, policy, |name| {
+            leases.check_held(name, policy, cost, &mut errand)
+        });
+        self.run_errand(errand);
+        decision
+    }
+
+    /// Whether this store leases, and leases may pay on `policy` (see
+    /// [`check_held`](Self::check_held)).
+    pub(crate) fn leases_pay_on(&self, policy: &Policy) -> bool {
+        self.inner
+            .leases
+            .as_ref()
+            .is_some_and(|leases| leases.pays_on(policy))
     }
 
     /// Sends what the in-process path left to do, in the background: a
