@@ -356,10 +356,27 @@ fn short(known: &Known, key: &str) -> Option<(u8, u8, [u8; INLINE])> {
     Some((start, u8::try_from(bytes.len()).ok()?, held))
 }
 
-/// Whether two names, each in two pieces, are the same bytes.
+/// Whether two names, each in two pieces, are the same bytes (compared as
+/// slices, a piece at a time).
 fn same(a: (&[u8], &[u8]), b: (&[u8], &[u8])) -> bool {
-    a.0.len() + a.1.len() == b.0.len() + b.1.len()
-        && a.0.iter().chain(a.1).eq(b.0.iter().chain(b.1))
+    if a.0.len() + a.1.len() != b.0.len() + b.1.len() {
+        return false;
+    }
+    // Order the pair so that `short.0` is the shorter first piece: it
+    // matches the start of `long.0`, and `short.1` the rest of `long.0`
+    // followed by `long.1`.
+    let (short, long) = if a.0.len() <= b.0.len() {
+        (a, b)
+    } else {
+        (b, a)
+    };
+    let Some((head, tail)) = long.0.split_at_checked(short.0.len()) else {
+        return false;
+    };
+    let Some((middle, end)) = short.1.split_at_checked(tail.len()) else {
+        return false;
+    };
+    short.0 == head && middle == tail && end == long.1
 }
 
 #[cfg(test)]
@@ -436,6 +453,25 @@ mod tests {
         }
         // The rest after "a:b:" is held when it fits, in bytes.
         assert_eq!(exact.len() - 4, INLINE);
+    }
+
+    /// Two names in pieces are the same exactly when they are written out,
+    /// wherever each is split.
+    #[test]
+    fn names_in_pieces_compare_as_written_out() {
+        let words = ["", "a", "ab", "abc", "abd", "b", "bc", "abcabc"];
+        for x in words {
+            for y in words {
+                for i in 0..=x.len() {
+                    for j in 0..=y.len() {
+                        let (x, y) = (x.as_bytes(), y.as_bytes());
+                        let a = (&x[..i], &x[i..]);
+                        let b = (&y[..j], &y[j..]);
+                        assert_eq!(same(a, b), x == y, "{a:?} {b:?}");
+                    }
+                }
+            }
+        }
     }
 
     /// A shard numbers at most `MAX_KNOWN` quotas; a key under a quota
