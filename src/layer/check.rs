@@ -202,8 +202,9 @@ fn respond(config: &Config, parts: &Parts, answer: Answer) -> Response<Bytes> {
     }
 }
 
-/// A request whose key a memory store holds, decided in the service's
-/// `call` for less than [`check_now`] (the request is not taken apart, the
+/// A request whose key the store holds so that it decides at once (a memory
+/// store's key, a leasing Redis store's key whose hold pays), decided in
+/// the service's `call` for less than [`check_now`] (the request is not taken apart, the
 /// storage key is not written out): as `check_now` would decide it (see
 /// [`HeldVerdict`]; an admitted request has its decision in its
 /// extensions). `None`, having changed nothing, for every other request (no

@@ -56,7 +56,8 @@ pub(crate) enum Cost {
 #[derive(Clone)]
 #[repr(C)]
 pub(crate) struct Config {
-    /// What a request whose key a memory store holds is decided with, when
+    /// What a request whose key the store holds (a memory store's, or a
+    /// leasing Redis store's with a hold that pays) is decided with, when
     /// this configuration allows it (see [`Held`]); set by the layer
     /// after every change.
     pub(crate) held: Option<Held>,

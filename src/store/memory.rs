@@ -52,11 +52,12 @@ const MIN_PER_SHARD: usize = 1024;
 ///   shard and hold exactly `max_keys`; larger ones split them evenly over the
 ///   shards, so a shard can be full a little before the whole store is. A key
 ///   with one quota's bucket takes one 64-byte slot of its shard's table and a
-///   place in the shard's eviction order; its name is held in the slot when
-///   what follows a layer's `policy:kind:` start is at most 36 bytes (an IP
-///   address, a UUID, a 32-character API key), else on the heap. A shard
-///   numbers up to 255 quotas and the store up to 255 starts; keys under others
-///   keep them on the heap.
+///   place in the shard's eviction order; its name is held in the slot when it
+///   is at most 36 bytes, or when what follows the `policy:kind:` start of a
+///   layer keyed by a [`Header`](crate::key::Header) is (a UUID, a
+///   32-character API key; the store numbers such starts as layers over it
+///   are built, up to 255), else on the heap. A shard numbers up to 255
+///   quotas; a key under another keeps its quota on the heap.
 /// - **A full store keeps serving new clients.** When a new key arrives at a
 ///   full shard, the shard forgets the one key whose buckets will be full again
 ///   soonest: a key that has already refilled completely if there is one
