@@ -89,6 +89,10 @@ now = now[1] * 1000000 + now[2]
 -- is given early. (The test variant, whose clock is not Redis's, keeps keys
 -- 1 s longer: src/store/redis/script.rs.)
 local MARGIN_MS = 1 -- tollgate:margin
+-- Waits and resets are reported up to 2^53 microseconds (about 285 years):
+-- past it a double is not exact (the sum is rounded, so a clamped sum is
+-- exact), and src/store/bucket.rs reports the same bound.
+local MAX_REPORTED = 9007199254740992
 
 -- The most holds one bucket carries (leases of several instances, and an
 -- instance's next lease asked for before its current one runs out).
@@ -193,6 +197,9 @@ if nd < 0 then
           t = t + 1
         end
         wait = ahead + t
+        if wait > MAX_REPORTED then
+          wait = MAX_REPORTED
+        end
       end
       local missing = full - level
       local reset = floor(missing / num)
@@ -229,6 +236,9 @@ if nd < 0 then
       end
       if reset > 0 then
         reset = reset + ahead
+        if reset > MAX_REPORTED then
+          reset = MAX_REPORTED
+        end
       end
       local remaining = 0
       if level > 0 then
@@ -371,6 +381,9 @@ if rest <= (nd < 0 and -nd or nd) then
           t = t + 1
         end
         wait = ahead + t
+        if wait > MAX_REPORTED then
+          wait = MAX_REPORTED
+        end
       end
     elseif free < need then
       local x = need - free
@@ -379,6 +392,9 @@ if rest <= (nd < 0 and -nd or nd) then
         t = t + 1
       end
       wait = ahead + t
+      if wait > MAX_REPORTED then
+        wait = MAX_REPORTED
+      end
     end
     -- ceil((full - free) / num): when the bucket is full again, counted from
     -- the stamp (with holds: once they are debited whole, from the last
@@ -411,6 +427,9 @@ if rest <= (nd < 0 and -nd or nd) then
     end
     if reset > 0 then
       reset = reset + ahead
+      if reset > MAX_REPORTED then
+        reset = MAX_REPORTED
+      end
     end
     local remaining = 0
     if free > 0 then

@@ -128,7 +128,8 @@ impl QuotaState {
         Duration::from_micros(self.retry_after_us)
     }
 
-    /// How long until this bucket is full again.
+    /// How long until this bucket is full again. Waits and resets are
+    /// reported up to 2^53 µs (about 285 years), by every store alike.
     pub fn reset_after(&self) -> Duration {
         Duration::from_micros(self.reset_after_us)
     }

@@ -13,6 +13,11 @@ mod text;
 /// computes (level + elapsed x rate never exceeds twice this bound).
 pub(crate) const MAX_EXACT: u64 = 1 << 52;
 
+/// The longest wait or reset a decision reports, in microseconds (2^53,
+/// about 285 years): past it a Lua number is not exact, so every store
+/// reports this bound instead (`MAX_REPORTED` in `lua/token_bucket.lua`).
+pub(crate) const MAX_REPORTED_US: u64 = 1 << 53;
+
 /// The longest period a quota may have.
 pub const MAX_PERIOD: Duration = Duration::from_secs(366 * 24 * 3600);
 

@@ -92,8 +92,13 @@ impl ModelBucket {
         Expected {
             allowed,
             remaining: u64::try_from(self.scaled.max(0) / q.period_us).expect("fits"),
-            retry_after_us: if allowed { 0 } else { self.time_to_hold(cost) },
-            reset_after_us: ceil(q.capacity * q.period_us - self.scaled, q.tokens),
+            retry_after_us: if allowed {
+                0
+            } else {
+                self.time_to_hold(cost).min(MAX_REPORTED_US)
+            },
+            reset_after_us: ceil(q.capacity * q.period_us - self.scaled, q.tokens)
+                .min(MAX_REPORTED_US),
         }
     }
 }
@@ -157,12 +162,14 @@ impl Model {
                 })
                 .max()
                 .unwrap_or(0)
+                .min(MAX_REPORTED_US)
         } else {
             self.buckets
                 .iter()
                 .map(|b| b.time_to_hold(cost))
                 .max()
                 .unwrap_or(0)
+                .min(MAX_REPORTED_US)
         };
         let states = self
             .buckets
@@ -172,6 +179,10 @@ impl Model {
         (states, wait)
     }
 }
+
+/// The longest wait or reset the stores report (2^53 µs, about 285 years):
+/// past it a Lua number is not exact, so both stores report this bound.
+const MAX_REPORTED_US: u64 = 1 << 53;
 
 fn gcd(mut a: u64, mut b: u64) -> u64 {
     while b != 0 {

@@ -7,7 +7,7 @@
 //! `elapsed x quota.num()` units, an exact integer, and caps at `quota.full()`.
 
 use crate::decision::{Decision, QuotaState, States};
-use crate::quota::{MAX_EXACT, Quota, ceil_div};
+use crate::quota::{MAX_EXACT, MAX_REPORTED_US, Quota, ceil_div};
 
 /// One bucket's stored state. The level is signed: a reservation may leave it
 /// below zero (tokens spent ahead of their refill), by at most the debt the
@@ -164,14 +164,18 @@ fn spent(
     if allowed {
         l.level -= need;
         if l.level < 0 {
-            *wait_us = (*wait_us).max(ahead + ceil_div(l.level.unsigned_abs(), q.num()));
+            let due = ahead + ceil_div(l.level.unsigned_abs(), q.num());
+            *wait_us = (*wait_us).max(due.min(MAX_REPORTED_US));
         }
     } else if l.level < need {
-        retry_us = ahead + ceil_div((need - l.level).unsigned_abs(), q.num());
+        retry_us =
+            (ahead + ceil_div((need - l.level).unsigned_abs(), q.num())).min(MAX_REPORTED_US);
     }
+    // Waits and resets are reported up to `MAX_REPORTED_US`, as the script
+    // reports them.
     let reset_us = match l.until_full_us(q) {
         0 => 0,
-        to_full => ahead + to_full,
+        to_full => (ahead + to_full).min(MAX_REPORTED_US),
     };
     let units = l.level.max(0).unsigned_abs();
     // A quota of a token or more per microsecond counts whole tokens: no
