@@ -59,7 +59,7 @@
 -- reset_after_us, then, for a lease, the tokens granted (0: none) and its
 -- flags: 1 if the hold it reports was there, plus 2 if it got a hold of its
 -- roomy size and lifetime (never for a lease sent again), and, for a report, 1 if the hold
--- was there (0: it expired, or was reported before); all integers below 2^53, sent as one string of
+-- was there (0: it expired, or was reported before); all integers up to 2^53 (waits and resets at most MAX_REPORTED), sent as one string of
 -- little-endian doubles (struct.pack "<d" each; see the end), which loses
 -- nothing.
 -- wait_us is, for a denied decision, the time until this bucket would hold the
