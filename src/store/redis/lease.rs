@@ -336,6 +336,24 @@ struct Shard {
     outstanding: u64,
 }
 
+impl Shard {
+    /// The table, and the counts a check updates beside it.
+    fn parts(&mut self) -> (&mut HashTable<Entry>, Counts<'_>) {
+        let Shard {
+            table,
+            local,
+            spent,
+            outstanding,
+        } = self;
+        let counts = Counts {
+            local,
+            spent,
+            outstanding,
+        };
+        (table, counts)
+    }
+}
+
 /// A shard's counts, as one check updates them.
 struct Counts<'a> {
     local: &'a mut u64,
@@ -481,18 +499,13 @@ impl Leases {
     ) -> Option<Decision> {
         let now = Instant::now();
         let (hash, mut guard) = self.shard(name);
-        let Shard {
-            table,
-            local,
-            spent,
-            outstanding,
-        } = &mut *guard;
+        let (table, counts) = guard.parts();
         let entry = match table.find_entry(hash, |e| e.name.is(name)) {
             Ok(found) => found.into_mut(),
             Err(absent) => {
                 let table = absent.into_table();
                 if table.len() >= self.per_shard {
-                    self.evict(table, outstanding, errand);
+                    self.evict(table, counts.outstanding, errand);
                 }
                 let entry = Entry {
                     name: Name::new(name),
@@ -513,11 +526,6 @@ impl Leases {
                     .into_mut()
             }
         };
-        let counts = Counts {
-            local,
-            spent,
-            outstanding,
-        };
         self.spend_from(entry, now, policy, cost, counts, errand)
     }
 
@@ -535,23 +543,13 @@ impl Leases {
     ) -> Option<Decision> {
         let now = Instant::now();
         let (hash, mut guard) = self.shard(name);
-        let Shard {
-            table,
-            local,
-            spent,
-            outstanding,
-        } = &mut *guard;
+        let (table, counts) = guard.parts();
         let entry = table.find_mut(hash, |e| e.name.is(name))?;
         // A hold that pays is kept by `spend_from`'s reports (it has tokens
         // left and time) and then spent from: it decides.
         if cost == 0 || !entry.holds.iter().any(|h| h.left >= cost && now < h.until) {
             return None;
         }
-        let counts = Counts {
-            local,
-            spent,
-            outstanding,
-        };
         self.spend_from(entry, now, policy, cost, counts, errand)
     }
 
