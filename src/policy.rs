@@ -158,6 +158,13 @@ impl Policy {
         &self.inner.key_tails
     }
 
+    /// Whether `other` has the same key tails (names the same buckets of a
+    /// key): compared by address first.
+    #[cfg(feature = "redis")]
+    pub(crate) fn same_tails(&self, other: &Policy) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner) || self.key_tails() == other.key_tails()
+    }
+
     /// The smallest capacity: the largest cost a check may ever be admitted with.
     pub fn max_cost(&self) -> u64 {
         self.inner.smallest

@@ -8,9 +8,9 @@ use crate::decision::Decision;
 use crate::key::Header;
 use crate::policy::Policy;
 use crate::quota::Quota;
-#[cfg(feature = "redis")]
-use crate::store::RedisStore;
 use crate::store::{KeyPrefix, MemoryStore};
+#[cfg(feature = "redis")]
+use crate::store::{LeaseStart, RedisStore};
 
 /// A layer that can use `check::check_held`: one policy of one quota, a
 /// fixed cost, a [`Header`] key, a memory store or a Redis store whose
@@ -34,9 +34,9 @@ pub(crate) enum HeldStore {
     /// The start hashed with the store's seed.
     Memory(MemoryStore, KeyPrefix),
     /// A store whose leases pay on the layer's policy, and the start (a
-    /// safe key's).
+    /// safe key's) as its leases take it.
     #[cfg(feature = "redis")]
-    Leased(RedisStore, Box<str>),
+    Leased(RedisStore, LeaseStart),
 }
 
 impl Held {

@@ -403,7 +403,8 @@ fn leased(config: &Config, policy: &Policy, cost: u64, start: String) -> Option<
     if cost == 0 || !redis.leases_pay_on(policy) || !crate::store::is_safe(start.as_bytes()) {
         return None;
     }
-    Some(HeldStore::Leased(redis.clone(), start.into_boxed_str()))
+    let start = redis.lease_start(&start)?;
+    Some(HeldStore::Leased(redis.clone(), start))
 }
 
 #[cfg(not(feature = "redis"))]

@@ -72,9 +72,16 @@ pub(crate) fn in_scratch<R>(
 
 /// Whether `key` is its own storage-safe form ([`safe_key`] keeps it as it is).
 pub(crate) fn is_safe(key: &[u8]) -> bool {
-    key.first().is_some_and(|b| *b != b'#')
-        && key.len() <= MAX_RAW_KEY_LEN
-        && key.iter().all(|b| SAFE.get(usize::from(*b)) == Some(&true))
+    key.first().is_some_and(|b| *b != b'#') && key.len() <= MAX_RAW_KEY_LEN && is_safe_tail(key)
+}
+
+/// Whether every byte of `bytes` may be in a safe key (anywhere but first,
+/// for `#`): a safe key followed by such bytes is safe, up to
+/// [`MAX_RAW_KEY_LEN`] bytes.
+pub(crate) fn is_safe_tail(bytes: &[u8]) -> bool {
+    bytes
+        .iter()
+        .all(|b| SAFE.get(usize::from(*b)) == Some(&true))
 }
 
 /// The bytes a raw key may hold, `[A-Za-z0-9._:@/=+#-]`, as a table: every

@@ -90,6 +90,8 @@ pub(crate) use key::{in_scratch, into_safe_key};
 pub(crate) use memory::KeyPrefix;
 pub use memory::{DEFAULT_MAX_KEYS, MemoryStore};
 #[cfg(feature = "redis")]
+pub(crate) use redis::LeaseStart;
+#[cfg(feature = "redis")]
 pub use redis::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_LEASE_KEYS, DEFAULT_LEASE_PERIOD, DEFAULT_MAX_BATCH,
     DEFAULT_PREFIX, DEFAULT_TIMEOUT, LeaseStats, RedisStore, RedisStoreBuilder,

@@ -37,9 +37,8 @@
 //! - **Outages:** held tokens are spent until their expiry whatever the
 //!   breaker says; then checks go to Redis, and to the fallback.
 
-use std::cell::RefCell;
 use std::collections::VecDeque;
-use std::hash::{BuildHasher, Hasher, RandomState};
+use std::hash::{BuildHasher, DefaultHasher, Hasher, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
@@ -51,9 +50,8 @@ use super::encode::{ROOMY, Spend};
 use crate::decision::{Decision, QuotaState, States};
 use crate::observe;
 use crate::policy::Policy;
-use crate::quota::ceil_div;
-use crate::store::in_scratch;
-use crate::store::key::{is_safe, safe_key};
+use crate::quota::{ceil_div, micros};
+use crate::store::key::{MAX_RAW_KEY_LEN, is_safe_tail, safe_key};
 
 /// The default lease period: a lease holds about this long's worth of a
 /// key's local demand.
@@ -79,50 +77,13 @@ const MAX_HOLDS: usize = 2;
 /// (the script debits at most the hold), and below 2^53.
 pub(crate) const WHOLE: u64 = 1 << 52;
 
-thread_local! {
-    /// Where [`lease_name`] writes a key's name in the lease map: one buffer
-    /// per thread, so a check decided from a hold allocates nothing.
-    static NAME: RefCell<String> = const { RefCell::new(String::new()) };
-}
-
-/// Runs `f` on the name of `key`'s buckets under `policy` in the lease map:
-/// the key's storage-safe form, then the key tails of the policy's quotas
-/// (each `}:` and a quota id; a safe key holds no `}`). It names the same
-/// buckets as the storage keys, without the store's prefix, which is the
-/// same for every key of a store.
-pub(crate) fn lease_name<R>(key: &str, policy: &Policy, f: impl FnOnce(&str) -> R) -> R {
-    let write = |name: &mut String| {
-        name.push_str(&safe_key(key));
-        for tail in policy.key_tails() {
-            name.push_str(tail);
-        }
-    };
-    in_scratch(&NAME, write, f)
-}
-
-/// Runs `f` on the name in the lease map of the key `start` + `value`
-/// under `policy`, when that key is its own storage-safe form (so
-/// [`lease_name`] names it the same); `None` otherwise.
-pub(crate) fn held_name<R>(
-    start: &str,
-    value: &str,
-    policy: &Policy,
-    f: impl FnOnce(&str) -> Option<R>,
-) -> Option<R> {
-    let key_len = start.len() + value.len();
-    let write = |name: &mut String| {
-        name.push_str(start);
-        name.push_str(value);
-        for tail in policy.key_tails() {
-            name.push_str(tail);
-        }
-    };
-    in_scratch(&NAME, write, |name| {
-        if !is_safe(name.as_bytes().get(..key_len)?) {
-            return None;
-        }
-        f(name)
-    })
+/// Where a check names the layer's keys in the lease map (see
+/// [`Leases::check_held`]): the keys' start (`policy:kind:`, a safe key's),
+/// hashed once with the map's seed.
+#[derive(Clone)]
+pub(crate) struct LeaseStart {
+    text: Box<str>,
+    state: DefaultHasher,
 }
 
 /// What a store's leases have done so far (all counts since the store was
@@ -171,156 +132,241 @@ pub(crate) struct LeaseConfig {
     pub(crate) max_keys: usize,
 }
 
-/// One hold of this instance on a key's buckets.
+/// One hold of this instance on a key's buckets, whole: as it comes into
+/// an entry and leaves it (an entry keeps what a check reads of it apart
+/// from the rest, see [`Entry`]). Times are microseconds of the map's clock.
 struct Hold {
     id: u64,
     granted: u64,
     left: u64,
     /// Its life in Redis.
-    life: Duration,
+    life: u64,
     /// Used here until then (Redis debits it some time after).
-    until: Instant,
+    until: u64,
 }
 
-/// The longest name held in its entry.
-const SHORT_NAME: usize = 62;
-
-/// A key's name in the map: held in its entry when it fits (most do), so a
-/// check compares it where it reads the key's holds, without a block of
-/// its own to fetch.
-enum Name {
-    Short { len: u8, bytes: [u8; SHORT_NAME] },
-    Long(Box<str>),
+/// What a check reads of a hold.
+#[derive(Clone, Copy, Default)]
+struct Spendable {
+    left: u64,
+    until: u64,
 }
 
-impl Name {
-    fn new(name: &str) -> Self {
-        let given = name.as_bytes();
-        let mut bytes = [0; SHORT_NAME];
-        match (bytes.get_mut(..given.len()), u8::try_from(given.len())) {
-            (Some(held), Ok(len)) => {
-                held.copy_from_slice(given);
-                Name::Short { len, bytes }
-            }
-            _ => Name::Long(name.into()),
-        }
-    }
-
-    fn bytes(&self) -> &[u8] {
-        match self {
-            Name::Short { len, bytes } => bytes.get(..usize::from(*len)).unwrap_or_default(),
-            Name::Long(name) => name.as_bytes(),
-        }
-    }
-
-    #[inline]
-    fn is(&self, name: &str) -> bool {
-        self.bytes() == name.as_bytes()
-    }
-
-    fn to_boxed(&self) -> Box<str> {
-        String::from_utf8_lossy(self.bytes()).into()
-    }
+/// The rest of a hold, read when it leaves.
+#[derive(Clone, Copy, Default)]
+struct HoldRest {
+    id: u64,
+    granted: u64,
+    life: u64,
 }
 
-/// A key's holds, oldest first, at most [`MAX_HOLDS`]: kept in its entry,
-/// so a check reads them with the key's name (no block of their own to
-/// fetch). The slots in use come first.
-#[derive(Default)]
-struct Holds([Option<Hold>; MAX_HOLDS]);
+/// The longest name held in its entry; a longer one is kept in the
+/// entry's cold part, a block of its own.
+const SHORT_NAME: usize = 36;
 
-impl Holds {
-    fn iter(&self) -> impl Iterator<Item = &Hold> {
-        self.0.iter().flatten()
-    }
+/// The name length of an entry whose name is in its cold part.
+const LONG: u8 = u8::MAX;
 
-    fn iter_mut(&mut self) -> impl Iterator<Item = &mut Hold> {
-        self.0.iter_mut().flatten()
-    }
-
-    fn get(&self, i: usize) -> Option<&Hold> {
-        self.0.get(i)?.as_ref()
-    }
-
-    fn len(&self) -> usize {
-        self.iter().count()
-    }
-
-    fn is_empty(&self) -> bool {
-        self.0.iter().all(Option::is_none)
-    }
-
-    /// The newest hold.
-    fn back(&self) -> Option<&Hold> {
-        self.iter().last()
-    }
-
-    /// Takes the `i`th hold out, the later ones moving up.
-    fn remove(&mut self, i: usize) -> Option<Hold> {
-        let hold = self.0.get_mut(i)?.take()?;
-        if let Some(rest) = self.0.get_mut(i..) {
-            rest.rotate_left(1);
-        }
-        Some(hold)
-    }
-
-    /// Adds `hold` as the newest, or gives it back when the key has
-    /// [`MAX_HOLDS`] already.
-    fn push_back(&mut self, hold: Hold) -> Result<(), Hold> {
-        match self.0.iter_mut().find(|slot| slot.is_none()) {
-            Some(slot) => {
-                *slot = Some(hold);
-                Ok(())
-            }
-            None => Err(hold),
-        }
-    }
-}
-
-impl IntoIterator for Holds {
-    type Item = Hold;
-    type IntoIter = std::iter::Flatten<std::array::IntoIter<Option<Hold>, MAX_HOLDS>>;
-
-    fn into_iter(self) -> Self::IntoIter {
-        self.0.into_iter().flatten()
-    }
-}
-
-/// One key: its demand, its holds, and whether a lease is being asked for.
+/// One key under one policy: its name, holds, demand, and whether a lease is
+/// being asked for.
 ///
-/// `repr(C)`, in the order a check reads it: its name, its holds and its
-/// demand first, together.
-#[repr(C)]
+/// What a check reads fills two cache lines (`repr(C)`, aligned to them,
+/// 128 bytes: const-asserted): the name when it fits (most do: a
+/// `policy:kind:` start and a value of up to 36 bytes), the holds' tokens
+/// and ends, the demand and the times. What only a lease request, a report
+/// or an eviction reads is in `cold`. A map of 100 000 keys takes 13 MB,
+/// and the table of a busy instance's keys stays in the core's cache.
+///
+/// The map is keyed by the name (the key's storage-safe form) and the
+/// policy's key tails: the same key under two policies is two entries.
+#[repr(C, align(64))]
 struct Entry {
-    /// The key's name in the map: its storage-safe form followed by the
-    /// key tails of its policy (see `leasing.rs`), one string per set of
-    /// buckets.
-    name: Name,
-    holds: Holds,
-    /// Tokens asked for, decayed by `exp(-age / period)`.
-    demand: f64,
-    seen: Instant,
-    /// When the key was first seen: a young key's count covers less than
-    /// a period, and is scaled up (4x at most).
-    born: Instant,
-    /// No lease is asked for before then (after a grant of nothing).
-    quiet_until: Option<Instant>,
+    /// The name's length, or [`LONG`] (in `cold`).
+    name_len: u8,
+    /// Holds in use: the first `holds` of `spendable`, oldest first.
+    holds: u8,
     asking: bool,
     /// The last lease got its roomy size and life (every bucket was at
     /// least 3/4 free besides its cost): renewed when under two periods'
     /// demand is held, not half of one.
     roomy: bool,
+    name: [u8; SHORT_NAME],
+    spendable: [Spendable; MAX_HOLDS],
+    /// A quarter of the newest hold's life: renewed when it has less left.
+    quarter: u64,
+    /// Tokens asked for, decayed by `exp(-age / period)`.
+    demand: f64,
+    seen: u64,
+    /// When the key was first seen: a young key's count covers less than
+    /// a period, and is scaled up (4x at most).
+    born: u64,
+    /// No lease is asked for before then (after a grant of nothing); 0:
+    /// none.
+    quiet_until: u64,
+    policy: Policy,
+    cold: Box<Cold>,
+}
+
+const _: () = assert!(size_of::<Entry>() == 128);
+
+/// What an entry keeps out of a check's way.
+struct Cold {
+    /// The name, when longer than [`SHORT_NAME`].
+    long_name: Box<str>,
+    /// The rest of each hold, as `spendable`.
+    rest: [HoldRest; MAX_HOLDS],
     /// Holds spent whole, whose reports wait to ride with the next lease
     /// request (a report of a hold spent whole changes only when Redis
     /// debits it: now, or at its expiry).
     spent: VecDeque<u64>,
-    policy: Policy,
     /// This entry among those the name has had: a lease answered for an
     /// earlier one (forgotten by a reset, or evicted, while the lease was
     /// under way) is not this entry's to use.
     serial: u64,
     /// The storage keys of its buckets, for lease requests and reports.
     keys: Vec<String>,
+}
+
+impl Entry {
+    fn new(name: &str, policy: &Policy, serial: u64, keys: Vec<String>, now: u64) -> Self {
+        let given = name.as_bytes();
+        let mut bytes = [0; SHORT_NAME];
+        let (name_len, long_name) = match (bytes.get_mut(..given.len()), u8::try_from(given.len()))
+        {
+            (Some(held), Ok(len)) => {
+                held.copy_from_slice(given);
+                (len, Box::default())
+            }
+            _ => (LONG, name.into()),
+        };
+        Entry {
+            name_len,
+            holds: 0,
+            asking: false,
+            roomy: false,
+            name: bytes,
+            spendable: [Spendable::default(); MAX_HOLDS],
+            quarter: 0,
+            demand: 0.0,
+            seen: now,
+            born: now,
+            quiet_until: 0,
+            policy: policy.clone(),
+            cold: Box::new(Cold {
+                long_name,
+                rest: [HoldRest::default(); MAX_HOLDS],
+                spent: VecDeque::new(),
+                serial,
+                keys,
+            }),
+        }
+    }
+
+    fn name(&self) -> &[u8] {
+        if self.name_len == LONG {
+            self.cold.long_name.as_bytes()
+        } else {
+            self.name
+                .get(..usize::from(self.name_len))
+                .unwrap_or_default()
+        }
+    }
+
+    fn name_boxed(&self) -> Box<str> {
+        String::from_utf8_lossy(self.name()).into()
+    }
+
+    /// Whether this is the entry of `name` under `policy`.
+    #[inline]
+    fn is(&self, name: &[u8], policy: &Policy) -> bool {
+        self.name() == name && self.policy.same_tails(policy)
+    }
+
+    /// Whether this is the entry of the name `start` + `value` under
+    /// `policy`, compared a piece at a time.
+    #[inline]
+    fn is_split(&self, start: &[u8], value: &[u8], policy: &Policy) -> bool {
+        let name = self.name();
+        name.len() == start.len() + value.len()
+            && name.get(..start.len()) == Some(start)
+            && name.get(start.len()..) == Some(value)
+            && self.policy.same_tails(policy)
+    }
+
+    /// The holds in use, oldest first.
+    fn holds(&self) -> &[Spendable] {
+        self.spendable
+            .get(..usize::from(self.holds))
+            .unwrap_or_default()
+    }
+
+    fn holds_mut(&mut self) -> &mut [Spendable] {
+        self.spendable
+            .get_mut(..usize::from(self.holds))
+            .unwrap_or_default()
+    }
+
+    /// Takes the `i`th hold out, the later ones moving up.
+    fn remove_hold(&mut self, i: usize) -> Option<Hold> {
+        let n = usize::from(self.holds);
+        if i >= n {
+            return None;
+        }
+        let (spendable, rest) = (self.spendable.get_mut(i..n)?, self.cold.rest.get_mut(i..n)?);
+        let (Spendable { left, until }, HoldRest { id, granted, life }) =
+            (*spendable.first()?, *rest.first()?);
+        spendable.rotate_left(1);
+        rest.rotate_left(1);
+        self.holds -= 1;
+        self.quarter = self.newest_quarter();
+        Some(Hold {
+            id,
+            granted,
+            left,
+            life,
+            until,
+        })
+    }
+
+    /// Adds `hold` as the newest, or gives it back when the key has
+    /// [`MAX_HOLDS`] already.
+    fn push_hold(&mut self, hold: Hold) -> Result<(), Hold> {
+        let i = usize::from(self.holds);
+        match (self.spendable.get_mut(i), self.cold.rest.get_mut(i)) {
+            (Some(spendable), Some(rest)) => {
+                *spendable = Spendable {
+                    left: hold.left,
+                    until: hold.until,
+                };
+                *rest = HoldRest {
+                    id: hold.id,
+                    granted: hold.granted,
+                    life: hold.life,
+                };
+                self.holds += 1;
+                self.quarter = hold.life / 4;
+                Ok(())
+            }
+            _ => Err(hold),
+        }
+    }
+
+    /// A quarter of the newest hold's life (0 without holds).
+    fn newest_quarter(&self) -> u64 {
+        usize::from(self.holds)
+            .checked_sub(1)
+            .and_then(|i| self.cold.rest.get(i))
+            .map_or(0, |r| r.life / 4)
+    }
+
+    /// Every hold, taken out.
+    fn take_holds(&mut self) -> Vec<Hold> {
+        let mut out = Vec::with_capacity(usize::from(self.holds));
+        while let Some(hold) = self.remove_hold(0) {
+            out.push(hold);
+        }
+        out
+    }
 }
 
 /// A part of the map, with the counts of the checks decided from its
@@ -406,6 +452,11 @@ pub(crate) struct Leases {
     per_shard: usize,
     hasher: RandomState,
     config: LeaseConfig,
+    /// The lease period in microseconds.
+    period_us: u64,
+    /// The map's clock starts here: times in entries are microseconds
+    /// since (tokio's clock, so tests can pause it).
+    epoch: Instant,
     /// Where this instance's lease ids start.
     instance: u64,
     next_id: AtomicU64,
@@ -428,7 +479,9 @@ impl Leases {
             shards: (0..shards).map(|_| Mutex::new(Shard::default())).collect(),
             per_shard: config.max_keys.div_ceil(shards).max(1),
             hasher,
+            period_us: micros(config.period).max(1),
             config,
+            epoch: Instant::now(),
             instance,
             next_id: AtomicU64::new(1),
             next_serial: AtomicU64::new(0),
@@ -456,39 +509,60 @@ impl Leases {
             .all(|q| u128::from(q.num()) * period_us >= u128::from(MIN_LEASE) * u128::from(q.den()))
     }
 
-    /// `name`'s hash: its bytes alone, with this map's random seed.
+    /// `start` (a safe key's) as [`check_held`](Self::check_held) takes it.
+    pub(crate) fn start(&self, start: &str) -> LeaseStart {
+        let mut state = self.hasher.build_hasher();
+        state.write(start.as_bytes());
+        LeaseStart {
+            text: start.into(),
+            state,
+        }
+    }
+
+    /// `name`'s hash: its bytes alone, with this map's random seed (so a
+    /// name written in pieces hashes the same, see `check_held`).
     fn hash(&self, name: &[u8]) -> u64 {
         let mut state = self.hasher.build_hasher();
         state.write(name);
         state.finish()
     }
 
-    /// `name`'s hash (computed once per check) and its shard, locked.
-    fn shard(&self, name: &str) -> (u64, MutexGuard<'_, Shard>) {
-        let hash = self.hash(name.as_bytes());
-        // The high half picks the shard: the table inside it indexes by the
-        // low bits. `shards` is never empty; the modulo keeps the index in
-        // range.
-        let i = usize::try_from((hash >> 32) % self.shards.len() as u64).unwrap_or(0);
-        let shard = self.shards.get(i).or(self.shards.first());
-        match shard {
-            Some(shard) => (hash, lock(shard)),
+    /// The shard of the name hashed to `hash`, locked.
+    fn shard_of(&self, hash: u64) -> MutexGuard<'_, Shard> {
+        // Bits 32 to 63 pick the shard, as `bits x len / 2^32` (an even
+        // spread below `len`, without a division): the table inside it
+        // indexes by the low bits and tags slots with bits 57 to 63, which
+        // thus vary within a shard too.
+        let bits = hash >> 32;
+        let i = usize::try_from((bits * self.shards.len() as u64) >> 32).unwrap_or(0);
+        match self.shards.get(i).or(self.shards.first()) {
+            Some(shard) => lock(shard),
             None => unreachable!("a lease map has at least one shard"),
         }
     }
 
-    /// Used here until `sent + life - margin`; the margin (a tenth of the
-    /// life) covers a Redis clock that runs a little faster than ours.
-    fn until(sent: Instant, life: Duration) -> Instant {
-        sent + life - life / 10
+    /// Now, on the map's clock (microseconds since `epoch`).
+    fn now(&self) -> u64 {
+        micros(self.epoch.elapsed())
     }
 
-    /// A plain check of `cost` on the buckets named `name` (see [`Entry`]):
-    /// decided here from a hold when one has the tokens (`Some`), else
-    /// `None` (ask Redis). Either way, what to send in the background is
-    /// added to `errand`. `keys` makes the storage keys of the buckets, for
-    /// a key seen for the first time: a check decided from a hold allocates
-    /// nothing.
+    /// `at` on the map's clock.
+    fn at(&self, at: Instant) -> u64 {
+        micros(at.saturating_duration_since(self.epoch))
+    }
+
+    /// Used here until `sent + life - margin`; the margin (a tenth of the
+    /// life) covers a Redis clock that runs a little faster than ours.
+    fn until(sent: u64, life: u64) -> u64 {
+        sent.saturating_add(life - life / 10)
+    }
+
+    /// A plain check of `cost` on the buckets of the storage-safe key
+    /// `name` under `policy`: decided here from a hold when one has the
+    /// tokens (`Some`), else `None` (ask Redis). Either way, what to send in
+    /// the background is added to `errand`. `keys` makes the storage keys
+    /// of the buckets, for a key seen for the first time: a check decided
+    /// from a hold allocates nothing.
     pub(crate) fn check(
         &self,
         name: &str,
@@ -497,57 +571,67 @@ impl Leases {
         cost: u64,
         errand: &mut Errand,
     ) -> Option<Decision> {
-        let now = Instant::now();
-        let (hash, mut guard) = self.shard(name);
+        let now = self.now();
+        let hash = self.hash(name.as_bytes());
+        let mut guard = self.shard_of(hash);
         let (table, counts) = guard.parts();
-        let entry = match table.find_entry(hash, |e| e.name.is(name)) {
+        let entry = match table.find_entry(hash, |e| e.is(name.as_bytes(), policy)) {
             Ok(found) => found.into_mut(),
             Err(absent) => {
                 let table = absent.into_table();
                 if table.len() >= self.per_shard {
                     self.evict(table, counts.outstanding, errand);
                 }
-                let entry = Entry {
-                    name: Name::new(name),
-                    serial: self.next_serial.fetch_add(1, Ordering::Relaxed),
-                    keys: keys(),
-                    policy: policy.clone(),
-                    demand: 0.0,
-                    seen: now,
-                    born: now,
-                    holds: Holds::default(),
-                    spent: VecDeque::new(),
-                    asking: false,
-                    quiet_until: None,
-                    roomy: false,
-                };
+                let serial = self.next_serial.fetch_add(1, Ordering::Relaxed);
+                let entry = Entry::new(name, policy, serial, keys(), now);
                 table
-                    .insert_unique(hash, entry, |e| self.hash(e.name.bytes()))
+                    .insert_unique(hash, entry, |e| self.hash(e.name()))
                     .into_mut()
             }
         };
         self.spend_from(entry, now, policy, cost, counts, errand)
     }
 
-    /// [`check`](Self::check) of a key this map holds with a hold that
-    /// pays for `cost` now (the common case, for a key with room to spare):
-    /// the same decision (`Some`), found without writing the key's storage
-    /// keys. `None`, having changed nothing, for any other key: check it
-    /// with `check`. `cost` must be at least 1.
+    /// [`check`](Self::check) of the key `start` + `value` (`start` from
+    /// [`start`](Self::start)) when this map holds it with a hold that
+    /// pays for `cost` now (the common case, for a key with room to
+    /// spare): the same decision (`Some`), found without writing the key
+    /// out. `None`, having changed nothing, for any other key (one that is
+    /// not its own storage-safe form among them): check it with `check`.
+    /// `cost` must be at least 1.
     pub(crate) fn check_held(
         &self,
-        name: &str,
+        start: &LeaseStart,
+        value: &str,
         policy: &Policy,
         cost: u64,
         errand: &mut Errand,
     ) -> Option<Decision> {
-        let now = Instant::now();
-        let (hash, mut guard) = self.shard(name);
+        // `start` + `value` is its own safe form (so `check` names it the
+        // same) when `value`'s bytes are all safe and the whole is not too
+        // long: `start` is a safe key's, so it is not empty and starts with
+        // no `#`.
+        if start.text.len() + value.len() > MAX_RAW_KEY_LEN || !is_safe_tail(value.as_bytes()) {
+            return None;
+        }
+        let now = self.now();
+        // SipHash over bytes written in pieces is the hash of the pieces
+        // written at once.
+        let mut state = start.state.clone();
+        state.write(value.as_bytes());
+        let hash = state.finish();
+        let mut guard = self.shard_of(hash);
         let (table, counts) = guard.parts();
-        let entry = table.find_mut(hash, |e| e.name.is(name))?;
+        let entry = table.find_mut(hash, |e| {
+            e.is_split(start.text.as_bytes(), value.as_bytes(), policy)
+        })?;
         // A hold that pays is kept by `spend_from`'s reports (it has tokens
         // left and time) and then spent from: it decides.
-        if cost == 0 || !entry.holds.iter().any(|h| h.left >= cost && now < h.until) {
+        if !entry
+            .holds()
+            .iter()
+            .any(|h| h.left >= cost && now < h.until)
+        {
             return None;
         }
         self.spend_from(entry, now, policy, cost, counts, errand)
@@ -559,7 +643,7 @@ impl Leases {
     fn spend_from(
         &self,
         entry: &mut Entry,
-        now: Instant,
+        now: u64,
         policy: &Policy,
         cost: u64,
         counts: Counts<'_>,
@@ -570,8 +654,11 @@ impl Leases {
             spent,
             outstanding,
         } = counts;
-        let period = self.config.period.as_secs_f64();
-        let age = now.saturating_duration_since(entry.seen).as_secs_f64();
+        #[expect(
+            clippy::cast_precision_loss,
+            reason = "microseconds below 2^53 (285 years) are exact"
+        )]
+        let (age, period) = (now.saturating_sub(entry.seen) as f64, self.period_us as f64);
         // What the key asked for before this check, decayed to now.
         let prior = entry.demand * (-age / period).exp();
         entry.demand = prior + cost as f64;
@@ -579,17 +666,17 @@ impl Leases {
         // Holds used up or past their time here are reported: one spent
         // whole with the next lease request, others at once.
         let mut i = 0;
-        while let Some(hold) = entry.holds.get(i) {
+        while let Some(hold) = entry.holds().get(i) {
             if hold.left > 0 && now < hold.until {
                 i += 1;
                 continue;
             }
-            let Some(hold) = entry.holds.remove(i) else {
+            let Some(hold) = entry.remove_hold(i) else {
                 break;
             };
-            let report = self.report(&entry.keys, &entry.policy, hold, now, outstanding);
-            if report.left == 0 && !report.expired && entry.spent.len() < MAX_HOLDS {
-                entry.spent.push_back(report.id);
+            let report = self.report(&entry.cold.keys, &entry.policy, hold, now, outstanding);
+            if report.left == 0 && !report.expired && entry.cold.spent.len() < MAX_HOLDS {
+                entry.cold.spent.push_back(report.id);
             } else {
                 errand.reports.push(report);
             }
@@ -599,7 +686,7 @@ impl Leases {
         // unspent (debited whole).
         let mut decided = None;
         if let Some(hold) = entry
-            .holds
+            .holds_mut()
             .iter_mut()
             .filter(|h| h.left >= cost && now < h.until)
             .min_by_key(|h| h.until)
@@ -619,14 +706,18 @@ impl Leases {
         // whole, and a client seen once an hour would lose a lease's
         // worth of tokens for every request.
         if entry.asking
-            || entry.holds.len() >= MAX_HOLDS
-            || entry.quiet_until.is_some_and(|t| now < t)
+            || entry.holds().len() >= MAX_HOLDS
+            || now < entry.quiet_until
             || prior < cost.max(1) as f64 / 2.0
         {
             return decided;
         }
-        let held: u64 = entry.holds.iter().map(|h| h.left).sum();
-        let age = now.saturating_duration_since(entry.born).as_secs_f64() / period;
+        let held: u64 = entry.holds().iter().map(|h| h.left).sum();
+        #[expect(
+            clippy::cast_precision_loss,
+            reason = "microseconds below 2^53 (285 years) are exact"
+        )]
+        let age = now.saturating_sub(entry.born) as f64 / period;
         // A steady rate r since `born` counts r x period x (1 - e^-age),
         // the age in periods; past 4 periods that is within 2% of r x
         // period.
@@ -646,9 +737,9 @@ impl Leases {
         let cap = (entry.policy.max_cost() / ROOMY_SHARE).max(per_period);
         let roomy_wanted = per_period.saturating_mul(u64::from(ROOMY)).min(cap);
         let aging = entry
-            .holds
-            .back()
-            .is_none_or(|h| h.until.saturating_duration_since(now) < h.life / 4);
+            .holds()
+            .last()
+            .is_none_or(|h| h.until.saturating_sub(now) < entry.quarter);
         // Low: under half a period's demand left (a lease of one period),
         // or, under a roomy lease, under two periods' (or half of it, if
         // it covers less than four): enough to last while the next is
@@ -673,9 +764,9 @@ impl Leases {
         if want.max(roomy_want) >= MIN_LEASE && (low || aging) {
             entry.asking = true;
             errand.lease = Some(Ask {
-                name: entry.name.to_boxed(),
-                serial: entry.serial,
-                keys: entry.keys.clone(),
+                name: entry.name_boxed(),
+                serial: entry.cold.serial,
+                keys: entry.cold.keys.clone(),
                 policy: entry.policy.clone(),
                 want: if want >= MIN_LEASE { want } else { 0 },
                 life: 2 * self.config.period,
@@ -684,7 +775,7 @@ impl Leases {
                 } else {
                     0
                 },
-                carried: entry.spent.pop_front(),
+                carried: entry.cold.spent.pop_front(),
             });
         }
         decided
@@ -696,11 +787,13 @@ impl Leases {
         let victim = table
             .iter()
             .take(8)
-            .find(|e| e.holds.is_empty() && !e.asking)
+            .find(|e| e.holds == 0 && !e.asking)
             .or_else(|| table.iter().next())
-            .map(|e| e.name.to_boxed());
-        if let Some(name) = victim
-            && let Ok(found) = table.find_entry(self.hash(name.as_bytes()), |e| e.name.is(&name))
+            .map(|e| (e.name_boxed(), e.cold.serial));
+        if let Some((name, serial)) = victim
+            && let Ok(found) = table.find_entry(self.hash(name.as_bytes()), |e| {
+                e.name() == name.as_bytes() && e.cold.serial == serial
+            })
         {
             let (entry, _) = found.remove();
             errand.reports.extend(self.leaving(entry, outstanding));
@@ -709,13 +802,15 @@ impl Leases {
 
     /// The reports of a key leaving the map: its holds, and those spent
     /// whole that wait for a lease request.
-    fn leaving(&self, entry: Entry, outstanding: &mut u64) -> Vec<Report> {
-        let now = Instant::now();
+    fn leaving(&self, mut entry: Entry, outstanding: &mut u64) -> Vec<Report> {
+        let now = self.now();
+        let holds = entry.take_holds();
         let mut out: Vec<Report> = entry
+            .cold
             .spent
             .iter()
             .map(|&id| Report {
-                keys: entry.keys.clone(),
+                keys: entry.cold.keys.clone(),
                 policy: entry.policy.clone(),
                 id,
                 spent: WHOLE,
@@ -723,20 +818,20 @@ impl Leases {
                 expired: false,
             })
             .collect();
-        for hold in entry.holds {
-            out.push(self.report(&entry.keys, &entry.policy, hold, now, outstanding));
+        for hold in holds {
+            out.push(self.report(&entry.cold.keys, &entry.policy, hold, now, outstanding));
         }
         out
     }
 
     /// The report of `hold`, which leaves its shard (whose unspent held
-    /// tokens are `outstanding`).
+    /// tokens are `outstanding`) at `now`.
     fn report(
         &self,
         keys: &[String],
         policy: &Policy,
         hold: Hold,
-        now: Instant,
+        now: u64,
         outstanding: &mut u64,
     ) -> Report {
         *outstanding = outstanding.saturating_sub(hold.left);
@@ -787,12 +882,12 @@ impl Leases {
         life: Duration,
         roomy: bool,
     ) -> Option<Report> {
-        let (hash, mut guard) = self.shard(name);
+        let hash = self.hash(name.as_bytes());
+        let mut guard = self.shard_of(hash);
         let shard = &mut *guard;
-        let found = shard
-            .table
-            .find_mut(hash, |e| e.name.is(name))
-            .filter(|e| e.serial == serial);
+        let found = shard.table.find_mut(hash, |e| {
+            e.name() == name.as_bytes() && e.cold.serial == serial
+        });
         let Some(entry) = found else {
             let granted = granted.filter(|&g| g > 0)?;
             return Some(Report {
@@ -812,27 +907,28 @@ impl Leases {
                 shard.outstanding += granted;
                 let held = self.counters.held.fetch_add(granted, Ordering::Relaxed);
                 observe::lease_held(self.label, held + granted);
+                let life = micros(life);
                 let hold = Hold {
                     id,
                     granted,
                     left: granted,
                     life,
-                    until: Self::until(sent, life),
+                    until: Self::until(self.at(sent), life),
                 };
                 // Never more than `MAX_HOLDS` (a lease is asked for only
                 // below it, one at a time); one past them goes back.
-                if let Err(hold) = entry.holds.push_back(hold) {
+                if let Err(hold) = entry.push_hold(hold) {
                     return Some(self.report(
                         keys,
                         policy,
                         hold,
-                        Instant::now(),
+                        self.now(),
                         &mut shard.outstanding,
                     ));
                 }
             }
             // Nothing to spare (or no answer): not asked again for a period.
-            _ => entry.quiet_until = Some(Instant::now() + self.config.period),
+            _ => entry.quiet_until = self.now().saturating_add(self.period_us),
         }
         None
     }
@@ -844,39 +940,30 @@ impl Leases {
     /// the holds' other buckets). Looks through the whole map: a reset is
     /// rare, the map bounded.
     pub(crate) fn forget(&self, key: &str, policy: &Policy, errand: &mut Errand) {
-        let safe = safe_key(key);
-        lease_name(key, policy, |name| {
-            for shard in &self.shards {
-                let mut guard = lock(shard);
-                let Shard {
-                    table, outstanding, ..
-                } = &mut *guard;
-                // A name is the safe key, then its policy's tails, each
-                // starting with `}` (which no safe key holds).
-                let ours = |e: &Entry| {
-                    e.name
-                        .bytes()
-                        .strip_prefix(safe.as_bytes())
-                        .is_some_and(|rest| {
-                            rest.first() == Some(&b'}')
-                                && e.policy
-                                    .key_tails()
-                                    .iter()
-                                    .any(|t| policy.key_tails().contains(t))
-                        })
-                };
-                let gone: Vec<Entry> = table.extract_if(|e| ours(e)).collect();
-                for entry in gone {
-                    let same = entry.name.is(name);
-                    let reports = self.leaving(entry, outstanding);
-                    // The reset policy's own holds went with its buckets:
-                    // their reports would find nothing.
-                    if !same {
-                        errand.reports.extend(reports);
-                    }
+        let name = safe_key(key);
+        for shard in &self.shards {
+            let mut guard = lock(shard);
+            let Shard {
+                table, outstanding, ..
+            } = &mut *guard;
+            let ours = |e: &Entry| {
+                e.name() == name.as_bytes()
+                    && e.policy
+                        .key_tails()
+                        .iter()
+                        .any(|t| policy.key_tails().contains(t))
+            };
+            let gone: Vec<Entry> = table.extract_if(|e| ours(e)).collect();
+            for entry in gone {
+                let same = entry.policy.same_tails(policy);
+                let reports = self.leaving(entry, outstanding);
+                // The reset policy's own holds went with its buckets:
+                // their reports would find nothing.
+                if !same {
+                    errand.reports.extend(reports);
                 }
             }
-        });
+        }
     }
 
     /// Every hold, to report (the store is going away).
@@ -981,9 +1068,8 @@ mod tests {
     /// errand it leaves.
     fn check(leases: &Leases, key: &str, policy: &Policy) -> (Option<Decision>, Errand) {
         let mut errand = Errand::default();
-        let decided = lease_name(key, policy, |name| {
-            leases.check(name, || vec![format!("{key}:k")], policy, 1, &mut errand)
-        });
+        let name = safe_key(key);
+        let decided = leases.check(&name, || vec![format!("{key}:k")], policy, 1, &mut errand);
         (decided, errand)
     }
 
@@ -1125,5 +1211,50 @@ mod tests {
         assert!(check(&leases, "c", &sharing).0.is_none());
         assert!(check(&leases, "c", &apart).0.is_some());
         assert!(check(&leases, "c2", &sharing).0.is_some());
+    }
+
+    /// A name is found whole (`check`) or from a start and a value
+    /// (`check_held`, split anywhere), held in its entry or, longer than
+    /// [`SHORT_NAME`], beside it; under another policy's tails it is
+    /// another key; a value that would not be its own safe form is
+    /// declined.
+    #[test]
+    fn names_of_every_length_are_found_in_pieces() {
+        let leases = leases();
+        let p = policy(&[Quota::per_second(100).unwrap()]);
+        let other = Policy::new("p", [Quota::per_second(200).unwrap()]).unwrap();
+        let start = "p:header:";
+        let lens = [1, SHORT_NAME - start.len(), SHORT_NAME + 1 - start.len()];
+        for (id, len) in (1..).zip(lens.into_iter().chain([MAX_RAW_KEY_LEN - start.len()])) {
+            let value = "v".repeat(len);
+            let key = format!("{start}{value}");
+            held(&leases, &key, &p, id, 10);
+            let mut left = 10;
+            for split in [0, 1, start.len(), key.len() - 1] {
+                let (head, tail) = key.split_at(split.max(1));
+                let mut errand = Errand::default();
+                let decided = leases.check_held(&leases.start(head), tail, &p, 1, &mut errand);
+                left -= 1;
+                assert_eq!(decided.map(|d| d.remaining()), Some(left), "{len} {split}");
+            }
+            let mut errand = Errand::default();
+            let s = leases.start(start);
+            assert!(
+                leases
+                    .check_held(&s, &value, &other, 1, &mut errand)
+                    .is_none()
+            );
+            assert!(
+                leases
+                    .check_held(&s, &format!("{value} "), &p, 1, &mut errand)
+                    .is_none()
+            );
+            let long = "v".repeat(MAX_RAW_KEY_LEN + 1 - start.len());
+            assert!(leases.check_held(&s, &long, &p, 1, &mut errand).is_none());
+            assert_eq!(
+                check(&leases, &key, &p).0.map(|d| d.remaining()),
+                Some(left - 1)
+            );
+        }
     }
 }

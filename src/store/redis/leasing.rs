@@ -9,12 +9,13 @@ use tokio::time::Instant;
 
 use super::decode::LeaseReply;
 use super::encode::{ROOMY, Spend};
-use super::lease::{Ask, Errand, LeaseStats, Leases, WHOLE, held_name, lease_name};
+use super::lease::{Ask, Errand, LeaseStart, LeaseStats, Leases, WHOLE};
 use super::store::RedisStore;
 use crate::decision::Decision;
 use crate::error::ErrorKind;
 use crate::policy::Policy;
 use crate::quota::micros;
+use crate::store::key::safe_key;
 
 impl RedisStore {
     /// A check decided in process from a hold (leases on), and what it
@@ -25,15 +26,14 @@ impl RedisStore {
             return None;
         }
         let mut errand = Errand::default();
-        let decision = lease_name(key, policy, |name| {
-            leases.check(
-                name,
-                || self.keys_of(key, policy),
-                policy,
-                cost,
-                &mut errand,
-            )
-        });
+        let name = safe_key(key);
+        let decision = leases.check(
+            &name,
+            || self.keys_of(key, policy),
+            policy,
+            cost,
+            &mut errand,
+        );
         self.run_errand(errand);
         decision
     }
@@ -43,23 +43,28 @@ impl RedisStore {
     /// now: the decision [`leased`](Self::leased) would make, for less (the
     /// key's storage keys are not written out). `None`, having changed
     /// nothing, for any other key: check it the general way. `start` is a
-    /// layer's `policy:kind:`, `cost` at least 1 and at most `policy`'s
+    /// layer's `policy:kind:` ([`lease_start`](Self::lease_start)), `cost` at least 1 and at most `policy`'s
     /// smallest capacity, and leases pay on `policy`
     /// ([`leases_pay_on`](Self::leases_pay_on)).
     pub(crate) fn check_held(
         &self,
-        start: &str,
+        start: &LeaseStart,
         value: &str,
         policy: &Policy,
         cost: u64,
     ) -> Option<Decision> {
         let leases = self.inner.leases.as_ref()?;
         let mut errand = Errand::default();
-        let decision = held_name(start, value, policy, |name| {
-            leases.check_held(name, policy, cost, &mut errand)
-        });
+        let decision = leases.check_held(start, value, policy, cost, &mut errand);
         self.run_errand(errand);
         decision
+    }
+
+    /// `start`, a layer's `policy:kind:` (a safe key's), as
+    /// [`check_held`](Self::check_held) takes it; `None` when this store
+    /// does not lease.
+    pub(crate) fn lease_start(&self, start: &str) -> Option<LeaseStart> {
+        Some(self.inner.leases.as_ref()?.start(start))
     }
 
     /// Whether this store leases, and leases may pay on `policy` (see

@@ -65,6 +65,7 @@ pub use builder::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_MAX_BATCH, DEFAULT_PREFIX, DEFAULT_TIMEOUT, RedisStoreBuilder,
 };
 pub(crate) use encode::Spend;
+pub(crate) use lease::LeaseStart;
 pub use lease::{DEFAULT_LEASE_KEYS, DEFAULT_LEASE_PERIOD, LeaseStats};
 pub(crate) use sending::Sending;
 pub use store::RedisStore;
