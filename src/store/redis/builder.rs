@@ -248,7 +248,9 @@ impl RedisStoreBuilder {
 
     /// With leases on: how many keys' demand and holds to keep
     /// ([`DEFAULT_LEASE_KEYS`] otherwise; at least 1). A key evicted to make
-    /// room reports its holds.
+    /// room reports its holds. Each key kept takes a 128-byte slot of the
+    /// map's table, and a block on the heap with its storage keys (and its
+    /// name, past 36 bytes).
     pub fn lease_keys(mut self, keys: usize) -> Self {
         self.lease_keys = keys;
         self
