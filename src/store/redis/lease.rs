@@ -171,14 +171,16 @@ const LONG: u8 = u8::MAX;
 /// being asked for.
 ///
 /// What a check reads fills two cache lines (`repr(C)`, aligned to them,
-/// 128 bytes: const-asserted): the name when it fits (most do: a
-/// `policy:kind:` start and a value, 36 bytes in all), the holds' tokens
+/// 128 bytes: const-asserted): the name when it fits (36 bytes in all, a
+/// `policy:kind:` start and the value: a short verbatim value such as an
+/// IP address fits, a hashed one does not), the holds' tokens
 /// and ends, the demand and the times. What only a lease request, a report
 /// or an eviction reads is in `cold`, so the table of a busy instance's
 /// keys stays in a core's cache longer (it took 312 bytes a key).
 ///
 /// The map is keyed by the name (the key's storage-safe form) and the
-/// policy's key tails: the same key under two policies is two entries.
+/// policy's key tails: the same key under two policies with different
+/// quotas is two entries (with the same quotas, one: they share buckets).
 #[repr(C, align(64))]
 struct Entry {
     /// The name's length, or [`LONG`] (in `cold`).
@@ -529,16 +531,26 @@ impl Leases {
 
     /// The shard of the name hashed to `hash`, locked.
     fn shard_of(&self, hash: u64) -> MutexGuard<'_, Shard> {
-        // Bits 32 to 63 pick the shard, as `bits x len / 2^32` (an even
-        // spread below `len`, without a division): the table inside it
-        // indexes by the low bits and tags slots with bits 57 to 63, which
-        // thus vary within a shard too.
-        let bits = hash >> 32;
-        let i = usize::try_from((bits * self.shards.len() as u64) >> 32).unwrap_or(0);
-        match self.shards.get(i).or(self.shards.first()) {
+        match self
+            .shards
+            .get(self.shard_index(hash))
+            .or(self.shards.first())
+        {
             Some(shard) => lock(shard),
             None => unreachable!("a lease map has at least one shard"),
         }
+    }
+
+    /// The index of the shard of the name hashed to `hash`.
+    fn shard_index(&self, hash: u64) -> usize {
+        // Bits 25 to 56 pick the shard, as `bits x len / 2^32` (an even
+        // spread below `len`, without a division): the table inside it
+        // indexes by the low bits and tags each slot with the top 7, and
+        // neither may be the same for all of a shard's keys (the top bits
+        // would leave a shard's tags a few values of 128, so a probe would
+        // compare many more names than it finds).
+        let bits = (hash >> 25) & 0xFFFF_FFFF;
+        usize::try_from((bits * self.shards.len() as u64) >> 32).unwrap_or(0)
     }
 
     /// Now, on the map's clock (microseconds since `epoch`).
@@ -611,12 +623,17 @@ impl Leases {
         // same) when `value`'s bytes are all safe and the whole is not too
         // long: `start` is a safe key's, so it is not empty and starts with
         // no `#`.
-        if start.text.len() + value.len() > MAX_RAW_KEY_LEN || !is_safe_tail(value.as_bytes()) {
+        if cost == 0
+            || start.text.len() + value.len() > MAX_RAW_KEY_LEN
+            || !is_safe_tail(value.as_bytes())
+        {
             return None;
         }
         let now = self.now();
         // SipHash over bytes written in pieces is the hash of the pieces
-        // written at once.
+        // written at once (std's, today; were it not, a held key would
+        // only never be found here: `is_split` compares the bytes, and the
+        // check goes the general way, see the test of every split).
         let mut state = start.state.clone();
         state.write(value.as_bytes());
         let hash = state.finish();
@@ -1032,7 +1049,7 @@ fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
 
 /// `exp(-x)` for `x >= 0`: for the small `x` of a key checked often (the
 /// time since its last check, in lease periods), by its Taylor series to
-/// `x^6` (off by under `x^7 / 5040`, 3e-15 below 1/32), without a call
+/// `x^6` (off by under `x^7 / 5040`, 6e-15 below 1/32), without a call
 /// to the math library on every check.
 #[inline]
 fn decay(x: f64) -> f64 {
@@ -1237,6 +1254,30 @@ mod tests {
         assert!(check(&leases, "c", &sharing).0.is_none());
         assert!(check(&leases, "c", &apart).0.is_some());
         assert!(check(&leases, "c2", &sharing).0.is_some());
+    }
+
+    /// Every shard gets keys, and within a shard the tags the table gives
+    /// its slots (a hash's top 7 bits) still take most of their 128
+    /// values: the shard is not chosen by the same bits.
+    #[test]
+    fn shards_spread_keys_without_narrowing_their_tags() {
+        let leases = Leases::new(
+            LeaseConfig {
+                period: Duration::from_secs(1),
+                max_keys: DEFAULT_LEASE_KEYS,
+            },
+            "test",
+        );
+        let shards = leases.shards.len();
+        assert_eq!(shards, 16);
+        let mut tags = vec![std::collections::HashSet::new(); shards];
+        for i in 0..16_000 {
+            let hash = leases.hash(format!("p:header:x-client:c{i}").as_bytes());
+            tags[leases.shard_index(hash)].insert(hash >> 57);
+        }
+        for (i, tags) in tags.iter().enumerate() {
+            assert!(tags.len() >= 100, "shard {i}: {} tags of 128", tags.len());
+        }
     }
 
     /// `decay` is `exp(-x)` to within 1e-14 on both sides of where its
