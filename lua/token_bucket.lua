@@ -3,10 +3,17 @@
 -- the two in step (tests/model.rs checks both against an independent model).
 --
 -- KEYS        the buckets of every decision, in order: one key per quota of the
---             decision, all with the client's {hash tag} (one cluster slot).
--- ARGV[1]     reserved, "". This script always takes the clock from Redis TIME;
---             only the variant that the `test-util` cargo feature builds for
---             tests (another script, with its own SHA) reads a clock from here.
+--             decision, all with the client's {hash tag} (one cluster slot);
+--             then, unless ARGV[1] is "", the epoch key.
+-- ARGV[1]     the server's epoch as the caller knows it (see "Epochs"): ""
+--             for none (no epoch key is declared or read), "0" when the
+--             caller has seen none yet, else what the last reply ended
+--             with (2 x epoch + 1); "!" before it also
+--             checks the server's identity (INFO run_id), as a store does on
+--             every new connection. This script always takes the clock from
+--             Redis TIME; only the variant that the `test-util` cargo feature
+--             builds for tests (another script, with its own SHA) reads a
+--             clock from here instead, and has no epoch.
 -- ARGV[2]     Q, the number of quota descriptions that follow.
 -- ARGV[3..]   per quota: full (capacity x den), num, den. The refill is num/den
 --             tokens per microsecond; levels are kept in units of 1/den token, so
@@ -22,7 +29,8 @@
 --             -2 on every quota for a lease, then seven more arguments: the
 --             hold's id, the most tokens wanted, its lifetime in
 --             microseconds, a report it carries: a hold's id ("0":
---             none) and what it spent, and its roomy size and lifetime (0 0:
+--             none) and what it spent (negative: a partial report, which
+--             keeps the rest of the hold), and its roomy size and lifetime (0 0:
 --             none), asked for instead when every bucket is at least 3/4 free
 --             besides the cost; -3 on every quota for a lease's report, then the
 --             hold's id, the cost being the tokens it spent. See "Leases").
@@ -55,13 +63,33 @@
 -- nothing. Every admission in process is backed by a token of the level
 -- that nobody else can spend, so the bucket's bound holds as without leases.
 --
+-- Epochs: holds live in the buckets, and a bucket can be lost with its holds
+-- (FLUSHALL, a restart without persistence, a failover to a replica that
+-- missed the last writes) while instances go on spending what they held. The
+-- epoch key, "<epoch>:<run_id>:<learning_until>", made by the first hold
+-- ever granted on a server, names the server's current state of data: a
+-- new epoch begins when the key is gone though the caller heard of it, and,
+-- when a caller asks (a store's first calls on a new connection), when the
+-- server that wrote it is not this one (a restart or a failover: another
+-- run_id). Every reply ends with 2 x epoch + 1 (0 while there is no key),
+-- which the caller sends back on its next call, and a store spends its
+-- holds only while the epoch they were granted in is the current one,
+-- confirmed by a reply to a call sent within the last second. A loss makes
+-- a stale holder stop spending within that second, but the new buckets
+-- must not hand out the tokens it spends meanwhile: for LEARNING_US after a
+-- new epoch ("learning"), every bucket read carries a hold of half its
+-- capacity, standing in for the lost holds (the script keeps every
+-- bucket's holds within half its capacity), debited whole at its end as
+-- any expired hold is. No lease is granted meanwhile. A server where no
+-- hold was ever granted has no key, and nothing to lose.
+--
 -- Reply, per decision: allowed (1/0), then per quota: remaining, wait_us,
 -- reset_after_us, then, for a lease, the tokens granted (0: none) and its
 -- flags: 1 if the hold it reports was there, plus 2 if it got a hold of its
 -- roomy size and lifetime (never for a lease sent again), and, for a report, 1 if the hold
 -- was there (0: it expired, or was reported before); all integers up to 2^53 (waits and resets at most MAX_REPORTED), sent as one string of
 -- little-endian doubles (struct.pack "<d" each; see the end), which loses
--- nothing.
+-- nothing; then, unless ARGV[1] is "", 2 x the epoch + 1, or 0 (see "Epochs").
 -- wait_us is, for a denied decision, the time until this bucket would hold the
 -- cost (0 if it does); for an admitted reservation, the time until the debt it
 -- took on is paid (0 for a plain check).
@@ -107,6 +135,69 @@ if struct.size("l") >= 8 then
   INT, VALUE = "%d", "%d:%d"
 end
 
+-- How long a loss of data is covered by stand-in holds (see "Epochs"): twice
+-- the second within which a store stops spending holds it cannot confirm.
+local LEARNING_US = 2000000
+
+-- The epoch (see "Epochs"): nil when the caller sent none.
+local epoch, learning_until = nil, 0
+local epoch_key, epoch_pending
+local run_id
+local function server_id()
+  if not run_id then
+    run_id = string.match(call("INFO", "server"), "run_id:(%w+)") or "?"
+  end
+  return run_id
+end
+local epoch_spec = ARGV[1] -- tollgate:epoch
+if epoch_spec ~= "" then
+  epoch_key = KEYS[#KEYS]
+  local known, check = epoch_spec, false
+  if sub(known, 1, 1) == "!" then
+    known, check = sub(known, 2), true
+  end
+  known = tonumber(known) or 0
+  local e, id, til
+  local stored = call("GET", epoch_key)
+  if stored then
+    e, id, til = string.match(stored, "^(%d+):([^:]*):(%d+)$")
+  end
+  if not e and known % 2 == 0 then
+    -- No hold was ever granted here, as far as this caller heard: nothing
+    -- can be lost. The first grant makes the epoch (see the end).
+    epoch_pending = true
+    e, til = "0", "0"
+  elseif not e or (check and id ~= server_id()) then
+    -- A new epoch, standing in for lost holds (learning): the data is gone
+    -- (the key with it) though the caller heard holds were granted, or the
+    -- server is another one (a restart or a failover).
+    local fresh = now
+    if e and fresh == e + 0 then
+      fresh = fresh + 1
+    end
+    e, til = format(INT, fresh), format(INT, now + LEARNING_US)
+    call("SET", epoch_key, e .. ":" .. server_id() .. ":" .. til)
+  end
+  epoch, learning_until = e + 0, til + 0
+end
+
+-- Whether this call granted a hold.
+local granted_any = false
+
+-- What the reply ends with (see "Epochs"): 2 x epoch + 1 while the server
+-- has an epoch, 0 while it has none. The first grant makes one.
+local function epoch_reply()
+  if epoch_pending and granted_any then
+    epoch, epoch_pending = now, false
+    call("SET", epoch_key, format(INT, now) .. ":" .. server_id() .. ":0")
+  end
+  if epoch_pending then
+    return 0
+  end
+  return 2 * epoch + 1
+end
+local learning = now < learning_until
+
 local nq = ARGV[2] + 0
 local a = 3 + 3 * nq
 local nd = ARGV[a] + 0
@@ -119,7 +210,7 @@ local reply, r, k = {}, 0, 1
 -- none when every decision is a compact-form check of a bucket without
 -- holds, the common case.
 local rest = 1
-if nd < 0 then
+if nd < 0 and not learning then
   -- The compact form: checks of quota 1, one key each, the common case under
   -- load. The steps of stored_bucket and finish, written out for one quota
   -- without debt (no function calls, no per-quota lookups: about 5% of what
@@ -247,6 +338,9 @@ if nd < 0 then
       if nd == -1 then
         -- A call of one check (as the store sends a check alone): its
         -- reply without the table (see the end).
+        if epoch then
+          return struct.pack("<ddddd", allowed and 1 or 0, remaining, wait, reset, epoch_reply())
+        end
         return struct.pack("<dddd", allowed and 1 or 0, remaining, wait, reset)
       end
       reply[r + 1], reply[r + 2], reply[r + 3], reply[r + 4] =
@@ -295,6 +389,24 @@ if rest <= (nd < 0 and -nd or nd) then
     return sum
   end
 
+  -- While learning (see "Epochs"), `holds` (nil: none) with the hold that
+  -- stands in for those a loss of data took, half the capacity, until
+  -- learning ends; the same hold for every read of the bucket in one epoch.
+  local stand_in_id = epoch and ("~" .. format(INT, epoch))
+  local function stand_in(holds, full)
+    if not learning then
+      return holds
+    end
+    holds = holds or {}
+    for i = 1, #holds do
+      if holds[i][1] == stand_in_id then
+        return holds
+      end
+    end
+    holds[#holds + 1] = { stand_in_id, floor(full / 2), learning_until }
+    return holds
+  end
+
   -- The bucket stored at key, refilled up to now: level, stamp, whether it
   -- was stored (a missing or unreadable value is a full bucket) and its holds
   -- (nil when it has none), every hold whose expiry has passed debited whole.
@@ -340,10 +452,10 @@ if rest <= (nd < 0 and -nd or nd) then
           end
         end
         -- A clock behind the stamp (failover) refills nothing and keeps it.
-        return level, stamp, true, holds
+        return level, stamp, true, stand_in(holds, full)
       end
     end
-    return full, now, false, nil
+    return full, now, false, stand_in(nil, full)
   end
 
   -- The debt a reservation may take on in a bucket stamped at `stamp`: a clock
@@ -443,9 +555,10 @@ if rest <= (nd < 0 and -nd or nd) then
   -- tokens spent from the bucket (a charge) or, when cost is negative, given
   -- back to it (a refund), whatever its level. A refund fills the bucket up to
   -- full at most, so it never admits more than if the refunded request had
-  -- never come; a charge takes it into debt down to -full at most (one
-  -- bucket's worth, the most one request may cost), which the next admission
-  -- waits to see refilled. The clamps never move the level against the
+  -- never come; a charge takes what is not held into debt down to -full at
+  -- most (one bucket's worth, the most one request may cost), which the next
+  -- admission waits to see refilled; held tokens stay for their holders'
+  -- reports to debit. The clamps never move the level against the
   -- adjustment: a bucket deeper in debt than -full (reservations) keeps its
   -- debt through a charge, and a refund never lowers one above full. Always
   -- applied; the reply is that of an admitted check of nothing. A bucket
@@ -456,8 +569,11 @@ if rest <= (nd < 0 and -nd or nd) then
     -- Exact wherever the clamps do not apply: both operands are below 2^53.
     local moved = level - cost * den
     if cost > 0 then
-      if moved < -full then
-        moved = -full
+      -- What is not held may go down to -full: held tokens are debited when
+      -- their holders report what they spent, and must find them there.
+      local lowest = -full + held_in(holds)
+      if moved < lowest then
+        moved = lowest
       end
       if moved > level then
         moved = level
@@ -487,15 +603,25 @@ if rest <= (nd < 0 and -nd or nd) then
   end
 
   -- A report of hold `id`, which spent `spent` units: debits them (never more
-  -- than the hold) and releases the hold. Returns the level, the holds (nil
-  -- when none are left) and whether the hold was there.
+  -- than the hold) and releases the hold; with `spent` negative, a partial
+  -- report of -spent units, which debits them and keeps the rest held.
+  -- Returns the level, the holds (nil when none are left) and whether the
+  -- hold was there.
   local function release(level, holds, id, spent)
     local hold, at = hold_of(holds, id)
     if not hold then
       return level, holds, false
     end
+    local partial = spent < 0
+    if partial then
+      spent = -spent
+    end
     if spent > hold[2] then
       spent = hold[2]
+    end
+    if partial and spent < hold[2] then
+      hold[2] = hold[2] - spent
+      return level - spent, holds, true
     end
     table.remove(holds, at)
     if #holds == 0 then
@@ -569,17 +695,19 @@ if rest <= (nd < 0 and -nd or nd) then
             return redis.error_reply("ERR tollgate: cost exceeds capacity")
           end
           local level, stamp, _, holds = stored_bucket(KEYS[k + i - 1], full, num)
-          -- The report it carries (rid "0": none) first.
-          local released
-          level, holds, released = release(level, holds, rid, rspent * den)
-          if released then
-            found = 1
-          end
-          qs[i], lv[i], st[i], hs[i] = q, level, stamp, holds
+          -- The report it carries (rid "0": none) first, unless the lease
+          -- ran before (a partial report must not debit twice).
           local hold = hold_of(holds, id)
           if hold then
             again = hold[2] / den
+          else
+            local released
+            level, holds, released = release(level, holds, rid, rspent * den)
+            if released then
+              found = 1
+            end
           end
+          qs[i], lv[i], st[i], hs[i] = q, level, stamp, holds
           local free = level - held_in(holds) - need
           if free < 0 then
             allowed = false
@@ -587,10 +715,16 @@ if rest <= (nd < 0 and -nd or nd) then
           if 4 * free < 3 * full then
             roomy = false
           end
-          -- At most half of what the cost leaves, in whole tokens.
+          -- At most half of what the cost leaves, in whole tokens, and no
+          -- more than keeps the bucket's holds within half its capacity (what
+          -- a loss of data stands in for, see "Epochs").
           local share = 0
           if free > 0 and (holds == nil or #holds < MAX_HOLDS) then
             share = floor(free / (2 * den))
+            local room = floor(full / 2) - held_in(holds)
+            if room < share * den then
+              share = room > 0 and floor(room / den) or 0
+            end
           end
           if grant == nil or share < grant then
             grant = share
@@ -627,6 +761,9 @@ if rest <= (nd < 0 and -nd or nd) then
             local write = (allowed and (cost > 0 or grant > 0)) or found == 1
             finish(KEYS[k + i - 1], q, lv[i], st[i], cost * dens[q], allowed, write, holds)
           end
+        end
+        if grant > 0 then
+          granted_any = true
         end
         reply[r + 1], reply[r + 2] = grant, found + ((roomy and grant > 0) and 2 or 0)
         r = r + 2
@@ -688,7 +825,10 @@ end
 -- read, where a list of integers costs it a parse per number, and it costs
 -- Redis less to send than a table. unpack() puts each value on Lua's stack,
 -- so a long reply is packed in chunks.
-if r == 4 then
+if epoch then
+  r = r + 1
+  reply[r] = epoch_reply()
+elseif r == 4 then
   -- One check of one quota (the usual call when checks are not batched).
   return struct.pack("<dddd", reply[1], reply[2], reply[3], reply[4])
 end

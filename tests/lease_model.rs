@@ -463,8 +463,12 @@ fn lease(
         (h.units / d, model_found, false)
     } else {
         let free = level - held(&holds);
+        // At most half of what is free, and the bucket's holds within half
+        // its capacity in all (what the script stands in for after a loss
+        // of data).
+        let room = (full / 2) as i64 - held(&holds);
         let share = if free > 0 && holds.len() < 16 {
-            free as u64 / (2 * d)
+            (free as u64 / (2 * d)).min(room.max(0) as u64 / d)
         } else {
             0
         };

@@ -332,7 +332,9 @@ async fn both_number_formats_store_and_answer_the_same() {
 fn script_on_argv_clock() -> String {
     const CLOCK: &str = "local now = redis.call(\"TIME\") -- tollgate:clock";
     const MARGIN: &str = "local MARGIN_MS = 1 -- tollgate:margin";
-    assert!(SCRIPT.contains(CLOCK) && SCRIPT.contains(MARGIN));
+    // ARGV[1] is the clock here, not an epoch.
+    const EPOCH: &str = "local epoch_spec = ARGV[1] -- tollgate:epoch";
+    assert!(SCRIPT.contains(CLOCK) && SCRIPT.contains(MARGIN) && SCRIPT.contains(EPOCH));
     SCRIPT
         .replacen(
             CLOCK,
@@ -340,6 +342,7 @@ fn script_on_argv_clock() -> String {
             1,
         )
         .replacen(MARGIN, "local MARGIN_MS = 1000000", 1)
+        .replacen(EPOCH, "local epoch_spec = \"\"", 1)
 }
 
 /// The script's compact form (`-D`, then one cost per decision; the store
@@ -1318,9 +1321,10 @@ async fn at_most_one_round_trip_per_decision() {
     }
     let mut calls = server.all_calls();
     // INFO commandstats also counts the commands the script runs inside Redis:
-    // one TIME per call and a GET per quota. They are not round trips.
+    // one TIME per call, a GET per quota and one of the server's epoch key.
+    // They are not round trips.
     assert_eq!(calls.remove("time"), Some(K));
-    assert_eq!(calls.remove("get"), Some(2 * K));
+    assert_eq!(calls.remove("get"), Some(3 * K));
     assert!(calls.remove("set").is_some_and(|set| set <= 2 * K));
     assert_eq!(
         calls,
@@ -1345,7 +1349,12 @@ async fn at_most_one_round_trip_per_decision() {
     let mut calls = server.all_calls();
     let evalsha = calls.remove("evalsha").unwrap_or(0);
     assert_eq!(calls.remove("time"), Some(evalsha), "one TIME per call");
-    assert_eq!(calls.remove("get"), Some(2 * K), "every decision was made");
+    // A GET per quota of every decision, and one of the epoch key a call.
+    assert_eq!(
+        calls.remove("get"),
+        Some(2 * K + evalsha),
+        "every decision was made"
+    );
     assert!(calls.remove("set").is_some_and(|set| set <= 2 * K));
     assert!(calls.is_empty(), "other commands: {calls:?}");
     println!("{K} concurrent decisions in {evalsha} calls");

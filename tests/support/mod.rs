@@ -408,7 +408,7 @@ impl Proxy {
     }
 
     /// From now on, the reply of a script call deciding one check of one
-    /// quota (a bulk string of 4 packed doubles) says "allowed: 7", which no
+    /// quota (a bulk string of 4 packed doubles, and the epoch) says "allowed: 7", which no
     /// script sends: a malformed reply, as a buggy server or proxy might
     /// send. The framing stays intact.
     #[allow(dead_code)]
@@ -455,20 +455,23 @@ impl Proxy {
     }
 }
 
-/// Rewrites every `$32\r\n` bulk string wholly inside `chunk` (one decision
+/// Rewrites every `$32\r\n` or `$40\r\n` bulk string wholly inside `chunk` (one decision
 /// of one quota, packed) to begin with the double 7.0.
 fn corrupt_script_reply(chunk: &mut [u8]) {
-    let header = b"$32\r\n";
-    let mut i = 0;
-    while let Some(at) = chunk
-        .get(i..)
-        .and_then(|rest| rest.windows(header.len()).position(|w| w == header))
-    {
-        let start = i + at + header.len();
-        if let Some(first) = chunk.get_mut(start..start + 8) {
-            first.copy_from_slice(&7.0f64.to_le_bytes());
+    // 4 doubles, or 5 with the server's epoch after them (a standalone or
+    // Sentinel store's calls).
+    for header in [b"$32\r\n", b"$40\r\n"] {
+        let mut i = 0;
+        while let Some(at) = chunk
+            .get(i..)
+            .and_then(|rest| rest.windows(header.len()).position(|w| w == header))
+        {
+            let start = i + at + header.len();
+            if let Some(first) = chunk.get_mut(start..start + 8) {
+                first.copy_from_slice(&7.0f64.to_le_bytes());
+            }
+            i = start;
         }
-        i = start;
     }
 }
 

@@ -41,7 +41,8 @@ pub struct RedisStoreBuilder {
     breaker: CircuitBreaker,
     max_batch: usize,
     deny_cache: usize,
-    leases: bool,
+    /// `None`: the default (on, but off on a cluster).
+    leases: Option<bool>,
     lease_period: Duration,
     lease_keys: usize,
     #[cfg(feature = "tls")]
@@ -107,7 +108,7 @@ impl RedisStore {
             breaker: CircuitBreaker::new(),
             max_batch: DEFAULT_MAX_BATCH,
             deny_cache: DEFAULT_DENY_CACHE,
-            leases: true,
+            leases: None,
             lease_period: DEFAULT_LEASE_PERIOD,
             lease_keys: DEFAULT_LEASE_KEYS,
             #[cfg(feature = "tls")]
@@ -212,7 +213,9 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// Turns leases on or off (on by default): plain checks with room to spare are
+    /// Turns leases on or off (on by default, except on a Redis Cluster,
+    /// where a node's loss of data is not detected: see the docs below):
+    /// plain checks with room to spare are
     /// decided in this process, exactly, from tokens of the shared bucket
     /// that Redis holds for this instance. A key in steady use then costs
     /// Redis about one call per lease period instead of one per check; a
@@ -226,14 +229,19 @@ impl RedisStoreBuilder {
     /// key is far from its limit). See the
     /// [Redis store docs](crate::store#leases).
     ///
+    /// Holds die with the data that granted them: after `FLUSHALL`, a
+    /// restart or a failover, held tokens are spent for at most a second
+    /// (see the docs on the server's epoch).
+    ///
     /// Only plain checks of a cost above 0 use leases; peeks, reservations,
-    /// refunds and charges always go to Redis. A decision made here reports
+    /// charges and `reset` always go to Redis, and a refund does, for what
+    /// this instance's holds cannot take back. A decision made here reports
     /// as remaining what this instance can still spend for sure (never more
     /// than the bucket holds). Every instance sharing a prefix must run a
     /// version of tollgate that knows leases: an older one would read a
     /// bucket with holds as full.
     pub fn leases(mut self, on: bool) -> Self {
-        self.leases = on;
+        self.leases = Some(on);
         self
     }
 
@@ -340,10 +348,13 @@ impl RedisStoreBuilder {
             max_batch: self.max_batch,
             per_node,
             deny_cache: self.deny_cache,
-            leases: self.leases.then_some(LeaseConfig {
-                period: self.lease_period,
-                max_keys: self.lease_keys,
-            }),
+            leases: self
+                .leases
+                .unwrap_or(per_node.is_none())
+                .then_some(LeaseConfig {
+                    period: self.lease_period,
+                    max_keys: self.lease_keys,
+                }),
         }))
     }
 }

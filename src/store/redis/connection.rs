@@ -33,7 +33,7 @@
 //!   finds the new one.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use deadpool_redis::Pool;
@@ -42,6 +42,7 @@ use redis::{AsyncConnectionConfig, Client, Cmd, Pipeline, RedisError, RedisFutur
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use super::epoch::ServerEpoch;
 use super::failure::{AtHost, kind_of};
 use crate::error::{Error, ErrorKind};
 
@@ -214,6 +215,10 @@ struct Inner {
     changed: Notify,
     pinging: AtomicBool,
     next_id: AtomicU64,
+    /// The server's epoch, told of every new connection, whose first calls
+    /// then check the server's identity (see `epoch.rs`); unset on a
+    /// cluster.
+    epoch: OnceLock<Arc<ServerEpoch>>,
 }
 
 #[derive(Default)]
@@ -256,8 +261,17 @@ impl Link {
                 changed: Notify::new(),
                 pinging: AtomicBool::new(false),
                 next_id: AtomicU64::new(0),
+                epoch: OnceLock::new(),
             }),
         }
+    }
+
+    /// Every connection made from now on tells `epoch`: the calls on it
+    /// then check the server's identity until one has (see `epoch.rs`), so
+    /// that nothing is decided on a restarted or promoted server before the
+    /// store knows it is one.
+    pub(crate) fn tell(&self, epoch: Arc<ServerEpoch>) {
+        let _ = self.inner.epoch.set(epoch);
     }
 
     /// The server, for messages (never with a password).
@@ -499,6 +513,9 @@ async fn connect(mut connecting: Connecting) {
             // connections have none (see `response_timeout`).
             if matches!(inner.source, Source::Pool(_)) {
                 conn.set_response_timeout(inner.response_timeout);
+            }
+            if let Some(epoch) = inner.epoch.get() {
+                epoch.reconnected();
             }
             state.held = Some(Held {
                 id: inner.next_id.fetch_add(1, Ordering::Relaxed),

@@ -29,7 +29,8 @@ pub(crate) enum Spend {
     /// `life_us` microseconds of Redis time (see [`super::lease`]). Sent
     /// again, it is answered as it was the first time. It may carry the
     /// report of an earlier hold of the same buckets (`report`: its id and
-    /// what it spent), made first. With a `roomy_want` (0: none), a lease
+    /// what it spent), made first; a `partial` report debits what was spent
+    /// and keeps the rest held. With a `roomy_want` (0: none), a lease
     /// on buckets that are all at least 3/4 free besides its cost asks for
     /// that many tokens instead, for [`ROOMY`] times the life; the reply
     /// says which it got.
@@ -39,6 +40,7 @@ pub(crate) enum Spend {
         life_us: u64,
         id: u64,
         report: Option<(u64, u64)>,
+        partial: bool,
         roomy_want: u64,
     },
     /// Hold `id` spent `spent` tokens: debit them and release the rest.
@@ -184,17 +186,24 @@ impl Batch {
                 life_us,
                 id,
                 report,
+                partial,
                 roomy_want,
                 ..
             } => {
                 let (rid, rspent) = report.unwrap_or((0, 0));
+                // A partial report's spent tokens go as a negative number.
+                let rspent = if partial {
+                    -signed(rspent)
+                } else {
+                    signed(rspent)
+                };
                 let roomy_life_us = life_us.saturating_mul(u64::from(ROOMY));
                 self.args.extend([
                     signed(id),
                     signed(want),
                     signed(life_us),
                     signed(rid),
-                    signed(rspent),
+                    rspent,
                     signed(roomy_want),
                     signed(roomy_life_us),
                 ]);
@@ -248,16 +257,49 @@ impl Batch {
                 "a script call giving tokens back is never resent: it may have run".to_owned(),
             )));
         }
-        let reply = match self.command("EVALSHA", &script.sha).query_async(conn).await {
+        // Neither a spread batch (a cluster's) nor one on a test clock
+        // carries an epoch.
+        let epoch = script
+            .epoch
+            .as_deref()
+            .filter(|_| self.spread.is_none() && self.clock.is_none());
+        let sent = epoch.map(|e| (e.now(), e.argument()));
+        let spec = epoch
+            .zip(sent.as_ref())
+            .map(|(epoch, (_, (spec, _)))| (spec.as_str(), epoch.key()));
+        let reply = match self
+            .command("EVALSHA", &script.sha, spec)
+            .query_async(conn)
+            .await
+        {
             Err(e) if e.kind() == redis::ErrorKind::Server(ServerErrorKind::NoScript) => {
-                self.command("EVAL", &script.source).query_async(conn).await
+                self.command("EVAL", &script.source, spec)
+                    .query_async(conn)
+                    .await
             }
             other => other,
         };
-        reply.map(|Numbers(numbers)| numbers)
+        let Numbers(mut numbers) = reply?;
+        // The reply ends with the server's epoch (see `epoch.rs`).
+        if let (Some(epoch), Some((at, (_, checks)))) = (epoch, sent) {
+            match numbers.pop().map(u64::try_from) {
+                Some(Ok(heard)) => epoch.heard(at, heard, checks),
+                // Not an epoch: the reply is malformed, and reads as such.
+                _ => numbers.push(i64::MIN),
+            }
+        }
+        Ok(numbers)
     }
 
-    pub(super) fn command(&self, name: &str, script: &str) -> redis::Cmd {
+    /// The call's command: `name` (`EVALSHA` or `EVAL`) of `script` (its SHA
+    /// or its source), with the epoch argument and the epoch key `epoch`
+    /// (see `epoch.rs`): `None` sends none, and declares no epoch key.
+    pub(super) fn command(
+        &self,
+        name: &str,
+        script: &str,
+        epoch: Option<(&str, &str)>,
+    ) -> redis::Cmd {
         // Sized up front, so building a batch's command never grows it: the
         // name, the script, the key count, the keys (a spread batch's twice:
         // its declared ones, and all of them after the arguments), the
@@ -270,7 +312,7 @@ impl Batch {
             + script.len()
             + copies * self.keys.iter().flatten().map(String::len).sum::<usize>()
             + 20 * numbers;
-        let mut cmd = redis::Cmd::with_capacity(2 + copies * self.key_count + numbers, bytes);
+        let mut cmd = redis::Cmd::with_capacity(3 + copies * self.key_count + numbers, bytes);
         cmd.arg(name);
         if let Some(hash_slot) = self.spread {
             // Every key in the first key's slot is declared, the others are
@@ -295,14 +337,19 @@ impl Batch {
                 .collect();
             cmd.arg(script).arg(declared.len()).arg(declared);
         } else {
-            cmd.arg(script).arg(self.key_count);
+            cmd.arg(script)
+                .arg(self.key_count + usize::from(epoch.is_some()));
             for key in self.keys.iter().flatten() {
                 cmd.arg(key);
             }
+            if let Some((_, key)) = epoch {
+                cmd.arg(key);
+            }
         }
-        match self.clock {
-            Some(now) => cmd.arg(now),
-            None => cmd.arg(""),
+        match (self.clock, epoch) {
+            (Some(now), _) => cmd.arg(now),
+            (None, Some((argument, _))) => cmd.arg(argument),
+            (None, None) => cmd.arg(""),
         };
         cmd.arg(self.quotas.len());
         for q in &self.quotas {
@@ -397,7 +444,7 @@ mod tests {
         let q = Quota::per_second(10).unwrap();
         let h = Quota::per_hour(100).unwrap();
         let decisions = |batch: &Batch| {
-            let args = args(&batch.command("EVALSHA", "sha"));
+            let args = args(&batch.command("EVALSHA", "sha", None));
             // EVALSHA, sha, key count, keys, clock, quota count, 3 per quota.
             let start = 3 + batch.key_count + 2 + 3 * batch.quotas.len();
             args[start..].to_vec()

@@ -40,13 +40,14 @@
 use std::collections::VecDeque;
 use std::hash::{BuildHasher, DefaultHasher, Hasher, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use hashbrown::HashTable;
 use tokio::time::Instant;
 
 use super::encode::{ROOMY, Spend};
+use super::epoch::ServerEpoch;
 use crate::decision::{Decision, QuotaState, States};
 use crate::observe;
 use crate::policy::Policy;
@@ -72,6 +73,10 @@ const ROOMY_SHARE: u64 = 8;
 
 /// Holds a key has at once, at most: the one in use and the next.
 const MAX_HOLDS: usize = 2;
+
+/// A key not checked for this many lease periods has gone quiet: its holds
+/// are given back by the next sweep ([`Leases::sweep`]).
+const QUIET_PERIODS: u64 = 2;
 
 /// What a report of a hold spent whole says it spent: more than any hold
 /// (the script debits at most the hold), and below 2^53.
@@ -162,7 +167,7 @@ struct HoldRest {
 
 /// The longest name held in its entry; a longer one is kept in the
 /// entry's cold part, a block of its own.
-const SHORT_NAME: usize = 36;
+const SHORT_NAME: usize = 32;
 
 /// The name length of an entry whose name is in its cold part.
 const LONG: u8 = u8::MAX;
@@ -171,7 +176,7 @@ const LONG: u8 = u8::MAX;
 /// being asked for.
 ///
 /// What a check reads fills two cache lines (`repr(C)`, aligned to them,
-/// 128 bytes: const-asserted): the name when it fits (36 bytes in all, a
+/// 128 bytes: const-asserted): the name when it fits (32 bytes in all, a
 /// `policy:kind:` start and the value: a short verbatim value such as an
 /// IP address fits, a hashed one does not), the holds' tokens
 /// and ends, the demand and the times. What only a lease request, a report
@@ -192,6 +197,9 @@ struct Entry {
     /// least 3/4 free besides its cost): renewed when under two periods'
     /// demand is held, not half of one.
     roomy: bool,
+    /// The server epoch's generation its holds were granted in (its low
+    /// 32 bits; see `epoch.rs`).
+    generation: u32,
     name: [u8; SHORT_NAME],
     spendable: [Spendable; MAX_HOLDS],
     /// A quarter of the newest hold's life: renewed when it has less left.
@@ -217,16 +225,20 @@ struct Cold {
     long_name: Box<str>,
     /// The rest of each hold, as `spendable`.
     rest: [HoldRest; MAX_HOLDS],
-    /// Holds spent whole, whose reports wait to ride with the next lease
-    /// request (a report of a hold spent whole changes only when Redis
-    /// debits it: now, or at its expiry).
-    spent: VecDeque<u64>,
+    /// Holds spent whole, by id and size, whose reports wait to ride with
+    /// the next lease request (a report of a hold spent whole changes only
+    /// when Redis debits it: now, or at its expiry).
+    spent: VecDeque<(u64, u64)>,
     /// This entry among those the name has had: a lease answered for an
     /// earlier one (forgotten by a reset, or evicted, while the lease was
     /// under way) is not this entry's to use.
     serial: u64,
     /// The storage keys of its buckets, for lease requests and reports.
     keys: Vec<String>,
+    /// The hold whose partial report rides with the lease under way: a
+    /// refund is not given back to it until the answer says what Redis
+    /// debited.
+    partial: Option<u64>,
 }
 
 impl Entry {
@@ -246,6 +258,7 @@ impl Entry {
             holds: 0,
             asking: false,
             roomy: false,
+            generation: 0,
             name: bytes,
             spendable: [Spendable::default(); MAX_HOLDS],
             quarter: 0,
@@ -260,6 +273,7 @@ impl Entry {
                 spent: VecDeque::new(),
                 serial,
                 keys,
+                partial: None,
             }),
         }
     }
@@ -353,6 +367,20 @@ impl Entry {
         }
     }
 
+    /// Hold `id` reported `spent` of its tokens as spent, keeping the
+    /// rest: it holds that many fewer.
+    fn reported_part(&mut self, id: u64, spent: u64) {
+        let n = usize::from(self.holds);
+        if let Some(rest) = self
+            .cold
+            .rest
+            .get_mut(..n)
+            .and_then(|r| r.iter_mut().find(|r| r.id == id))
+        {
+            rest.granted = rest.granted.saturating_sub(spent);
+        }
+    }
+
     /// A quarter of the newest hold's life (0 without holds).
     fn newest_quarter(&self) -> u64 {
         usize::from(self.holds)
@@ -426,19 +454,29 @@ pub(crate) struct Report {
 pub(crate) struct Errand {
     pub(crate) lease: Option<Ask>,
     pub(crate) reports: Vec<Report>,
+    /// A call that confirms the server's epoch (see `epoch.rs`), taken by
+    /// [`ServerEpoch::verify_due`]: holds are spent only while one came
+    /// back within a second.
+    pub(crate) verify: bool,
+    /// The holds of keys gone quiet are due to be given back
+    /// ([`Leases::sweep`]).
+    pub(crate) sweep: bool,
+}
+
+impl Errand {
+    /// Whether there is nothing to send.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.lease.is_none() && self.reports.is_empty() && !self.verify && !self.sweep
+    }
 }
 
 /// A lease to ask for.
 pub(crate) struct Ask {
-    /// The key's name in the map.
-    pub(crate) name: Box<str>,
-    /// The entry's serial (see [`Entry`]).
-    pub(crate) serial: u64,
-    pub(crate) keys: Vec<String>,
-    pub(crate) policy: Policy,
+    /// Whose lease it is.
+    pub(crate) asked: Asked,
     /// The most tokens wanted.
     pub(crate) want: u64,
-    /// A hold spent whole, to report with it.
+    /// A hold spent whole (its id), to report with it.
     pub(crate) carried: Option<u64>,
     /// How long it lives in Redis.
     pub(crate) life: Duration,
@@ -446,6 +484,39 @@ pub(crate) struct Ask {
     /// when every bucket is at least 3/4 free besides the cost (the reply
     /// says which it got).
     pub(crate) roomy_want: u64,
+}
+
+/// Whose lease was asked for: a key's entry, and the keys and policy of its
+/// buckets. Answered with [`Leases::answered`].
+pub(crate) struct Asked {
+    /// The key's name in the map.
+    pub(crate) name: Box<str>,
+    /// The entry's serial (see [`Entry`]).
+    pub(crate) serial: u64,
+    pub(crate) keys: Vec<String>,
+    pub(crate) policy: Policy,
+    /// The lease's id (0 until it is sent).
+    pub(crate) id: u64,
+    /// The server epoch's generation when it was asked for (see
+    /// `epoch.rs`): a hold granted in another is never spent.
+    pub(crate) generation: u64,
+    /// A live hold's id and what it had spent, reported with the lease
+    /// (partly: the rest stays held), so that a bucket's holds count what
+    /// is left to spend rather than what was ever granted.
+    pub(crate) partial: Option<(u64, u64)>,
+}
+
+/// What Redis answered a lease: `granted` tokens (0: none), held for
+/// `life` from a request sent at `sent`; `roomy` when the script granted
+/// the roomy size and life; `found` when the report it carried found its
+/// hold.
+#[derive(Clone, Copy)]
+pub(crate) struct Grant {
+    pub(crate) granted: u64,
+    pub(crate) sent: Instant,
+    pub(crate) life: Duration,
+    pub(crate) roomy: bool,
+    pub(crate) found: bool,
 }
 
 /// The leases of one store (see the module docs).
@@ -467,10 +538,19 @@ pub(crate) struct Leases {
     pub(crate) counters: Counters,
     /// The `store` label of the metrics.
     label: &'static str,
+    /// The server's epoch (`None` on a cluster): holds are spent only
+    /// while it confirms the one they were granted in.
+    server: Option<Arc<ServerEpoch>>,
+    /// No sweep of quiet keys' holds before then (map clock).
+    next_sweep: AtomicU64,
 }
 
 impl Leases {
-    pub(crate) fn new(config: LeaseConfig, label: &'static str) -> Self {
+    pub(crate) fn new(
+        config: LeaseConfig,
+        label: &'static str,
+        server: Option<Arc<ServerEpoch>>,
+    ) -> Self {
         let shards = config.max_keys.clamp(1, 16);
         let hasher = RandomState::new();
         // Ids start at a random point of [0, 2^63) (a fresh random seed per
@@ -483,12 +563,16 @@ impl Leases {
             hasher,
             period_us: micros(config.period).max(1),
             config,
-            epoch: Instant::now(),
+            // The server epoch's clock, when there is one: times compare
+            // without another reading.
+            epoch: server.as_ref().map_or_else(Instant::now, |s| s.base()),
             instance,
             next_id: AtomicU64::new(1),
             next_serial: AtomicU64::new(0),
             counters: Counters::default(),
             label,
+            server,
+            next_sweep: AtomicU64::new(0),
         }
     }
 
@@ -643,11 +727,13 @@ impl Leases {
             e.is_split(start.text.as_bytes(), value.as_bytes(), policy)
         })?;
         // A hold that pays is kept by `spend_from`'s reports (it has tokens
-        // left and time) and then spent from: it decides.
-        if !entry
-            .holds()
-            .iter()
-            .any(|h| h.left >= cost && now < h.until)
+        // left and time, in a confirmed epoch) and then spent from: it
+        // decides.
+        if !self.spendable(entry, now)
+            || !entry
+                .holds()
+                .iter()
+                .any(|h| h.left >= cost && now < h.until)
         {
             return None;
         }
@@ -680,6 +766,7 @@ impl Leases {
         let prior = entry.demand * decay(age / period);
         entry.demand = prior + cost as f64;
         entry.seen = now;
+        self.renew_generation(entry, now, outstanding, &mut errand.reports);
         // Holds used up or past their time here are reported: one spent
         // whole with the next lease request, others at once.
         let mut i = 0;
@@ -691,9 +778,10 @@ impl Leases {
             let Some(hold) = entry.remove_hold(i) else {
                 break;
             };
+            let granted = hold.granted;
             let report = self.report(&entry.cold.keys, &entry.policy, hold, now, outstanding);
             if report.left == 0 && !report.expired && entry.cold.spent.len() < MAX_HOLDS {
-                entry.cold.spent.push_back(report.id);
+                entry.cold.spent.push_back((report.id, granted));
             } else {
                 errand.reports.push(report);
             }
@@ -702,10 +790,11 @@ impl Leases {
         // under a roomy one ends long before it, and would otherwise expire
         // unspent (debited whole).
         let mut decided = None;
+        let spendable = self.spendable(entry, now);
         if let Some(hold) = entry
             .holds_mut()
             .iter_mut()
-            .filter(|h| h.left >= cost && now < h.until)
+            .filter(|h| spendable && h.left >= cost && now < h.until)
             .min_by_key(|h| h.until)
         {
             hold.left -= cost;
@@ -713,7 +802,11 @@ impl Leases {
             *spent += cost;
             *outstanding -= cost;
             decided = Some(local_decision(policy, hold.left));
+            // Spending keeps the epoch confirmed; a check that goes to
+            // Redis confirms it by its reply.
+            errand.verify = self.server.as_ref().is_some_and(|s| s.verify_due(now));
         }
+        errand.sweep = self.sweep_due(now);
         // Ask for the next lease when what is held runs low (see `low`),
         // or the newest hold is in its last quarter.
         // A key that was not checked within about a period before this
@@ -791,11 +884,32 @@ impl Leases {
             .saturating_sub(held);
         if want.max(roomy_want) >= MIN_LEASE && (low || aging) {
             entry.asking = true;
+            let carried = entry.cold.spent.pop_front().map(|(id, _)| id);
+            // Without a hold spent whole to report, the one that spent most
+            // reports that much, keeping the rest.
+            let partial = carried
+                .is_none()
+                .then(|| {
+                    entry
+                        .holds()
+                        .iter()
+                        .zip(&entry.cold.rest)
+                        .map(|(h, r)| (r.id, r.granted - h.left))
+                        .filter(|&(_, spent)| spent > 0)
+                        .max_by_key(|&(_, spent)| spent)
+                })
+                .flatten();
+            entry.cold.partial = partial.map(|(id, _)| id);
             errand.lease = Some(Ask {
-                name: entry.name_boxed(),
-                serial: entry.cold.serial,
-                keys: entry.cold.keys.clone(),
-                policy: entry.policy.clone(),
+                asked: Asked {
+                    name: entry.name_boxed(),
+                    serial: entry.cold.serial,
+                    keys: entry.cold.keys.clone(),
+                    policy: entry.policy.clone(),
+                    id: 0,
+                    generation: self.generation(),
+                    partial,
+                },
                 want: if want >= MIN_LEASE { want } else { 0 },
                 life: 2 * self.config.period,
                 roomy_want: if roomy_want >= MIN_LEASE {
@@ -803,7 +917,7 @@ impl Leases {
                 } else {
                     0
                 },
-                carried: entry.cold.spent.pop_front(),
+                carried,
             });
         }
         decided
@@ -831,13 +945,18 @@ impl Leases {
     /// The reports of a key leaving the map: its holds, and those spent
     /// whole that wait for a lease request.
     fn leaving(&self, mut entry: Entry, outstanding: &mut u64) -> Vec<Report> {
-        let now = self.now();
+        self.leaving_holds(&mut entry, self.now(), outstanding)
+    }
+
+    /// The reports of `entry`'s holds, taken out at `now`, and of those
+    /// spent whole that wait for a lease request.
+    fn leaving_holds(&self, entry: &mut Entry, now: u64, outstanding: &mut u64) -> Vec<Report> {
         let holds = entry.take_holds();
         let mut out: Vec<Report> = entry
             .cold
             .spent
-            .iter()
-            .map(|&id| Report {
+            .drain(..)
+            .map(|(id, _)| Report {
                 keys: entry.cold.keys.clone(),
                 policy: entry.policy.clone(),
                 id,
@@ -890,75 +1009,230 @@ impl Leases {
         }
     }
 
-    /// A lease on the buckets named `name` (storage keys `keys`) for
-    /// `policy` answered: `granted` tokens (0: none) held for `life` from a
-    /// request sent at `sent`, or `None` when the call failed; `roomy`:
-    /// whether the script granted the roomy size and life. A hold whose
-    /// key's entry (`serial`) was evicted or forgotten meanwhile comes back
-    /// to be reported: a later entry of the same name never gets it (after
-    /// a reset, Redis may have deleted the hold with its buckets).
-    #[allow(clippy::too_many_arguments, reason = "one answer, read apart")]
-    pub(crate) fn answered(
-        &self,
-        name: &str,
-        serial: u64,
-        keys: &[String],
-        policy: &Policy,
-        id: u64,
-        granted: Option<u64>,
-        sent: Instant,
-        life: Duration,
-        roomy: bool,
-    ) -> Option<Report> {
-        let hash = self.hash(name.as_bytes());
+    /// The lease `asked` for answered: `grant`, or `None` when the call
+    /// failed. A hold whose key's entry was evicted or forgotten meanwhile
+    /// (a later entry of the same name never gets it: after a reset, Redis
+    /// may have deleted the hold with its buckets), or that was granted in
+    /// another epoch than the one it was asked in, comes back to be
+    /// reported, with any holds of an epoch that is gone.
+    pub(crate) fn answered(&self, asked: &Asked, grant: Option<Grant>) -> Vec<Report> {
+        let hash = self.hash(asked.name.as_bytes());
         let mut guard = self.shard_of(hash);
         let shard = &mut *guard;
+        let mut out = Vec::new();
+        let now = self.now();
         let found = shard.table.find_mut(hash, |e| {
-            e.name() == name.as_bytes() && e.cold.serial == serial
+            e.name() == asked.name.as_bytes() && e.cold.serial == asked.serial
         });
+        let same_epoch = asked.generation == self.generation();
         let Some(entry) = found else {
-            let granted = granted.filter(|&g| g > 0)?;
-            return Some(Report {
-                keys: keys.to_vec(),
-                policy: policy.clone(),
-                id,
-                spent: 0,
-                left: granted,
-                expired: false,
-            });
+            if let Some(grant) = grant.filter(|g| g.granted > 0) {
+                out.push(self.unused(asked, grant.granted));
+            }
+            return out;
         };
         entry.asking = false;
-        entry.roomy = roomy;
-        match granted {
-            Some(granted) if granted > 0 => {
-                self.counters.granted.fetch_add(granted, Ordering::Relaxed);
-                shard.outstanding += granted;
-                let held = self.counters.held.fetch_add(granted, Ordering::Relaxed);
-                observe::lease_held(self.label, held + granted);
-                let life = micros(life);
+        entry.roomy = grant.is_some_and(|g| g.roomy);
+        entry.cold.partial = None;
+        self.renew_generation(entry, now, &mut shard.outstanding, &mut out);
+        // The partial report found its hold: Redis debited what it said
+        // was spent, and holds the rest. (A report whose answer is lost
+        // leaves the hold as it was here: its final report then debits at
+        // most what Redis still holds, so too much at worst.)
+        if let (Some((id, spent)), Some(grant)) = (asked.partial, grant)
+            && grant.found
+            && same_epoch
+        {
+            entry.reported_part(id, spent);
+            let held = self.counters.held.fetch_sub(spent, Ordering::Relaxed);
+            observe::lease_held(self.label, held.saturating_sub(spent));
+        }
+        match grant {
+            Some(grant) if grant.granted > 0 && !same_epoch => {
+                out.push(self.unused(asked, grant.granted));
+            }
+            Some(grant) if grant.granted > 0 => {
+                self.counters
+                    .granted
+                    .fetch_add(grant.granted, Ordering::Relaxed);
+                shard.outstanding += grant.granted;
+                let held = self
+                    .counters
+                    .held
+                    .fetch_add(grant.granted, Ordering::Relaxed);
+                observe::lease_held(self.label, held + grant.granted);
+                let life = micros(grant.life);
                 let hold = Hold {
-                    id,
-                    granted,
-                    left: granted,
+                    id: asked.id,
+                    granted: grant.granted,
+                    left: grant.granted,
                     life,
-                    until: Self::until(self.at(sent), life),
+                    until: Self::until(self.at(grant.sent), life),
                 };
                 // Never more than `MAX_HOLDS` (a lease is asked for only
                 // below it, one at a time); one past them goes back.
                 if let Err(hold) = entry.push_hold(hold) {
-                    return Some(self.report(
-                        keys,
-                        policy,
+                    out.push(self.report(
+                        &asked.keys,
+                        &asked.policy,
                         hold,
-                        self.now(),
+                        now,
                         &mut shard.outstanding,
                     ));
                 }
             }
             // Nothing to spare (or no answer): not asked again for a period.
-            _ => entry.quiet_until = self.now().saturating_add(self.period_us),
+            _ => entry.quiet_until = now.saturating_add(self.period_us),
         }
-        None
+        out
+    }
+
+    /// The report giving back a hold of `granted` tokens that `asked` got
+    /// and nobody will spend.
+    fn unused(&self, asked: &Asked, granted: u64) -> Report {
+        Report {
+            keys: asked.keys.clone(),
+            policy: asked.policy.clone(),
+            id: asked.id,
+            spent: 0,
+            left: granted,
+            expired: false,
+        }
+    }
+
+    /// The generation of the server's epoch (0 without one).
+    pub(crate) fn generation(&self) -> u64 {
+        self.server.as_ref().map_or(0, |s| s.generation())
+    }
+
+    /// Whether `entry`'s holds may be spent at `now`: their epoch is the
+    /// server's, confirmed within the last second (always, on a cluster).
+    #[inline]
+    fn spendable(&self, entry: &Entry, now: u64) -> bool {
+        self.server.as_ref().is_none_or(|s| {
+            #[expect(
+                clippy::cast_possible_truncation,
+                reason = "generations are compared by their low 32 bits"
+            )]
+            let current = s.generation() as u32;
+            entry.generation == current && s.spendable(s.generation(), now)
+        })
+    }
+
+    /// Moves `entry` to the server's current epoch: holds granted in an
+    /// earlier one are never spent, and are reported to `reports` (a report
+    /// finds nothing where the data went; where it did not, it releases
+    /// them).
+    fn renew_generation(
+        &self,
+        entry: &mut Entry,
+        now: u64,
+        outstanding: &mut u64,
+        reports: &mut Vec<Report>,
+    ) {
+        #[expect(
+            clippy::cast_possible_truncation,
+            reason = "generations are compared by their low 32 bits"
+        )]
+        let current = self.generation() as u32;
+        if entry.generation == current {
+            return;
+        }
+        entry.generation = current;
+        for hold in entry.take_holds() {
+            reports.push(self.report(&entry.cold.keys, &entry.policy, hold, now, outstanding));
+        }
+        entry.cold.spent.clear();
+    }
+
+    /// Whether the holds of keys gone quiet are due to be swept now (at
+    /// most once a lease period; this call takes the turn).
+    fn sweep_due(&self, now: u64) -> bool {
+        let next = self.next_sweep.load(Ordering::Relaxed);
+        now >= next
+            && self
+                .next_sweep
+                .compare_exchange(
+                    next,
+                    now.saturating_add(self.period_us),
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                )
+                .is_ok()
+    }
+
+    /// The holds of keys not checked for [`QUIET_PERIODS`] lease periods,
+    /// taken out to be reported: what they did not spend goes back to the
+    /// bucket now, not at their expiry (a roomy hold lives 64 periods).
+    pub(crate) fn sweep(&self) -> Vec<Report> {
+        let now = self.now();
+        let quiet = self.period_us.saturating_mul(QUIET_PERIODS);
+        let mut out = Vec::new();
+        for shard in &self.shards {
+            let mut guard = lock(shard);
+            let Shard {
+                table, outstanding, ..
+            } = &mut *guard;
+            for entry in table.iter_mut() {
+                if now.saturating_sub(entry.seen) < quiet
+                    || (entry.holds == 0 && entry.cold.spent.is_empty())
+                {
+                    continue;
+                }
+                out.extend(self.leaving_holds(entry, now, outstanding));
+            }
+        }
+        out
+    }
+
+    /// Gives `tokens` back to the key `name` (its storage-safe form) under
+    /// `policy` from what this instance spent of its holds and has not
+    /// reported yet: a hold's spent tokens become its own again (its
+    /// report then debits fewer), and a hold spent whole is reported at once
+    /// for what is left spent. What a refund gives back here is exact where
+    /// Redis could only clamp it (the bucket counts those tokens as still
+    /// there until the report). Returns the tokens given back here, and
+    /// the reports to send.
+    pub(crate) fn refund(&self, name: &str, policy: &Policy, tokens: u64) -> (u64, Vec<Report>) {
+        let now = self.now();
+        let hash = self.hash(name.as_bytes());
+        let mut guard = self.shard_of(hash);
+        let shard = &mut *guard;
+        let mut reports = Vec::new();
+        let Some(entry) = shard
+            .table
+            .find_mut(hash, |e| e.is(name.as_bytes(), policy))
+        else {
+            return (0, reports);
+        };
+        self.renew_generation(entry, now, &mut shard.outstanding, &mut reports);
+        let mut given = 0;
+        let rests: Vec<HoldRest> = entry.cold.rest.to_vec();
+        let partial = entry.cold.partial;
+        for (hold, rest) in entry.holds_mut().iter_mut().zip(rests) {
+            if partial == Some(rest.id) {
+                continue;
+            }
+            let back = (rest.granted - hold.left).min(tokens - given);
+            hold.left += back;
+            given += back;
+        }
+        shard.outstanding += given;
+        while given < tokens
+            && let Some((id, granted)) = entry.cold.spent.pop_front()
+        {
+            let back = granted.min(tokens - given);
+            given += back;
+            reports.push(Report {
+                keys: entry.cold.keys.clone(),
+                policy: entry.policy.clone(),
+                id,
+                spent: granted - back,
+                left: back,
+                expired: false,
+            });
+        }
+        (given, reports)
     }
 
     /// Forgets the holds on the buckets of `key` under `policy` (they were
@@ -967,7 +1241,13 @@ impl Leases {
     /// (same quota), whose reports go to `errand` (they debit and release
     /// the holds' other buckets). Looks through the whole map: a reset is
     /// rare, the map bounded.
-    pub(crate) fn forget(&self, key: &str, policy: &Policy, errand: &mut Errand) {
+    ///
+    /// A reset forgets twice: before its `DEL`, and after it (`after`),
+    /// when an entry made meanwhile may hold a lease Redis granted on the
+    /// buckets just before they went. After the `DEL`, every hold is
+    /// reported, the reset policy's too: a report of a hold the `DEL` took
+    /// finds nothing, one granted after it releases it.
+    pub(crate) fn forget(&self, key: &str, policy: &Policy, after: bool, errand: &mut Errand) {
         let name = safe_key(key);
         for shard in &self.shards {
             let mut guard = lock(shard);
@@ -987,7 +1267,7 @@ impl Leases {
                 let reports = self.leaving(entry, outstanding);
                 // The reset policy's own holds went with its buckets:
                 // their reports would find nothing.
-                if !same {
+                if !same || after {
                     errand.reports.extend(reports);
                 }
             }
@@ -1100,7 +1380,17 @@ mod tests {
             period: Duration::from_secs(1),
             max_keys: 100,
         };
-        Leases::new(config, "test")
+        Leases::new(config, "test", None)
+    }
+
+    fn grant(granted: u64, life: Duration) -> Grant {
+        Grant {
+            granted,
+            sent: Instant::now(),
+            life,
+            roomy: false,
+            found: false,
+        }
     }
 
     fn policy(quotas: &[Quota]) -> Policy {
@@ -1123,17 +1413,10 @@ mod tests {
             .find_map(|_| check(leases, key, policy).1.lease)
             .expect("a key checked again within a period asks for a lease");
         let back = leases.answered(
-            &ask.name,
-            ask.serial,
-            &ask.keys,
-            policy,
-            id,
-            Some(granted),
-            Instant::now(),
-            Duration::from_secs(60),
-            false,
+            &Asked { id, ..ask.asked },
+            Some(grant(granted, Duration::from_secs(60))),
         );
-        assert!(back.is_none(), "the hold is the key's");
+        assert!(back.is_empty(), "the hold is the key's");
     }
 
     #[test]
@@ -1173,29 +1456,24 @@ mod tests {
                 .lease
                 .expect("a lease is asked for");
             if reset {
-                leases.forget("c", &p, &mut Errand::default());
+                leases.forget("c", &p, false, &mut Errand::default());
                 // A check of the fresh bucket makes a fresh entry.
                 assert!(check(&leases, "c", &p).0.is_none());
             }
             let back = leases.answered(
-                &ask.name,
-                ask.serial,
-                &ask.keys,
-                &p,
-                7,
-                Some(10),
-                Instant::now(),
-                Duration::from_secs(60),
-                false,
+                &Asked { id: 7, ..ask.asked },
+                Some(grant(10, Duration::from_secs(60))),
             );
             let decided = check(&leases, "c", &p).0;
             if reset {
-                let back = back.expect("the hold comes back to be reported");
+                let [back] = &back[..] else {
+                    panic!("the hold comes back to be reported")
+                };
                 assert_eq!((back.id, back.spent, back.left), (7, 0, 10));
                 assert!(decided.is_none(), "the fresh entry spends no old hold");
                 assert_eq!(leases.stats().outstanding, 0);
             } else {
-                assert!(back.is_none());
+                assert!(back.is_empty());
                 assert!(decided.is_some(), "without a reset the hold is used");
             }
         }
@@ -1209,21 +1487,18 @@ mod tests {
             .find_map(|_| check(&leases, "c", &p).1.lease)
             .expect("a lease is asked for");
         let answer = |id, granted, life| {
-            leases.answered(
-                &ask.name,
-                ask.serial,
-                &ask.keys,
-                &p,
+            let asked = Asked {
                 id,
-                Some(granted),
-                Instant::now(),
-                life,
-                false,
-            )
+                name: ask.asked.name.clone(),
+                keys: ask.asked.keys.clone(),
+                policy: ask.asked.policy.clone(),
+                ..ask.asked
+            };
+            leases.answered(&asked, Some(grant(granted, life)))
         };
         // A roomy hold, then a plain one behind it that ends much sooner.
-        assert!(answer(1, 10, Duration::from_secs(60)).is_none());
-        assert!(answer(2, 5, Duration::from_secs(2)).is_none());
+        assert!(answer(1, 10, Duration::from_secs(60)).is_empty());
+        assert!(answer(2, 5, Duration::from_secs(2)).is_empty());
         for left in (0..5).rev() {
             let decided = check(&leases, "c", &p).0.expect("decided here");
             assert_eq!(decided.remaining(), left, "spent from the plain hold");
@@ -1245,7 +1520,7 @@ mod tests {
         // Another key whose name starts with this one's.
         held(&leases, "c2", &sharing, 4, 5);
         let mut errand = Errand::default();
-        leases.forget("c", &reset, &mut errand);
+        leases.forget("c", &reset, false, &mut errand);
         // The reset policy's hold went with its buckets; the sharing
         // policy's is reported, for its other bucket.
         let ids: Vec<u64> = errand.reports.iter().map(|r| r.id).collect();
@@ -1254,6 +1529,32 @@ mod tests {
         assert!(check(&leases, "c", &sharing).0.is_none());
         assert!(check(&leases, "c", &apart).0.is_some());
         assert!(check(&leases, "c2", &sharing).0.is_some());
+    }
+
+    /// A reset forgets a key's holds before its `DEL` and again after it:
+    /// a lease asked for by a check in between, and granted by Redis on the
+    /// old buckets just before the `DEL` deleted them (its answer coming
+    /// before the `DEL`'s), is never spent, and is reported (a report of a
+    /// hold the `DEL` took finds nothing).
+    #[test]
+    fn a_lease_granted_between_a_resets_forget_and_its_del_is_not_spent() {
+        let leases = leases();
+        let p = policy(&[Quota::per_second(100).unwrap()]);
+        held(&leases, "c", &p, 1, 10);
+        // The reset: forgotten before the DEL is sent.
+        leases.forget("c", &p, false, &mut Errand::default());
+        // Checks meanwhile make a fresh entry, which asks for a lease;
+        // Redis grants it on the old buckets, and the answer arrives.
+        held(&leases, "c", &p, 2, 10);
+        // The DEL ran; the reset ends by forgetting again.
+        let mut errand = Errand::default();
+        leases.forget("c", &p, true, &mut errand);
+        let ids: Vec<u64> = errand.reports.iter().map(|r| r.id).collect();
+        assert_eq!(ids, [2], "the hold granted meanwhile is reported");
+        assert!(
+            check(&leases, "c", &p).0.is_none(),
+            "a hold the DEL took was spent"
+        );
     }
 
     /// Every shard gets keys, and within a shard the tags the table gives
@@ -1267,6 +1568,7 @@ mod tests {
                 max_keys: DEFAULT_LEASE_KEYS,
             },
             "test",
+            None,
         );
         let shards = leases.shards.len();
         assert_eq!(shards, 16);

@@ -3,13 +3,12 @@
 //! decision batched with the checks in flight.
 
 use std::sync::atomic::Ordering;
-use std::time::Duration;
 
 use tokio::time::Instant;
 
 use super::decode::LeaseReply;
 use super::encode::{ROOMY, Spend};
-use super::lease::{Ask, Errand, LeaseStart, LeaseStats, Leases, WHOLE};
+use super::lease::{Ask, Asked, Errand, Grant, LeaseStart, LeaseStats, Leases, WHOLE};
 use super::store::RedisStore;
 use crate::decision::Decision;
 use crate::error::ErrorKind;
@@ -78,66 +77,67 @@ impl RedisStore {
 
     /// Sends what the in-process path left to do, in the background: a
     /// lease request and reports, each a decision batched with the checks
-    /// in flight.
+    /// in flight, a confirmation of the server's epoch, and a sweep of the
+    /// holds of keys gone quiet.
     pub(crate) fn run_errand(&self, errand: Errand) {
-        if errand.lease.is_none() && errand.reports.is_empty() {
+        if errand.is_empty() {
             return;
         }
         let Some(leases) = self.inner.leases.as_ref() else {
             return;
         };
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            // Nothing can be sent: the key must not stay asking.
-            if let Some(Ask {
-                name,
-                serial,
-                keys,
-                policy,
-                ..
-            }) = &errand.lease
+            // Nothing can be sent: the key must not stay asking, and the
+            // epoch must not stay confirming.
+            if let Some(Ask { asked, .. }) = &errand.lease {
+                let _ = leases.answered(asked, None);
+            }
+            if errand.verify
+                && let Some(epoch) = &self.inner.epoch
             {
-                let _ = leases.answered(
-                    name,
-                    *serial,
-                    keys,
-                    policy,
-                    0,
-                    None,
-                    Instant::now(),
-                    Duration::ZERO,
-                    false,
-                );
+                epoch.verified();
             }
             return;
         };
+        if errand.verify {
+            let store = self.clone();
+            runtime.spawn(async move { store.confirm_epoch().await });
+        }
+        if errand.sweep {
+            let store = self.clone();
+            runtime.spawn(async move {
+                if let Some(leases) = &store.inner.leases {
+                    let reports = leases.sweep();
+                    store.run_errand(Errand {
+                        reports,
+                        ..Errand::default()
+                    });
+                }
+            });
+        }
         if let Some(Ask {
-            name,
-            serial,
-            keys,
-            policy,
+            mut asked,
             want,
             carried,
             life,
             roomy_want,
         }) = errand.lease
         {
-            let id = leases.id();
+            asked.id = leases.id();
             leases.counters.requests.fetch_add(1, Ordering::Relaxed);
             let store = self.clone();
             // The guard answers "no lease" if the task is dropped unfinished
             // (a runtime shutting down), so the key is not left asking.
             let guard = Asking {
                 store: self.clone(),
-                name,
-                serial,
-                keys: Some(keys),
-                policy: policy.clone(),
-                id,
+                asked: Some(asked),
             };
             let life_us = micros(life);
             runtime.spawn(async move {
                 let mut guard = guard;
-                let keys = guard.keys.clone().unwrap_or_default();
+                let Some(asking) = guard.asked.as_ref() else {
+                    return;
+                };
                 let sent = Instant::now();
                 // A hold spent whole is reported as spending "everything":
                 // the script debits no more than the hold.
@@ -145,11 +145,14 @@ impl RedisStore {
                     cost: 0,
                     want,
                     life_us,
-                    id,
-                    report: carried.map(|id| (id, WHOLE)),
+                    id: asking.id,
+                    report: carried.map(|id| (id, WHOLE)).or(asking.partial),
+                    partial: carried.is_none() && asking.partial.is_some(),
                     roomy_want,
                 };
-                let answer = store.send(keys, &policy, spend, None).await;
+                let answer = store
+                    .send(asking.keys.clone(), &asking.policy, spend, None)
+                    .await;
                 // Only a call that may have reached Redis can have left a
                 // hold to give back: not one the breaker stopped. (A reply
                 // the store could not read, a `Server` error, was a reply:
@@ -161,32 +164,28 @@ impl RedisStore {
                         ErrorKind::Timeout | ErrorKind::Connection | ErrorKind::Server
                     )
                 );
-                let reply = answer.ok().map(|(_, packed)| LeaseReply::packed(packed));
-                let granted = reply.map(|r| r.granted);
-                // The script says which size and life it granted.
-                let got_roomy = reply.is_some_and(|r| r.roomy);
-                let life = if got_roomy { life * ROOMY } else { life };
-                let give_back = maybe_ran.then(|| guard.keys.clone()).flatten();
-                let orphan = match (guard.keys.take(), &store.inner.leases) {
-                    (Some(keys), Some(leases)) => leases.answered(
-                        &guard.name,
-                        guard.serial,
-                        &keys,
-                        &policy,
-                        id,
-                        granted,
+                let grant = answer.ok().map(|(_, packed)| {
+                    let reply = LeaseReply::packed(packed);
+                    // The script says which size and life it granted.
+                    Grant {
+                        granted: reply.granted,
                         sent,
-                        life,
-                        got_roomy,
-                    ),
-                    _ => None,
+                        life: if reply.roomy { life * ROOMY } else { life },
+                        roomy: reply.roomy,
+                        found: reply.found,
+                    }
+                });
+                let Some(asked) = guard.asked.take() else {
+                    return;
                 };
-                if let Some(report) = orphan {
-                    store.run_errand(Errand {
-                        lease: None,
-                        reports: vec![report],
-                    });
-                }
+                let unused = match &store.inner.leases {
+                    Some(leases) => leases.answered(&asked, grant),
+                    None => Vec::new(),
+                };
+                store.run_errand(Errand {
+                    reports: unused,
+                    ..Errand::default()
+                });
                 // The call failed, yet Redis may have run it (a timeout after
                 // it was sent): a hold this instance will never use is given
                 // back rather than left to its expiry (up to 64 lease
@@ -197,12 +196,18 @@ impl RedisStore {
                 // later: after a connection was replaced, the new one's
                 // report may reach Redis before the lease still queued on the
                 // old one.
-                if let (Some(keys), Some(leases)) = (give_back, &store.inner.leases) {
+                if maybe_ran && let Some(leases) = &store.inner.leases {
                     let period = leases.period();
                     let mut not_found = 0;
                     for tries_left in (0..GIVE_BACK_TRIES).rev() {
-                        let spend = Spend::Report { spent: 0, id };
-                        match store.send(keys.clone(), &policy, spend, None).await {
+                        let spend = Spend::Report {
+                            spent: 0,
+                            id: asked.id,
+                        };
+                        match store
+                            .send(asked.keys.clone(), &asked.policy, spend, None)
+                            .await
+                        {
                             Ok((_, 1)) => break,
                             Ok(_) => not_found += 1,
                             Err(_) => {}
@@ -235,6 +240,26 @@ impl RedisStore {
         }
     }
 
+    /// A call of no decisions, whose reply confirms the server's epoch (or
+    /// tells a new one): holds are spent only within a second of one.
+    async fn confirm_epoch(&self) {
+        let Some(epoch) = self.inner.epoch.as_ref() else {
+            return;
+        };
+        let batch = super::encode::Batch::new(None);
+        let script = &self.inner.script;
+        let call = &batch;
+        let _ = self
+            .admitted(
+                self.inner.breaker.admit_without_probe(),
+                0,
+                None,
+                |mut conn| async move { call.run(&mut conn, script).await },
+            )
+            .await;
+        epoch.verified();
+    }
+
     /// What this store's leases have done so far; all zero when leases are
     /// off (see [`RedisStoreBuilder::leases`](crate::store::RedisStoreBuilder::leases)).
     pub fn lease_stats(&self) -> LeaseStats {
@@ -254,27 +279,13 @@ const GIVE_BACK_TRIES: u32 = 4;
 /// A lease request under way; dropped unanswered, it answers "none".
 struct Asking {
     store: RedisStore,
-    name: Box<str>,
-    serial: u64,
-    keys: Option<Vec<String>>,
-    policy: Policy,
-    id: u64,
+    asked: Option<Asked>,
 }
 
 impl Drop for Asking {
     fn drop(&mut self) {
-        if let (Some(keys), Some(leases)) = (self.keys.take(), &self.store.inner.leases) {
-            leases.answered(
-                &self.name,
-                self.serial,
-                &keys,
-                &self.policy,
-                self.id,
-                None,
-                Instant::now(),
-                Duration::ZERO,
-                false,
-            );
+        if let (Some(asked), Some(leases)) = (self.asked.take(), &self.store.inner.leases) {
+            let _ = leases.answered(&asked, None);
         }
     }
 }

@@ -47,6 +47,7 @@ mod connection;
 mod decode;
 mod drain;
 mod encode;
+mod epoch;
 mod failure;
 mod lease;
 mod leasing;

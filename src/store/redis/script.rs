@@ -2,6 +2,11 @@
 //! script, with another SHA) made by replacing the lines the Lua files mark
 //! with `-- tollgate:NAME`.
 
+use std::fmt;
+use std::sync::Arc;
+
+use super::epoch::ServerEpoch;
+
 /// The token bucket script as production runs it: the clock is Redis `TIME`.
 pub(crate) const SOURCE: &str = include_str!("../../../lua/token_bucket.lua");
 
@@ -44,11 +49,21 @@ pub(crate) fn marked(source: &str, name: &str, replacement: &str) -> String {
     out
 }
 
-/// A script and its SHA-1, as `EVALSHA` needs it.
-#[derive(Clone, Debug)]
+/// A script and its SHA-1, as `EVALSHA` needs it, and the epoch of the
+/// server its calls go to (see `epoch.rs`): calls of a standalone or
+/// Sentinel store's production script carry it; the test variant's, and
+/// those on a cluster, do not.
+#[derive(Clone)]
 pub(crate) struct Script {
     pub(crate) source: String,
     pub(crate) sha: String,
+    pub(crate) epoch: Option<Arc<ServerEpoch>>,
+}
+
+impl fmt::Debug for Script {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Script").field("sha", &self.sha).finish()
+    }
 }
 
 impl Script {
@@ -69,7 +84,17 @@ impl Script {
     /// `source` and its SHA-1.
     pub(crate) fn new(source: String) -> Self {
         let sha = redis::Script::new(&source).get_hash().to_owned();
-        Script { source, sha }
+        Script {
+            source,
+            sha,
+            epoch: None,
+        }
+    }
+
+    /// This script, its calls carrying `epoch`.
+    pub(crate) fn with_epoch(mut self, epoch: Arc<ServerEpoch>) -> Self {
+        self.epoch = Some(epoch);
+        self
     }
 }
 
@@ -86,6 +111,7 @@ pub(crate) fn with_test_clock(source: &str) -> String {
                  {math.floor(tonumber(ARGV[1]) / 1000000), tonumber(ARGV[1]) % 1000000} \
                  or redis.call(\"TIME\")";
     let source = marked(source, "clock", clock);
+    let source = marked(&source, "epoch", "local epoch_spec = \"\"");
     marked(&source, "margin", "local MARGIN_MS = 1000")
 }
 
@@ -94,8 +120,9 @@ mod tests {
     use super::*;
 
     /// The markers the variants replace lines by.
-    const MARKERS: [&str; 6] = [
+    const MARKERS: [&str; 7] = [
         "clock",
+        "epoch",
         "margin",
         "get",
         "set",
@@ -156,14 +183,21 @@ mod tests {
         assert!(production.source.contains(CLOCK_LINE));
         assert!(!test.source.contains(MARGIN_LINE));
         assert!(production.source.contains(MARGIN_LINE));
-        // Outside comments, production never reads the clock argument.
-        let code = |s: &str| {
+        // Outside comments, production reads ARGV[1] as the epoch only,
+        // and the test variant as its clock only.
+        let reading = |s: &str| {
             s.lines()
-                .filter(|l| !l.trim_start().starts_with("--"))
+                .filter(|l| !l.trim_start().starts_with("--") && l.contains("ARGV[1]"))
+                .map(str::trim)
+                .map(str::to_owned)
                 .collect::<Vec<_>>()
-                .join("\n")
         };
-        assert!(!code(&production.source).contains("ARGV[1]"));
-        assert!(code(&test.source).contains("ARGV[1]"));
+        assert_eq!(
+            reading(&production.source),
+            ["local epoch_spec = ARGV[1] -- tollgate:epoch"]
+        );
+        let test_reads = reading(&test.source);
+        assert_eq!(test_reads.len(), 1, "{test_reads:?}");
+        assert!(test_reads[0].starts_with("local now = ARGV[1]"));
     }
 }

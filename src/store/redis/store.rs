@@ -13,6 +13,7 @@ use tokio::time::Instant;
 use super::batch::{Batcher, Pending};
 use super::connection::Link;
 use super::encode::{SlotOf, Spend};
+use super::epoch::ServerEpoch;
 use super::failure::{classify, is_connection_error};
 use super::lease::{Errand, LeaseConfig, Leases};
 use super::script::Script;
@@ -104,6 +105,8 @@ pub(super) struct Inner {
     pub(super) denials: Option<DenyCache>,
     /// `None` when leases are off.
     pub(super) leases: Option<Leases>,
+    /// The server's epoch; `None` on a cluster.
+    pub(super) epoch: Option<Arc<ServerEpoch>>,
 }
 
 impl Drop for Inner {
@@ -171,6 +174,20 @@ pub(crate) struct Parts {
 impl RedisStore {
     pub(crate) fn assemble(parts: Parts) -> Self {
         let node_breaker = parts.breaker.config();
+        // One server (not a cluster): its epoch is tracked, and the first
+        // calls on every new connection check the server's identity (see
+        // `epoch.rs`).
+        let epoch = parts
+            .per_node
+            .is_none()
+            .then(|| Arc::new(ServerEpoch::new(&parts.prefix)));
+        let script = match &epoch {
+            Some(epoch) => Script::production().with_epoch(Arc::clone(epoch)),
+            None => Script::production(),
+        };
+        if let Some(epoch) = &epoch {
+            parts.link.tell(Arc::clone(epoch));
+        }
         RedisStore {
             inner: Arc::new(Inner {
                 link: parts.link,
@@ -178,7 +195,7 @@ impl RedisStore {
                 prefix: parts.prefix,
                 timeout: parts.timeout,
                 connect_timeout: parts.connect_timeout,
-                script: Script::production(),
+                script,
                 #[cfg(feature = "test-util")]
                 test_script: Script::with_test_clock(),
                 errors: LogThrottle::default(),
@@ -189,7 +206,10 @@ impl RedisStore {
                     .filter(|_| parts.max_batch > 1)
                     .map(|make| make(parts.max_batch, node_breaker)),
                 denials: (parts.deny_cache > 0).then(|| DenyCache::new(parts.deny_cache)),
-                leases: parts.leases.map(|config| Leases::new(config, STORE)),
+                leases: parts
+                    .leases
+                    .map(|config| Leases::new(config, STORE, epoch.clone())),
+                epoch,
             }),
         }
     }
@@ -319,6 +339,25 @@ impl RedisStore {
         if delta == 0 {
             return Ok(());
         }
+        // A refund is given back first to this instance's holds, from what
+        // it spent of them and has not reported: Redis still counts those
+        // tokens as in the bucket, so a refund there would be clamped away
+        // and the report would then debit them all.
+        let mut delta = delta;
+        if delta < 0
+            && clock.is_none()
+            && let Some(leases) = &self.inner.leases
+        {
+            let (given, reports) = leases.refund(&safe_key(key), policy, delta.unsigned_abs());
+            self.run_errand(Errand {
+                reports,
+                ..Errand::default()
+            });
+            delta += i64::try_from(given).unwrap_or(0);
+            if delta == 0 {
+                return Ok(());
+            }
+        }
         let keys = self.keys_of(key, policy);
         self.send(keys, policy, Spend::Adjust(delta), clock)
             .await
@@ -444,12 +483,20 @@ impl Store for RedisStore {
         }
         // Held tokens of a reset bucket are gone with it: forgotten here,
         // with those of the key's other policies on a bucket of this one
-        // (theirs are reported, for their other buckets).
+        // (theirs are reported, for their other buckets); and again once
+        // the DEL is over, or this future dropped: a lease asked for
+        // meanwhile may have been granted on the old buckets just before
+        // the DEL took them.
         if let Some(leases) = &self.inner.leases {
             let mut errand = Errand::default();
-            leases.forget(key, policy, &mut errand);
+            leases.forget(key, policy, false, &mut errand);
             self.run_errand(errand);
         }
+        let _forget_after = ForgetAfter {
+            store: self,
+            key,
+            policy,
+        };
         let mut del = redis::cmd("DEL");
         del.arg(&keys);
         let del = &del;
@@ -469,6 +516,24 @@ impl Store for RedisStore {
         })
         .await
         .map(drop)
+    }
+}
+
+/// Forgets the holds on a reset key's buckets again when dropped: after
+/// the reset's `DEL`, or with the reset's future (see `Leases::forget`).
+struct ForgetAfter<'a> {
+    store: &'a RedisStore,
+    key: &'a str,
+    policy: &'a Policy,
+}
+
+impl Drop for ForgetAfter<'_> {
+    fn drop(&mut self) {
+        if let Some(leases) = &self.store.inner.leases {
+            let mut errand = Errand::default();
+            leases.forget(self.key, self.policy, true, &mut errand);
+            self.store.run_errand(errand);
+        }
     }
 }
 

@@ -139,6 +139,7 @@ impl RedisStore {
             life_us: micros(life),
             id,
             report,
+            partial: false,
             roomy_want,
         };
         let (decision, packed) = self.send(keys, policy, spend, Some(now_us)).await?;

@@ -103,8 +103,8 @@ mod tests {
             batch.push(["{b}:1".to_owned()], &q.into(), Spend::check(1));
             batch.push(["{u106810}:1".to_owned()], &q.into(), Spend::check(1));
         }
-        let plain_args = args(&plain.command("EVALSHA", "sha"));
-        let spread_args = args(&spread.command("EVALSHA", "sha"));
+        let plain_args = args(&plain.command("EVALSHA", "sha", None));
+        let spread_args = args(&spread.command("EVALSHA", "sha", None));
         assert_eq!(
             plain_args[..7],
             [

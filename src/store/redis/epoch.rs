@@ -1,0 +1,216 @@
+//! The server's epoch ([`ServerEpoch`]): which state of data a standalone or
+//! Sentinel store's server is in, as its replies say, so that holds granted
+//! in a state that is gone are never spent.
+//!
+//! Redis can lose a bucket with the holds in it: `FLUSHALL`, a restart
+//! without persistence, a failover to a replica that missed the last writes.
+//! The script keeps an epoch key that changes whenever that may have happened
+//! (see "Epochs" in `lua/token_bucket.lua`) and ends every reply with the
+//! epoch. A store sends the epoch it knows with every call, and its calls on
+//! a new connection check the server's identity too, until one is answered. Holds are spent only while the epoch they were granted in
+//! is the current one and a reply sent within [`CONFIRMED_FOR`] confirmed it;
+//! past [`VERIFY_AFTER`] without one, a check from a hold asks for a
+//! confirmation in the background. A holder cut off from a server that then
+//! lost its data stops within [`CONFIRMED_FOR`]; the script covers that second
+//! (twice over) with stand-in holds on every bucket it reads after a loss.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::quota::micros;
+
+/// A hold is spent only within this long of sending a call whose reply
+/// confirmed the epoch it was granted in. The script's stand-in holds after a
+/// loss last twice as long (`LEARNING_US`).
+pub(crate) const CONFIRMED_FOR: Duration = Duration::from_secs(1);
+
+/// A check decided from a hold asks for a confirmation when the last one was
+/// sent longer ago than this (a quarter of [`CONFIRMED_FOR`], so a busy key's
+/// holds never lapse).
+pub(crate) const VERIFY_AFTER: Duration = Duration::from_millis(250);
+
+/// What a store knows of its server's epoch.
+pub(crate) struct ServerEpoch {
+    /// The epoch key (`{prefix}epoch`).
+    key: String,
+    /// Times below are microseconds since this instant (tokio's clock, so
+    /// tests can pause it).
+    base: Instant,
+    known: Mutex<Known>,
+    /// Bumped whenever the known epoch changes: holds remember the
+    /// generation they were granted in.
+    generation: AtomicU64,
+    /// When the last call whose reply confirmed the known epoch was sent,
+    /// plus one (0: never).
+    confirmed: AtomicU64,
+    /// A confirmation is under way.
+    verifying: AtomicBool,
+    /// Connections made so far, and how many of them a call that checked
+    /// the server's identity was answered on: until then, every call checks
+    /// it (see [`argument`](Self::argument)).
+    connections: AtomicU64,
+    identified: AtomicU64,
+}
+
+#[derive(Default)]
+struct Known {
+    /// What the last reply ended with: twice the epoch plus 1, or 0 while
+    /// the server has none (no hold was ever granted there) or none was
+    /// heard yet. Sent back as it is.
+    heard: u64,
+    /// When the call that told it was sent: a reply to an earlier call that
+    /// names another epoch is older news.
+    told_at: u64,
+}
+
+impl ServerEpoch {
+    /// The epoch of the server whose keys start with `prefix`.
+    pub(crate) fn new(prefix: &str) -> Self {
+        ServerEpoch {
+            key: format!("{prefix}epoch"),
+            base: Instant::now(),
+            known: Mutex::new(Known::default()),
+            generation: AtomicU64::new(0),
+            confirmed: AtomicU64::new(0),
+            verifying: AtomicBool::new(false),
+            connections: AtomicU64::new(0),
+            identified: AtomicU64::new(0),
+        }
+    }
+
+    /// The instant times are counted from.
+    pub(crate) fn base(&self) -> Instant {
+        self.base
+    }
+
+    /// The epoch key.
+    pub(crate) fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// Now, in microseconds since `base`.
+    pub(crate) fn now(&self) -> u64 {
+        micros(self.base.elapsed())
+    }
+
+    /// A new connection was made: a restarted server, or another one after
+    /// a failover, may be behind it. Calls check the server's identity
+    /// until one on it is answered.
+    pub(crate) fn reconnected(&self) {
+        self.connections.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// The script's first argument for a call sent now: what the last reply
+    /// ended with, and, on a connection whose server was not identified
+    /// yet, a check of its identity too (`!`). With it, the connection it
+    /// identifies, for [`heard`](Self::heard).
+    pub(crate) fn argument(&self) -> (String, Option<u64>) {
+        let heard = self.lock().heard;
+        let connections = self.connections.load(Ordering::Acquire);
+        if self.identified.load(Ordering::Acquire) < connections {
+            (format!("!{heard}"), Some(connections))
+        } else {
+            (heard.to_string(), None)
+        }
+    }
+
+    /// A reply to a call sent at `sent` (see [`now`](Self::now)) ended with
+    /// `heard` (twice the epoch, plus 1 once holds were granted): it
+    /// confirms the known epoch, or tells a new one (and the holds of the
+    /// old one are never spent again).
+    /// `identifies`: the connection count the call's identity check was
+    /// made for, if it made one.
+    pub(crate) fn heard(&self, sent: u64, heard: u64, identifies: Option<u64>) {
+        if let Some(connections) = identifies {
+            self.identified.fetch_max(connections, Ordering::AcqRel);
+        }
+        let mut known = self.lock();
+        if heard >> 1 == known.heard >> 1 {
+            known.heard |= heard & 1;
+            self.confirmed.fetch_max(sent + 1, Ordering::AcqRel);
+        } else if sent >= known.told_at {
+            // The first epoch heard (the server had none before its first
+            // grant, or this store had heard nothing) ends no holds.
+            if known.heard != 0 {
+                self.generation.fetch_add(1, Ordering::AcqRel);
+            }
+            known.heard = heard;
+            known.told_at = sent;
+            self.confirmed.store(sent + 1, Ordering::Release);
+        }
+    }
+
+    /// The generation of the known epoch.
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// Whether holds granted in `generation` may be spent at `now`.
+    pub(crate) fn spendable(&self, generation: u64, now: u64) -> bool {
+        let confirmed = self.confirmed.load(Ordering::Acquire);
+        generation == self.generation()
+            && confirmed != 0
+            && (now + 1).saturating_sub(confirmed) < micros(CONFIRMED_FOR)
+    }
+
+    /// Whether a confirmation should be sent now: the last one is older than
+    /// [`VERIFY_AFTER`] and none is under way (this call takes the turn;
+    /// [`verified`](Self::verified) gives it back).
+    pub(crate) fn verify_due(&self, now: u64) -> bool {
+        (now + 1).saturating_sub(self.confirmed.load(Ordering::Acquire)) >= micros(VERIFY_AFTER)
+            && !self.verifying.swap(true, Ordering::AcqRel)
+    }
+
+    /// The confirmation taken by [`verify_due`](Self::verify_due) ended.
+    pub(crate) fn verified(&self) {
+        self.verifying.store(false, Ordering::Release);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Known> {
+        self.known.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn holds_are_spendable_only_in_a_confirmed_epoch() {
+        let epoch = ServerEpoch::new("p:");
+        assert_eq!(epoch.key(), "p:epoch");
+        assert_eq!(epoch.argument(), ("0".to_owned(), None));
+        // A new connection: its calls check the server until one is answered.
+        epoch.reconnected();
+        assert_eq!(epoch.argument(), ("!0".to_owned(), Some(1)));
+        let sent = epoch.now();
+        epoch.heard(sent, 42, Some(1));
+        let generation = epoch.generation();
+        assert_eq!(epoch.argument(), ("42".to_owned(), None));
+        // The same epoch, now with holds granted: no new generation.
+        epoch.heard(sent, 43, None);
+        assert_eq!(epoch.generation(), generation);
+        assert_eq!(epoch.argument().0, "43");
+        assert!(epoch.spendable(generation, epoch.now()));
+        // Unconfirmed for a second: not spendable until a reply confirms.
+        tokio::time::advance(CONFIRMED_FOR).await;
+        assert!(!epoch.spendable(generation, epoch.now()));
+        assert!(epoch.verify_due(epoch.now()));
+        assert!(!epoch.verify_due(epoch.now()), "one confirmation at a time");
+        epoch.heard(epoch.now(), 43, None);
+        epoch.verified();
+        assert!(epoch.spendable(generation, epoch.now()));
+        // A new epoch: the old generation's holds are never spent again.
+        let sent = epoch.now();
+        tokio::time::advance(Duration::from_millis(1)).await;
+        epoch.heard(sent, 45, None);
+        assert!(!epoch.spendable(generation, epoch.now()));
+        assert!(epoch.spendable(epoch.generation(), epoch.now()));
+        // A late reply to a call sent before the news does not undo it.
+        epoch.heard(sent.saturating_sub(1), 43, None);
+        assert_eq!(epoch.argument().0, "45");
+    }
+}
