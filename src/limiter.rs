@@ -424,7 +424,7 @@ impl RateLimiter {
 
     /// `delta` tokens spent from (or, negative, given back to) `key`'s
     /// buckets under `policy`, where `decision` was made; nothing for a
-    /// decision that was not admitted.
+    /// decision that was not admitted. Counted in the metrics once made.
     async fn adjust(
         &self,
         key: &str,
@@ -435,15 +435,12 @@ impl RateLimiter {
         if !decision.allowed() {
             return Ok(());
         }
-        let settlement = if delta < 0 { "refund" } else { "charge" };
-        observe::settled(policy.name(), settlement, delta.unsigned_abs());
         match (&self.fallback, decision.is_fallback()) {
-            (Some(fallback), true) => {
-                fallback.adjust(key, policy, delta);
-                Ok(())
-            }
-            _ => self.store.adjust(key, policy, delta).await,
+            (Some(fallback), true) => fallback.adjust(key, policy, delta),
+            _ => self.store.adjust(key, policy, delta).await?,
         }
+        observe::settled(policy.name(), delta);
+        Ok(())
     }
 
     /// The state of `key`'s buckets, spending nothing.
