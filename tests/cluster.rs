@@ -511,7 +511,8 @@ async fn a_refund_whose_reply_is_lost_is_made_once_on_a_cluster() {
     let before = script_calls();
     proxy.lose_script_replies(true);
     let lost = limiter.refund(&key, 1, &decision).await;
-    // Whatever a client still had in flight lands now, uncut.
+    // A resend still on its way reaches Redis meanwhile (the proxy cuts
+    // replies only), and is counted below.
     tokio::time::sleep(Duration::from_millis(500)).await;
     proxy.lose_script_replies(false);
     assert!(lost.is_err(), "{lost:?}");
