@@ -14,7 +14,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// Scaled policies kept per fallback; past this, they are rebuilt per call.
+/// Scaled policies kept per fallback. Past this, a new one takes the place
+/// of the least recently used plain one, or, when all are raised, of the
+/// least recently used raised one (see [`Shares`]).
 const MAX_SCALED: usize = 64;
 
 /// Decides with an in-process [`MemoryStore`] while the store fails (an error,
@@ -67,9 +69,72 @@ struct Inner {
     store: MemoryStore,
     share: u32,
     active: AtomicBool,
-    /// Per policy: the share's policy, scaled for checks of up to the cost
-    /// it was built for (see [`Fallback::share`]).
-    scaled: Mutex<Vec<(Policy, Policy)>>,
+    /// Per policy: the share's policy (see [`Fallback::share`]).
+    scaled: Mutex<Shares>,
+}
+
+/// The shares of the policies used lately, at most [`MAX_SCALED`]. A plain
+/// share is the same whenever it is made again, but a raised one is state:
+/// forgotten, its policy would go back to the plain buckets until its next
+/// large cost raises it again, and a client alternating costs around the
+/// share's burst would spend from both sets of buckets, each refilling at
+/// the share's rate. So a new policy takes the place of a plain share
+/// first, and forgets a raise only when every share kept is raised.
+#[derive(Default)]
+struct Shares {
+    kept: Vec<Kept>,
+    /// Counts uses, to order them.
+    clock: u64,
+}
+
+/// A policy's share.
+struct Kept {
+    policy: Policy,
+    share: Policy,
+    raised: bool,
+    /// When it was last used ([`Shares::clock`]).
+    used: u64,
+}
+
+impl Shares {
+    /// The share kept for `policy`, marked used now.
+    fn get(&mut self, policy: &Policy) -> Option<&Policy> {
+        self.clock += 1;
+        let now = self.clock;
+        let kept = self.kept.iter_mut().find(|k| k.policy == *policy)?;
+        kept.used = now;
+        Some(&kept.share)
+    }
+
+    /// Keeps `share` as `policy`'s (`raised` or plain), in place of its old
+    /// one or, past [`MAX_SCALED`], of the least recently used plain share
+    /// (a raised one when there is none).
+    fn put(&mut self, policy: &Policy, share: Policy, raised: bool) {
+        let kept = Kept {
+            policy: policy.clone(),
+            share,
+            raised,
+            used: self.clock,
+        };
+        if let Some(old) = self.kept.iter_mut().find(|k| k.policy == *policy) {
+            *old = kept;
+            return;
+        }
+        if self.kept.len() >= MAX_SCALED {
+            let oldest = |raised: bool| {
+                self.kept
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, k)| k.raised == raised)
+                    .min_by_key(|(_, k)| k.used)
+                    .map(|(i, _)| i)
+            };
+            if let Some(i) = oldest(false).or_else(|| oldest(true)) {
+                self.kept.swap_remove(i);
+            }
+        }
+        self.kept.push(kept);
+    }
 }
 
 impl fmt::Debug for Fallback {
@@ -96,7 +161,7 @@ impl Fallback {
                 store,
                 share: 1,
                 active: AtomicBool::new(false),
-                scaled: Mutex::new(Vec::new()),
+                scaled: Mutex::new(Shares::default()),
             }),
         }
     }
@@ -114,12 +179,12 @@ impl Fallback {
     /// The raise is the policy's, for every client of it on this instance
     /// (so across `instances` instances the bursts may add up to `instances`
     /// times the policy's smallest capacity), and starts its buckets anew
-    /// once: a client may be admitted one raised burst more then. (A fallback keeps the shares of
-    /// up to 64 policies; past that, requests above the share's burst use
-    /// the raised buckets and the others the plain ones, so a client mixing
-    /// both is admitted at most twice its share.) Quotas whose shares
-    /// coincide (`10/s burst 7` and `10/s burst 8` shared by 2 are both
-    /// `5/s burst 4`) are one quota of the share.
+    /// once: a client may be admitted one raised burst more then. A
+    /// fallback keeps the shares of the 64 policies used last, raised ones
+    /// first: a policy forgets its raise only when 64 raised policies were
+    /// used since, and then starts its buckets anew once more at its next
+    /// raise. Quotas whose shares coincide (`10/s burst 7` and `10/s burst
+    /// 8` shared by 2 are both `5/s burst 4`) are one quota of the share.
     ///
     /// # Errors
     ///
@@ -135,7 +200,7 @@ impl Fallback {
                 store: self.inner.store.clone(),
                 share: instances,
                 active: AtomicBool::new(false),
-                scaled: Mutex::new(Vec::new()),
+                scaled: Mutex::new(Shares::default()),
             }),
         })
     }
@@ -244,8 +309,7 @@ impl Fallback {
             .scaled
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let cached = cache.iter().position(|(p, _)| p == policy);
-        if let Some((_, scaled)) = cached.and_then(|i| cache.get(i))
+        if let Some(scaled) = cache.get(policy)
             && cost <= scaled.max_cost()
         {
             return scaled.clone();
@@ -254,16 +318,13 @@ impl Fallback {
         // One raise, to the largest cost the policy admits, whatever the
         // cost that asks: a client choosing its costs finds no fresh bucket
         // per cost, only the raised one.
-        let scaled = if cost <= plain.max_cost() {
-            plain
-        } else {
+        let raised = cost > plain.max_cost();
+        let scaled = if raised {
             scale_policy(policy, self.inner.share, policy.max_cost())
+        } else {
+            plain
         };
-        if let Some((_, old)) = cached.and_then(|i| cache.get_mut(i)) {
-            *old = scaled.clone();
-        } else if cache.len() < MAX_SCALED {
-            cache.push((policy.clone(), scaled.clone()));
-        }
+        cache.put(policy, scaled.clone(), raised);
         scaled
     }
 }
@@ -419,6 +480,64 @@ mod tests {
         }
         // Never above the quota's own capacity.
         assert_eq!(scale(Quota::per_second(10).unwrap(), 4, 50).capacity(), 10);
+    }
+
+    /// A client asking for 10 and 11 tokens in turn, every millisecond for
+    /// 3 s, on a policy of 40/s shared by 4 (10/s, burst 10, raised to 40 by
+    /// the cost of 11): the tokens it was admitted.
+    async fn alternating(fallback: &Fallback, policy: &Policy) -> u64 {
+        let error = Error::Timeout(Duration::from_millis(1));
+        // As a limiter names its keys: buckets of one key and quota are one.
+        let key = format!("{}:client", policy.name());
+        let (mut admitted, mut cost) = (0, 10);
+        for _ in 0..3_000 {
+            let (d, _) = fallback.check(&key, policy, cost, &error).unwrap();
+            if d.allowed() {
+                admitted += cost;
+            }
+            cost = 21 - cost;
+            tokio::time::advance(Duration::from_millis(1)).await;
+        }
+        admitted
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn past_64_policies_a_share_is_raised_once_as_for_the_first() {
+        let fallback = Fallback::memory().share(4).unwrap();
+        let error = Error::Timeout(Duration::from_millis(1));
+        let policies: Vec<Policy> = (0..=MAX_SCALED)
+            .map(|i| Policy::new(&format!("p{i}"), [Quota::per_second(40).unwrap()]).unwrap())
+            .collect();
+        // Every policy used once: the last one finds the shares full.
+        for policy in &policies {
+            let key = format!("{}:other", policy.name());
+            assert!(fallback.check(&key, policy, 1, &error).unwrap().0.allowed());
+        }
+        // The plain burst once (10), the raised one (40), 3 s at 10/s: 80.
+        let first = alternating(&fallback, &policies[0]).await;
+        let last = alternating(&fallback, &policies[MAX_SCALED]).await;
+        assert!(first <= 80, "{first}");
+        assert_eq!(last, first);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_raise_outlives_plain_shares_used_since() {
+        let fallback = Fallback::memory().share(4).unwrap();
+        let error = Error::Timeout(Duration::from_millis(1));
+        let hot = Policy::new("hot", [Quota::per_second(40).unwrap()]).unwrap();
+        let (_, scaled) = fallback.check("client", &hot, 11, &error).unwrap();
+        assert_eq!(scaled.max_cost(), 40);
+        for i in 0..2 * MAX_SCALED {
+            let plain = Policy::new(&format!("p{i}"), [Quota::per_second(40).unwrap()]).unwrap();
+            let (_, scaled) = fallback
+                .check(&format!("p{i}:other"), &plain, 1, &error)
+                .unwrap();
+            assert_eq!(scaled.max_cost(), 10);
+        }
+        // Still raised: a cost of 1 spends from the raised bucket.
+        let (d, scaled) = fallback.check("client", &hot, 1, &error).unwrap();
+        assert_eq!(scaled.max_cost(), 40);
+        assert_eq!(d.remaining(), 28);
     }
 
     #[test]

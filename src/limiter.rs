@@ -387,7 +387,9 @@ impl RateLimiter {
     ///
     /// The refund goes where `decision` was made: the store, or the
     /// [`fallback`](Self::fallback) that admitted it while the store failed
-    /// ([`Decision::is_fallback`]); never to a bucket that was not charged.
+    /// ([`Decision::is_fallback`]); never to a bucket that was not charged:
+    /// a `decision` that was not admitted spent nothing, and its refund
+    /// changes nothing (and returns `Ok`).
     /// On a [`RedisStore`](crate::RedisStore) it is one script call, batched
     /// with the checks in flight. A refund the store fails to make leaves the
     /// tokens spent (limiting more, never less) and returns the error.
@@ -407,7 +409,10 @@ impl RateLimiter {
     /// is done (a query's real price). A bucket may go into debt, down to
     /// minus its capacity at most (the most one request may cost); later
     /// checks wait until the debt is refilled. Made where `decision` was
-    /// made, in one store call, as [`refund`](Self::refund) is.
+    /// made, in one store call, as [`refund`](Self::refund) is. A `decision`
+    /// that was not admitted let no work be done: charging it changes
+    /// nothing (and returns `Ok`), as the layer never settles a request it
+    /// refused.
     pub async fn charge(&self, key: &str, cost: u64, decision: &Decision) -> Result<(), Error> {
         if cost == 0 {
             return Ok(());
@@ -418,7 +423,8 @@ impl RateLimiter {
     }
 
     /// `delta` tokens spent from (or, negative, given back to) `key`'s
-    /// buckets under `policy`, where `decision` was made.
+    /// buckets under `policy`, where `decision` was made; nothing for a
+    /// decision that was not admitted. Counted in the metrics once made.
     async fn adjust(
         &self,
         key: &str,
@@ -426,15 +432,15 @@ impl RateLimiter {
         delta: i64,
         decision: &Decision,
     ) -> Result<(), Error> {
-        let settlement = if delta < 0 { "refund" } else { "charge" };
-        observe::settled(policy.name(), settlement, delta.unsigned_abs());
-        match (&self.fallback, decision.is_fallback()) {
-            (Some(fallback), true) => {
-                fallback.adjust(key, policy, delta);
-                Ok(())
-            }
-            _ => self.store.adjust(key, policy, delta).await,
+        if !decision.allowed() {
+            return Ok(());
         }
+        match (&self.fallback, decision.is_fallback()) {
+            (Some(fallback), true) => fallback.adjust(key, policy, delta),
+            _ => self.store.adjust(key, policy, delta).await?,
+        }
+        observe::settled(policy.name(), delta);
+        Ok(())
     }
 
     /// The state of `key`'s buckets, spending nothing.
@@ -511,6 +517,22 @@ mod tests {
     use super::*;
     use crate::store::MemoryStore;
     use tokio::time::Instant;
+
+    /// A denied check charged nothing: a refund of it gives nothing back,
+    /// and a charge of it charges nothing.
+    #[tokio::test(start_paused = true)]
+    async fn settling_a_denied_decision_changes_nothing() {
+        let limiter = RateLimiter::new(MemoryStore::new(), Quota::per_hour(2).unwrap());
+        assert!(limiter.check("k", 2).await.unwrap().allowed());
+        let denied = limiter.check("k", 1).await.unwrap();
+        assert!(!denied.allowed());
+        limiter.refund("k", 1, &denied).await.unwrap();
+        limiter.charge("k", 2, &denied).await.unwrap();
+        let next = limiter.check("k", 1).await.unwrap();
+        assert!(!next.allowed());
+        // One token of 2 an hour is due in 30 minutes, as before.
+        assert_eq!(next.retry_after(), Duration::from_secs(1_800));
+    }
 
     #[tokio::test(start_paused = true)]
     async fn acquire_waits_for_the_refill() {

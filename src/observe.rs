@@ -99,9 +99,13 @@ pub(crate) fn decision(policy: &str, key_kind: &str, outcome: Outcome) {
     let _ = (policy, key_kind, outcome);
 }
 
-/// A request's cost settled by its response (`settlement` is `refund` or
-/// `charge`): a debug event and a counter of the tokens.
-pub(crate) fn settled(policy: &str, settlement: &'static str, tokens: u64) {
+/// A settlement made (`delta` tokens charged, or given back when
+/// negative): a debug event and a counter of the tokens, by `settlement`,
+/// `refund` or `charge`. Only once it is made: one that failed changed
+/// nothing.
+pub(crate) fn settled(policy: &str, delta: i64) {
+    let settlement = if delta < 0 { "refund" } else { "charge" };
+    let tokens = delta.unsigned_abs();
     #[cfg(feature = "tracing")]
     tracing::debug!(
         target: "tollgate",

@@ -454,6 +454,70 @@ async fn the_applications_cluster_pool_works_as_seeds_do(cluster: &RedisCluster)
     }
     // Taken from the pool for good: the pool holds nothing.
     assert_eq!(pool.status().size, 0);
+    // deadpool-redis builds its cluster client with redis-rs's 16 retries,
+    // which resend a call after a broken connection: a refund is never sent
+    // on it, and its tokens stay spent.
+    let limiter = RateLimiter::new(store, quota);
+    let decision = limiter.check("refunded", 3).await.unwrap();
+    let refused = limiter.refund("refunded", 2, &decision).await.unwrap_err();
+    assert!(refused.to_string().contains("cluster pool"), "{refused}");
+    assert_eq!(limiter.peek("refunded").await.unwrap().remaining(), 2);
+    // Charges, which only limit more when resent, go as checks do.
+    limiter.charge("refunded", 1, &decision).await.unwrap();
+    assert_eq!(limiter.peek("refunded").await.unwrap().remaining(), 1);
+}
+
+/// Redis runs a refund and the connection breaks before its reply comes
+/// back (a proxy in front of the key's primary, announced in its place,
+/// cuts it): the refund is made once. redis-rs's cluster client resends a
+/// call on its own after a broken connection, up to its retries (16 by
+/// default), which would give back 1 token a time up to the full bucket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refund_whose_reply_is_lost_is_made_once_on_a_cluster() {
+    let _serial = SERIAL.lock().await;
+    let cluster = RedisCluster::start_without_replicas();
+    let quota = Quota::per_hour(10).unwrap();
+    let finder = RateLimiter::new(cluster.store("cut:"), quota);
+    let (key, owner) = cluster.limiter_clients_on_every_primary(&finder, "k", 1)[0].clone();
+    let owner = cluster.node(owner);
+    // Asked now: the harness finds nodes by the ports they announce.
+    let primaries = cluster.primaries();
+    let proxy = support::Proxy::start(owner.port());
+    let bus = owner.bus_port().expect("a cluster node has a bus port");
+    let _: () = owner.cmd(&[
+        "CONFIG",
+        "SET",
+        "cluster-announce-port",
+        &proxy.port().to_string(),
+        "cluster-announce-bus-port",
+        &bus.to_string(),
+    ]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !primaries.iter().all(|p| {
+        let slots = support::cluster::parse_cluster_slots(p.cmd(&["CLUSTER", "SLOTS"]));
+        slots.is_ok_and(|s| s.iter().any(|r| r.primary == proxy.port()))
+    }) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the nodes never announced the proxy"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Connected from now on: through the proxy.
+    let limiter = RateLimiter::new(cluster.store("cut:"), quota);
+    let decision = limiter.check(&key, 5).await.unwrap();
+    assert_eq!(decision.remaining(), 5);
+    let script_calls = || owner.calls("evalsha") + owner.calls("eval");
+    let before = script_calls();
+    proxy.lose_script_replies(true);
+    let lost = limiter.refund(&key, 1, &decision).await;
+    // A resend still on its way reaches Redis meanwhile (the proxy cuts
+    // replies only), and is counted below.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    proxy.lose_script_replies(false);
+    assert!(lost.is_err(), "{lost:?}");
+    assert_eq!(script_calls() - before, 1, "the refund was sent once");
+    assert_eq!(limiter.peek(&key).await.unwrap().remaining(), 6);
 }
 
 /// How the primary of the hot key fails.

@@ -380,3 +380,66 @@ async fn a_refund_whose_reply_is_lost_is_made_once() {
     assert_eq!(script_calls(&redis) - calls, 1, "the refund was sent once");
     assert_eq!(limiter.peek("k").await.unwrap().remaining(), 7);
 }
+
+/// `tollgate_settled_tokens_total` counts the settlements made, never one
+/// the store failed to make: a refund and a charge through `RateLimiter`
+/// once Redis is stopped, and the layer's refund of a success whose Redis
+/// call (sent in a task of its own) finds Redis stopped. The recorder is
+/// this thread's, and the runtime runs every task on it.
+#[cfg(feature = "metrics")]
+#[tokio::test(flavor = "current_thread")]
+async fn settlements_the_store_failed_to_make_are_not_counted() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    use tower::{Layer, ServiceExt};
+
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _recorder = metrics::set_default_local_recorder(&recorder);
+    // The tokens counted since the last call, by settlement.
+    let counted = || {
+        let mut counted = std::collections::BTreeMap::new();
+        for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+            let key = key.key();
+            if let (true, DebugValue::Counter(n @ 1..)) =
+                (key.name() == "tollgate_settled_tokens_total", value)
+            {
+                let settlement = key.labels().find(|l| l.key() == "settlement").unwrap();
+                *counted.entry(settlement.value().to_owned()).or_insert(0) += n;
+            }
+        }
+        counted
+    };
+    let redis = Arc::new(std::sync::Mutex::new(RedisServer::start()));
+    let store = tollgate::RedisStore::builder()
+        .leases(false)
+        .url(redis.lock().unwrap().url())
+        .timeout(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    let limiter = RateLimiter::new(store.clone(), failures());
+    let decision = limiter.check("k", 3).await.unwrap();
+    limiter.refund("k", 1, &decision).await.unwrap();
+    limiter.charge("k", 1, &decision).await.unwrap();
+    let made = std::collections::BTreeMap::from([("charge".into(), 1), ("refund".into(), 1)]);
+    assert_eq!(counted(), made);
+
+    // The layer: a success is refunded after its response, in a task of
+    // its own, by which time the handler has stopped Redis.
+    let stopping = Arc::clone(&redis);
+    let inner = tower::service_fn(move |_: http::Request<()>| {
+        stopping.lock().unwrap().stop();
+        async { Ok::<_, std::convert::Infallible>(http::Response::new(String::new())) }
+    });
+    let svc = RateLimitLayer::new(store, failures())
+        .key(Global)
+        .count_only_failures()
+        .layer(inner);
+    let response = svc.oneshot(http::Request::new(())).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    // Redis is stopped: both fail.
+    assert!(limiter.refund("k", 1, &decision).await.is_err());
+    assert!(limiter.charge("k", 1, &decision).await.is_err());
+    // The layer's refund has had its chance to run too.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(counted(), std::collections::BTreeMap::new());
+}

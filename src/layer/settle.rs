@@ -207,12 +207,9 @@ impl Ticket {
             Settle::Charge(0) => return 0,
             Settle::Charge(n) => signed(n.min(MAX_EXACT)),
         };
-        let settlement = if delta < 0 { "refund" } else { "charge" };
-        let policy = self.policy.clone();
         if !self.apply(delta) {
             return 0;
         }
-        observe::settled(policy.name(), settlement, delta.unsigned_abs());
         u64::try_from(delta).unwrap_or(0)
     }
 
@@ -220,8 +217,9 @@ impl Ticket {
     /// the fallback's share, in a memory store at once, or sent to Redis in a
     /// task of its own (batched with the checks in flight), so the response
     /// never waits for it. A store that fails keeps the tokens spent; the
-    /// failure is reported as any store failure. False when it could not
-    /// be made at all (Redis, without a tokio runtime to send it from).
+    /// failure is reported as any store failure. Each settlement is counted
+    /// once made, in that task for Redis. False when it could not be made at
+    /// all (Redis, without a tokio runtime to send it from).
     fn apply(self, delta: i64) -> bool {
         let Ticket {
             limiter,
@@ -234,6 +232,7 @@ impl Ticket {
             By::Fallback(scaled) => match limiter.fallback_store() {
                 Some(fallback) => {
                     fallback.adjust_scaled(&key, &scaled, delta);
+                    observe::settled(policy.name(), delta);
                     true
                 }
                 None => false,
@@ -241,6 +240,7 @@ impl Ticket {
             By::Store => {
                 if let Some(memory) = limiter.store().as_memory() {
                     memory.adjust_now(&key, &policy, delta);
+                    observe::settled(policy.name(), delta);
                     return true;
                 }
                 let Ok(runtime) = tokio::runtime::Handle::try_current() else {
@@ -248,7 +248,9 @@ impl Ticket {
                 };
                 runtime.spawn(async move {
                     // Store failures are reported by the store itself.
-                    let _ = limiter.store().adjust(&key, &policy, delta).await;
+                    if limiter.store().adjust(&key, &policy, delta).await.is_ok() {
+                        observe::settled(policy.name(), delta);
+                    }
                 });
                 true
             }

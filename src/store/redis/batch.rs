@@ -78,6 +78,13 @@ pub(crate) struct Pending {
     pub(crate) reply: oneshot::Sender<Result<(Decision, u64), Error>>,
 }
 
+/// Whether `spend` gives tokens back (a refund): its call is never sent
+/// twice (see [`Batch::run`](super::encode::Batch::run)), by the store or by
+/// the client under it (see `Conn::for_call`).
+pub(crate) fn gives_back(spend: &Spend) -> bool {
+    matches!(spend, Spend::Adjust(delta) if *delta < 0)
+}
+
 /// The `store` label of a cluster node's breaker, in tracing and metrics.
 #[cfg(feature = "cluster")]
 pub(crate) const NODE: &str = "redis-node";
@@ -227,7 +234,7 @@ impl Batcher {
     /// refunds go in calls of their own (several together).
     fn take(&self, queue: &mut Queue) -> Vec<Pending> {
         let n = queue.pending.len().min(self.max_batch);
-        let refund = |p: &Pending| matches!(p.spend, Spend::Adjust(delta) if delta < 0);
+        let refund = |p: &Pending| gives_back(&p.spend);
         let first = queue.pending.first().is_some_and(refund);
         let run = queue
             .pending

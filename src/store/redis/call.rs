@@ -52,12 +52,14 @@ impl RedisStore {
 
     /// The breaker's probe: `batch`'s script call in a task of its own,
     /// bounded by the store timeout, which this check waits for at most
-    /// [`PROBE_WAIT`] (see `probe.rs`).
+    /// [`PROBE_WAIT`] (see `probe.rs`); `once`: a call that gives tokens
+    /// back (see `Conn::for_call`).
     pub(super) async fn send_probe(
         &self,
         probe: ProbeGuard,
         batch: Arc<Batch>,
         clock: Option<u64>,
+        once: bool,
     ) -> Result<Vec<i64>, Error> {
         let store = self.clone();
         let call = async move {
@@ -66,7 +68,7 @@ impl RedisStore {
             let started = Instant::now();
             let result = store
                 .bounded(
-                    |mut conn| async move { batch.run(&mut conn, script).await },
+                    |conn| async move { batch.run(&mut conn.for_call(once)?, script).await },
                     true,
                     None,
                 )

@@ -27,13 +27,17 @@
 //!   after a timeout or an error redis-rs gave up on, a new cluster
 //!   connection (new sockets, a fresh slot map from the seeds) is made in the
 //!   background, at most once a second, while the old one keeps serving the
-//!   other nodes' calls; it takes over once it is up.
+//!   other nodes' calls; it takes over once it is up. A refund goes on a
+//!   second cluster connection, made without redis-rs's retries
+//!   ([`Conn::for_call`]).
 //! - **Sentinel** is asked for the primary on every connect, so the connect
 //!   after a failover (a broken socket, `READONLY` from the demoted primary)
 //!   finds the new one.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+#[cfg(feature = "cluster")]
+use std::task::Poll;
 use std::time::Duration;
 
 use deadpool_redis::Pool;
@@ -68,6 +72,12 @@ pub(crate) fn response_timeout(call_timeout: Duration) -> Duration {
     (call_timeout * 4).max(Duration::from_secs(1))
 }
 
+/// Why a refund is refused on an application's cluster pool.
+pub(crate) const RESENDS: &str = "a script call giving tokens back is never sent on an \
+     application's cluster pool: its client (deadpool-redis builds it with redis-rs's \
+     default of 16 retries) may send it again after a broken connection, and Redis may \
+     have run it already; build the store with .cluster(seed_urls) instead";
+
 /// Where connections come from.
 #[allow(
     clippy::large_enum_variant,
@@ -78,11 +88,17 @@ pub(crate) enum Source {
     Client(Client),
     /// The application's deadpool-redis pool; one connection is taken and kept.
     Pool(Pool),
-    /// A Redis Cluster client, from seed URLs (its timeouts set by the builder).
+    /// Redis Cluster clients, from seed URLs (their timeouts set by the
+    /// builder): one that follows `MOVED`/`ASK` and retries, and one that
+    /// never sends a call again (see [`Conn::for_call`]).
     #[cfg(feature = "cluster")]
-    Cluster(redis::cluster::ClusterClient),
+    Cluster {
+        routed: redis::cluster::ClusterClient,
+        once: redis::cluster::ClusterClient,
+    },
     /// The application's deadpool-redis cluster pool; one cluster connection
-    /// is taken and kept.
+    /// is taken and kept. Its client resends calls on its own (see
+    /// [`Link::resends`]).
     #[cfg(feature = "cluster")]
     ClusterPool(deadpool_redis::cluster::Pool),
     /// Sentinels, asked for the primary on every connect.
@@ -105,16 +121,26 @@ impl Source {
                 Ok(Conn::Multiplexed(deadpool_redis::Connection::take(pooled)))
             }
             #[cfg(feature = "cluster")]
-            Source::Cluster(client) => client.get_async_connection().await.map(Conn::Cluster),
+            Source::Cluster { routed, once } => {
+                // Both at once: a seed that never answers costs each the
+                // same wait, which must fit in one connect timeout.
+                let (routed, once) =
+                    both(routed.get_async_connection(), once.get_async_connection()).await;
+                Ok(Conn::Cluster {
+                    routed: routed?,
+                    once: Some(once?),
+                })
+            }
             #[cfg(feature = "cluster")]
             Source::ClusterPool(pool) => {
                 let pooled = pool.get().await.map_err(|e| match e {
                     deadpool_redis::cluster::PoolError::Backend(e) => e,
                     other => RedisError::from(std::io::Error::other(other.to_string())),
                 })?;
-                Ok(Conn::Cluster(deadpool_redis::cluster::Connection::take(
-                    pooled,
-                )))
+                Ok(Conn::Cluster {
+                    routed: deadpool_redis::cluster::Connection::take(pooled),
+                    once: None,
+                })
             }
             #[cfg(feature = "sentinel")]
             Source::Sentinel(client) => client
@@ -127,13 +153,45 @@ impl Source {
     }
 }
 
+/// The outcomes of `a` and `b`, run together.
+#[cfg(feature = "cluster")]
+async fn both<A: Future, B: Future>(a: A, b: B) -> (A::Output, B::Output) {
+    let (mut a, mut b) = (std::pin::pin!(a), std::pin::pin!(b));
+    let (mut done_a, mut done_b) = (None, None);
+    std::future::poll_fn(|cx| {
+        if done_a.is_none()
+            && let Poll::Ready(out) = a.as_mut().poll(cx)
+        {
+            done_a = Some(out);
+        }
+        if done_b.is_none()
+            && let Poll::Ready(out) = b.as_mut().poll(cx)
+        {
+            done_b = Some(out);
+        }
+        match (done_a.take(), done_b.take()) {
+            (Some(a), Some(b)) => Poll::Ready((a, b)),
+            (a, b) => {
+                (done_a, done_b) = (a, b);
+                Poll::Pending
+            }
+        }
+    })
+    .await
+}
+
 /// A connection of any topology, used through redis-rs's `ConnectionLike`.
 #[derive(Clone)]
 pub(crate) enum Conn {
     Multiplexed(MultiplexedConnection),
-    /// Routes each command to the primary of its first key's slot.
+    /// Routes each command to the primary of its first key's slot. `once`,
+    /// made with no retries, is for the calls that must never be sent twice
+    /// (`None` on an application's cluster pool).
     #[cfg(feature = "cluster")]
-    Cluster(redis::cluster_async::ClusterConnection),
+    Cluster {
+        routed: redis::cluster_async::ClusterConnection,
+        once: Option<redis::cluster_async::ClusterConnection>,
+    },
 }
 
 impl Conn {
@@ -144,7 +202,37 @@ impl Conn {
         match self {
             Conn::Multiplexed(_) => false,
             #[cfg(feature = "cluster")]
-            Conn::Cluster(_) => true,
+            Conn::Cluster { .. } => true,
+        }
+    }
+
+    /// The connection for a call: this one, or for a call that gives tokens
+    /// back (`gives_back`, see `Batch::run`), one whose client never sends
+    /// it again. redis-rs's cluster client resends a call itself after a
+    /// broken connection or a timeout (as after a redirect), up to its
+    /// `retries`, and Redis may have run it before the connection broke: a
+    /// refund goes on the store's second cluster connection, made with
+    /// `retries(0)`, where every failure comes back to the store, which
+    /// never resends a refund. A multiplexed connection resends nothing
+    /// itself. An application's cluster pool has no second connection: an
+    /// error, and nothing is sent.
+    pub(crate) fn for_call(self, gives_back: bool) -> Result<Conn, RedisError> {
+        if !gives_back {
+            return Ok(self);
+        }
+        match self {
+            #[cfg(feature = "cluster")]
+            Conn::Cluster { once: None, .. } => Err(RedisError::from((
+                redis::ErrorKind::Client,
+                "not sent",
+                RESENDS.to_owned(),
+            ))),
+            #[cfg(feature = "cluster")]
+            Conn::Cluster { once: Some(c), .. } => Ok(Conn::Cluster {
+                routed: c.clone(),
+                once: Some(c),
+            }),
+            conn => Ok(conn),
         }
     }
 
@@ -154,7 +242,7 @@ impl Conn {
             // Set on the cluster client when the store builds it; an
             // application's cluster pool keeps the application's settings.
             #[cfg(feature = "cluster")]
-            Conn::Cluster(_) => {}
+            Conn::Cluster { .. } => {}
         }
     }
 }
@@ -164,7 +252,7 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Multiplexed(c) => c.req_packed_command(cmd),
             #[cfg(feature = "cluster")]
-            Conn::Cluster(c) => c.req_packed_command(cmd),
+            Conn::Cluster { routed: c, .. } => c.req_packed_command(cmd),
         }
     }
 
@@ -177,7 +265,7 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Multiplexed(c) => c.req_packed_commands(pipeline, offset, count),
             #[cfg(feature = "cluster")]
-            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster { routed: c, .. } => c.req_packed_commands(pipeline, offset, count),
         }
     }
 
@@ -185,7 +273,7 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Multiplexed(c) => c.get_db(),
             #[cfg(feature = "cluster")]
-            Conn::Cluster(c) => c.get_db(),
+            Conn::Cluster { routed: c, .. } => c.get_db(),
         }
     }
 }
@@ -277,6 +365,17 @@ impl Link {
     /// The server, for messages (never with a password).
     pub(crate) fn host(&self) -> &Arc<str> {
         &self.inner.host
+    }
+
+    /// Whether every connection of this link may send a call again on its
+    /// own (an application's cluster pool): then no call that gives tokens
+    /// back is sent at all (see [`Conn::for_call`]).
+    pub(crate) fn resends(&self) -> bool {
+        #[cfg(feature = "cluster")]
+        if matches!(self.inner.source, Source::ClusterPool(_)) {
+            return true;
+        }
+        false
     }
 
     /// The held connection, connecting first if there is none. Fails at once

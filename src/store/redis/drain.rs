@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use super::batch::{Batcher, Pending, Slot, Turn};
+use super::batch::{Batcher, Pending, Slot, Turn, gives_back};
 use super::encode::{Batch, SlotOf, Spend};
 use super::store::{RedisStore, STORE};
 use crate::decision::Decision;
@@ -167,6 +167,7 @@ impl RedisStore {
     /// queued meanwhile go to a drain when it ends, or when this future is
     /// dropped before (`handoff`).
     async fn inline(&self, mut handoff: Handoff<'_>, check: Pending, deadline: Instant) -> Outcome {
+        let once = gives_back(&check.spend);
         let mut checks = [check];
         // One check: no spread call and nothing apart, on a cluster node's
         // queue too; the production script decides it, routed by its slot,
@@ -181,7 +182,7 @@ impl RedisStore {
                 self.inner.breaker.admit_without_probe(),
                 0,
                 Some(deadline),
-                |mut conn| async move { call.run(&mut conn, script).await },
+                |conn| async move { call.run(&mut conn.for_call(once)?, script).await },
             )
             .await;
         let round_trip = reply.is_ok().then(|| started.elapsed());
@@ -239,6 +240,8 @@ impl RedisStore {
                 }
             }
             let spread = nodes.filter(|_| checks.len() > 1).map(|n| n.spread());
+            // Refunds are batched apart (see `batch.rs`).
+            let once = checks.first().is_some_and(|c| gives_back(&c.spend));
             let mut batch = batch_of(&mut checks, spread.map(|(_, slot_of)| slot_of));
             let script = spread.map_or(&self.inner.script, |(script, _)| script);
             let call = &batch;
@@ -250,7 +253,7 @@ impl RedisStore {
                     self.inner.breaker.admit_without_probe(),
                     0,
                     None,
-                    |mut conn| async move { call.run(&mut conn, script).await },
+                    |conn| async move { call.run(&mut conn.for_call(once)?, script).await },
                 )
                 .await;
             // What the call took, for the queue's in-flight limit; a failed
@@ -299,6 +302,7 @@ impl RedisStore {
         if check.reply.is_closed() {
             return false;
         }
+        let once = gives_back(&check.spend);
         let mut checks = vec![check];
         let mut batch = batch_of(&mut checks, None);
         let script = &self.inner.script;
@@ -309,7 +313,7 @@ impl RedisStore {
                 self.inner.breaker.admit_without_probe(),
                 0,
                 None,
-                |mut conn| async move { call.run(&mut conn, script).await },
+                |conn| async move { call.run(&mut conn.for_call(once)?, script).await },
             )
             .await
             .and_then(|reply| self.read(&batch, &reply));

@@ -17,11 +17,14 @@ use std::sync::Arc;
 use pin_project_lite::pin_project;
 use tokio::time::Instant;
 
+use super::batch::gives_back;
+use super::connection::RESENDS;
 use super::drain::remember;
 use super::encode::{Batch, Spend};
-use super::store::RedisStore;
+use super::store::{RedisStore, STORE};
 use crate::decision::Decision;
 use crate::error::Error;
+use crate::observe;
 use crate::policy::Policy;
 use crate::store::breaker::Admit;
 /// A boxed future of a decision and its wait.
@@ -77,6 +80,16 @@ impl RedisStore {
         spend: Spend,
         clock: Option<u64>,
     ) -> Sending<'a, impl Future<Output = Result<(Decision, u64), Error>> + Send + 'a> {
+        // Refused before anything is sent or counted: no client under the
+        // store would send it once at most.
+        if gives_back(&spend) && self.inner.link.resends() {
+            let err = Error::store(
+                crate::ErrorKind::Server,
+                format!("Redis at {}: {RESENDS}", self.inner.link.host()),
+            );
+            observe::store_error(STORE, &err, &self.inner.errors);
+            return Sending::failed(err);
+        }
         // Batch only while the breaker is closed: when it is open, a check is
         // answered at once (or is the probe) instead of queueing behind calls
         // that may hang.
@@ -119,6 +132,7 @@ impl RedisStore {
         // The deny cache learns from checks and reservations that may spend
         // or be denied, and from refunds; a test clock's decisions never
         // touch it.
+        let once = gives_back(&spend);
         let learns = clock.is_none()
             && !matches!(spend, Spend::Take { cost: 0, .. })
             && self.inner.denials.is_some();
@@ -129,15 +143,17 @@ impl RedisStore {
         let outcome = match self.inner.breaker.admit() {
             Admit::Probe(probe) => {
                 let batch = Arc::new(batch);
-                let reply = self.send_probe(probe, Arc::clone(&batch), clock).await?;
+                let reply = self
+                    .send_probe(probe, Arc::clone(&batch), clock, once)
+                    .await?;
                 self.read_one(&batch, &reply)?
             }
             admit => {
                 let script = self.script_for(clock);
                 let call = &batch;
                 let reply = self
-                    .admitted(admit, 1, None, |mut conn| async move {
-                        call.run(&mut conn, script).await
+                    .admitted(admit, 1, None, |conn| async move {
+                        call.run(&mut conn.for_call(once)?, script).await
                     })
                     .await?;
                 self.read_one(&batch, &reply)?

@@ -48,7 +48,8 @@ impl RedisStore {
     /// A store over the application's own deadpool-redis cluster pool
     /// (`deadpool_redis::cluster::Pool`, cargo feature `cluster`), with the
     /// default settings. It takes one cluster connection from the pool and
-    /// keeps it.
+    /// keeps it. Refunds fail on it without being sent (see
+    /// [`cluster_pool`](RedisStoreBuilder::cluster_pool)).
     pub fn from_cluster_pool(pool: deadpool_redis::cluster::Pool) -> Self {
         match Self::builder().cluster_pool(pool).build() {
             Ok(store) => store,
@@ -65,6 +66,11 @@ impl RedisStoreBuilder {
     /// primary serves (see [`max_batch`](Self::max_batch)); redis-rs follows
     /// `MOVED` and `ASK`, refreshes its slot map and reconnects nodes after a
     /// failover. The store's timeouts apply to every node.
+    ///
+    /// A refund goes on a second cluster connection, made without redis-rs's
+    /// retries: they resend a call after a broken connection or a timeout,
+    /// when Redis may have made the refund already. So the store holds two
+    /// sockets per node.
     pub fn cluster<I, S>(mut self, seed_urls: I) -> Self
     where
         I: IntoIterator<Item = S>,
@@ -79,6 +85,15 @@ impl RedisStoreBuilder {
     /// cluster pool and keeps it (cargo feature `cluster`). The pool's own
     /// client settings (redis-rs's timeouts and retries among them) stay as the
     /// application made them; the store's timeout still bounds every check.
+    ///
+    /// A refund ([`RateLimiter::refund`](crate::RateLimiter::refund), a
+    /// settlement that gives tokens back) is never sent on such a store: it
+    /// fails at once, and its tokens stay spent. deadpool-redis builds its
+    /// cluster client with redis-rs's default of 16 retries, which resend a
+    /// call after a broken connection, when Redis may have made the refund
+    /// already, and offers no way to turn them off. Checks and charges,
+    /// which only limit more when sent again, go as usual. Use
+    /// [`cluster`](Self::cluster) where refunds matter.
     pub fn cluster_pool(mut self, pool: deadpool_redis::cluster::Pool) -> Self {
         self.target = Some(Target::Topology(Box::new(Cluster::Pool(pool))));
         self
@@ -163,50 +178,64 @@ fn client(
         "cluster",
         infos.iter().map(|i| host_of(i.addr()).to_string()),
     );
-    // A cluster connect waits for every seed, then asks one for the slot
-    // map, all within the store's connect timeout: a seed that accepts and
-    // never answers (a frozen or partitioned node) may take half of it.
-    let mut builder = redis::cluster::ClusterClientBuilder::new(infos)
-        .connection_timeout(settings.connect_timeout / 2)
-        .response_timeout(response_timeout(settings.call_timeout))
-        .tcp_settings(tcp_settings());
     if tls {
         tls_provider();
     }
-    if let Some(certificates) = certificates {
-        if !tls {
-            return Err(ConfigError::store(
-                "tls_root_certificates needs rediss:// seed URLs",
-            ));
-        }
-        builder = certificates.cluster(builder);
+    if certificates.is_some() && !tls {
+        return Err(ConfigError::store(
+            "tls_root_certificates needs rediss:// seed URLs",
+        ));
     }
-    let client = builder.build().map_err(|e| {
-        ConfigError::store(format!(
-            "Redis Cluster seeds {:?}: {}",
-            listed(),
-            redact(&e.to_string())
-        ))
-    })?;
-    Ok((Source::Cluster(client), host))
+    // Two clients: one for every call, which follows MOVED and ASK and
+    // retries after a failover; one with no retries, for the calls that
+    // give tokens back (see `Conn::for_call`): redis-rs resends a call
+    // after a broken connection too, and Redis may have run it.
+    let build = |retries: Option<u32>| {
+        // A cluster connect waits for every seed, then asks one for the
+        // slot map, all within the store's connect timeout: a seed that
+        // accepts and never answers (a frozen or partitioned node) may take
+        // half of it.
+        let mut builder = redis::cluster::ClusterClientBuilder::new(infos.clone())
+            .connection_timeout(settings.connect_timeout / 2)
+            .response_timeout(response_timeout(settings.call_timeout))
+            .tcp_settings(tcp_settings());
+        if let Some(retries) = retries {
+            builder = builder.retries(retries);
+        }
+        if let Some(certificates) = &certificates {
+            builder = certificates.cluster(builder);
+        }
+        builder.build().map_err(|e| {
+            ConfigError::store(format!(
+                "Redis Cluster seeds {:?}: {}",
+                listed(),
+                redact(&e.to_string())
+            ))
+        })
+    };
+    let source = Source::Cluster {
+        routed: build(None)?,
+        once: build(Some(0))?,
+    };
+    Ok((source, host))
 }
 
 #[cfg(feature = "tls")]
 impl Certificates {
     fn cluster(
-        self,
+        &self,
         builder: redis::cluster::ClusterClientBuilder,
     ) -> redis::cluster::ClusterClientBuilder {
-        builder.certs(self.0)
+        builder.certs(self.0.clone())
     }
 }
 
 #[cfg(not(feature = "tls"))]
 impl Certificates {
     fn cluster(
-        self,
+        &self,
         _: redis::cluster::ClusterClientBuilder,
     ) -> redis::cluster::ClusterClientBuilder {
-        match self {}
+        match *self {}
     }
 }
