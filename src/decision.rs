@@ -118,7 +118,8 @@ impl QuotaState {
         self.quota.capacity()
     }
 
-    /// Whole tokens left in this bucket after the check.
+    /// Whole tokens left in this bucket after the check (with leases, what
+    /// this instance can still spend: see [`Decision::remaining`]).
     pub fn remaining(&self) -> u64 {
         self.remaining
     }
@@ -215,6 +216,15 @@ impl Decision {
 
     /// Whole tokens left in the most restrictive quota after this call. A denied
     /// call consumed nothing, so this is what is left now.
+    ///
+    /// **With leases** (a [`RedisStore`](crate::RedisStore)'s default), a
+    /// decision made in process from tokens Redis holds for this instance
+    /// reports what *this instance* can still spend from its hold, never
+    /// more than the shared bucket has, but usually less: consecutive
+    /// requests may read 39, 38, then 11 as the instance moves between its
+    /// hold and the bucket in Redis. It never overstates what is left; a
+    /// client that must see the whole bucket's count counts on a store with
+    /// `.leases(false)`.
     pub fn remaining(&self) -> u64 {
         self.binding().map_or(0, QuotaState::remaining)
     }

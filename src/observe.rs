@@ -177,11 +177,33 @@ pub(crate) fn store_error(store: &'static str, error: &Error, throttle: &LogThro
             suppressed,
             "rate limit store error: {error}"
         );
-        #[cfg(not(feature = "tracing"))]
+        // Without `tracing` or `metrics` an outage would go unseen: one
+        // line on stderr, at the same pace.
+        #[cfg(not(any(feature = "tracing", feature = "metrics")))]
+        eprintln!("{}", stderr_line(store, error, suppressed));
+        #[cfg(all(not(feature = "tracing"), feature = "metrics"))]
         let _ = suppressed;
     }
     #[cfg(not(any(feature = "tracing", feature = "metrics")))]
     let _ = (store, kind);
+}
+
+/// The stderr line of a store error when neither `tracing` nor `metrics`
+/// reports it: what failed, how many like it were not printed since, and
+/// how to report them properly.
+#[cfg_attr(any(feature = "tracing", feature = "metrics"), allow(dead_code))]
+fn stderr_line(store: &str, error: &Error, suppressed: u64) -> String {
+    let mut line = format!("tollgate: rate limit store ({store}) error: {error}");
+    if suppressed > 0 {
+        line.push_str(&format!(
+            " ({suppressed} more of this kind since the last line)"
+        ));
+    }
+    line.push_str(
+        " [at most one line per kind every 5 s; enable tollgate's `tracing` or `metrics` \
+         feature to report store errors there instead]",
+    );
+    line
 }
 
 /// The circuit breaker changed state.
@@ -300,6 +322,20 @@ impl LogThrottle {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_stderr_line_names_the_store_the_error_and_what_to_enable() {
+        let error = Error::store(ErrorKind::Connection, "Redis at cache:6379: refused");
+        let line = stderr_line("redis", &error, 3);
+        assert!(
+            line.starts_with("tollgate: rate limit store (redis) error: "),
+            "{line}"
+        );
+        assert!(line.contains("Redis at cache:6379: refused"), "{line}");
+        assert!(line.contains("3 more of this kind"), "{line}");
+        assert!(line.contains("`tracing` or `metrics`"), "{line}");
+        assert!(!stderr_line("redis", &error, 0).contains("more of this kind"));
+    }
 
     #[tokio::test(start_paused = true)]
     async fn one_line_per_kind_per_interval_with_the_count_of_the_rest() {

@@ -144,7 +144,7 @@ fn ports_start_moves_to_a_fresh_port_when_another_server_took_it() {
             attempts.push(p.port);
             if attempts.len() == 1 {
                 // Another process binds the port first.
-                let other = std::process::Command::new("redis-server")
+                let other = std::process::Command::new(support::bins::redis_server())
                     .args(["--port", &p.port.to_string(), "--bind", "127.0.0.1"])
                     .args(["--save", "", "--appendonly", "no"])
                     .current_dir(dir.path())
@@ -356,6 +356,11 @@ fn sentinel_failover_after_killing_the_primary() {
 
 #[test]
 fn tls_server_answers_with_the_right_ca_and_refuses_the_wrong_one() {
+    if !support::bins::has_tls() {
+        return support::bins::no_tls(
+            "tls_server_answers_with_the_right_ca_and_refuses_the_wrong_one",
+        );
+    }
     let t = Instant::now();
     let mut server = TlsRedis::start();
     eprintln!("TLS redis-server ready in {:?}", t.elapsed());
@@ -383,7 +388,7 @@ fn tls_server_answers_with_the_right_ca_and_refuses_the_wrong_one() {
     assert_eq!(server.calls("ping"), 0);
 
     // The certificate names localhost too.
-    let out = std::process::Command::new("redis-cli")
+    let out = std::process::Command::new(support::bins::redis_cli())
         .arg("--tls")
         .arg("--cacert")
         .arg(server.ca_path())

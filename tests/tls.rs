@@ -13,6 +13,9 @@ use tollgate::{ErrorKind, Quota, RateLimiter, RedisStore};
 
 #[tokio::test]
 async fn tls_checks_over_rediss_with_the_servers_ca() {
+    if !support::bins::has_tls() {
+        return support::bins::no_tls("tls_checks_over_rediss_with_the_servers_ca");
+    }
     let server = TlsRedis::start();
     for (i, url) in [server.url(), server.localhost_url()]
         .into_iter()
@@ -36,6 +39,11 @@ async fn tls_checks_over_rediss_with_the_servers_ca() {
 /// says why, without the URL's password.
 #[tokio::test]
 async fn tls_a_certificate_that_does_not_verify_fails_clearly_naming_the_host() {
+    if !support::bins::has_tls() {
+        return support::bins::no_tls(
+            "tls_a_certificate_that_does_not_verify_fails_clearly_naming_the_host",
+        );
+    }
     let server = TlsRedis::start();
     let url = format!("rediss://app:s3cret@127.0.0.1:{}", server.port());
     let host = format!("127.0.0.1:{}", server.port());
@@ -70,6 +78,9 @@ async fn tls_a_certificate_that_does_not_verify_fails_clearly_naming_the_host() 
 
 #[test]
 fn tls_configuration_mistakes_are_refused_at_build() {
+    if !support::bins::has_tls() {
+        return support::bins::no_tls("tls_configuration_mistakes_are_refused_at_build");
+    }
     let refused = support::refused_at_build;
     let ca = TlsRedis::start().ca_pem();
     let m = refused(

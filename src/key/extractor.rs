@@ -9,6 +9,12 @@ use std::future::Future;
 use http::request::Parts;
 
 /// Takes a client key from a request head. See the [module docs](crate::key).
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a key extractor",
+    label = "not a `KeyExtractor`",
+    note = "a constructor that can refuse its configuration returns `Result<_, ConfigError>`: add `?` after it (for example `ClientIp::trusted_proxies([\"10.0.0.0/8\"])?`)",
+    note = "`ClientIp::hops(n)?` is unfinished: finish it with `.only_from([\"10.0.0.0/8\"])?`, the proxies whose headers are believed"
+)]
 pub trait KeyExtractor: Send + Sync + 'static {
     /// The namespace of this extractor's keys (`ip`, `header:x-api-key`, or
     /// [`Kind::custom`] for your own), put in front of every key it extracts so

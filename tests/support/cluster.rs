@@ -16,14 +16,13 @@
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
-use std::process::{Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use deadpool_redis::redis;
 
 use super::base_args;
-use super::node::{Node, kill_child};
+use super::node::Node;
 
 /// `--cluster-node-timeout` of [`RedisCluster::start`], in milliseconds.
 pub const NODE_TIMEOUT_MS: u64 = 1500;
@@ -148,8 +147,8 @@ pub struct RedisCluster {
 }
 
 impl RedisCluster {
-    /// Starts 6 cluster nodes, creates the cluster with `redis-cli --cluster
-    /// create ... --cluster-replicas 1` and waits until every node is `ok`, all
+    /// Starts 6 cluster nodes, creates the cluster (as `redis-cli --cluster
+    /// create ... --cluster-replicas 1` would) and waits until every node is `ok`, all
     /// 16384 slots are assigned, all nodes agree on the slot map and the roles,
     /// and each primary has one replica that is in sync.
     pub fn start() -> Self {
@@ -210,38 +209,42 @@ impl RedisCluster {
         cluster
     }
 
+    /// Creates the cluster with the cluster commands themselves (what
+    /// `redis-cli --cluster create` sends, which a `redis-cli` older than
+    /// the server cannot: before 7.0 its `CLUSTER MEET` names no bus port):
+    /// every node meets the first, the first three take a third of the slots
+    /// each, and each of the others replicates one of them.
     fn create(&self, replicas: usize) {
-        let log = self.nodes[0].dir().join("cluster-create.log");
-        let out = std::fs::File::create(&log).expect("log file");
-        let mut cli = Command::new("redis-cli")
-            .arg("--cluster")
-            .arg("create")
-            .args(self.nodes.iter().map(Node::addr))
-            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
-            .stdin(Stdio::null())
-            .stdout(out.try_clone().expect("log file"))
-            .stderr(out)
-            .spawn()
-            .expect("redis-cli (it comes with redis-server: apt-get install redis-tools)");
-        let deadline = Instant::now() + WAIT_LIMIT;
-        let status = loop {
-            if let Some(status) = cli.try_wait().expect("redis-cli") {
-                break status;
+        let first = &self.nodes[0];
+        for node in &self.nodes[1..] {
+            let port = node.port().to_string();
+            let bus = node.bus_port().expect("bus port").to_string();
+            let _: String = first.cmd(&["CLUSTER", "MEET", "127.0.0.1", &port, &bus]);
+        }
+        self.wait_until("every node to know every other", |c| {
+            for node in &c.nodes {
+                let known = parse_cluster_nodes(&node.cmd::<String>(&["CLUSTER", "NODES"]));
+                if known.len() < c.nodes.len() {
+                    return Err(format!("{node:?} knows {} nodes", known.len()));
+                }
             }
-            if Instant::now() > deadline {
-                kill_child(&mut cli);
-                panic!(
-                    "redis-cli --cluster create did not finish within {WAIT_LIMIT:?}:\n{}",
-                    std::fs::read_to_string(&log).unwrap_or_default()
-                );
-            }
-            std::thread::sleep(POLL);
-        };
-        assert!(
-            status.success(),
-            "redis-cli --cluster create failed ({status}):\n{}",
-            std::fs::read_to_string(&log).unwrap_or_default()
-        );
+            Ok(())
+        });
+        let primaries = &self.nodes[..3];
+        for (i, node) in primaries.iter().enumerate() {
+            let from = (SLOTS as usize * i / 3).to_string();
+            let to = (SLOTS as usize * (i + 1) / 3 - 1).to_string();
+            let _: String = node.cmd(&["CLUSTER", "ADDSLOTSRANGE", &from, &to]);
+        }
+        for (i, node) in self.nodes[3..].iter().enumerate().take(3 * replicas) {
+            let primary = self.id_of(&primaries[i % 3]);
+            // The replica must know the primary as one first (the slots'
+            // news travels by gossip).
+            self.wait_until("a replica to see its primary's slots", |_| {
+                node.try_cmd::<String>(&["CLUSTER", "REPLICATE", &primary])
+                    .map_err(|e| e.to_string())
+            });
+        }
         let map = self.wait_until("the new cluster to be ready", |c| {
             c.ready_view(if replicas > 0 { 3 } else { 0 })
         });

@@ -484,6 +484,7 @@ impl Drop for Proxy {
 }
 
 pub mod batches;
+pub mod bins;
 pub mod cluster;
 pub mod delay_line;
 pub mod failover;

