@@ -42,7 +42,7 @@ fn layer(c: &mut Criterion) {
     });
     let quota = Quota::per_second(1_000_000).expect("quota");
     let mut limited = RateLimitLayer::new(MemoryStore::new(), quota)
-        .key(Header::new("x-client").verbatim())
+        .key(Header::new("x-client").unwrap().verbatim())
         .layer(inner);
     group.bench_function("memory, header key", |b| {
         b.iter(|| {
@@ -52,7 +52,7 @@ fn layer(c: &mut Criterion) {
         })
     });
     let mut hashed = RateLimitLayer::new(MemoryStore::new(), quota)
-        .key(Header::new("x-client"))
+        .key(Header::new("x-client").unwrap())
         .layer(inner);
     group.bench_function("memory, hashed header key", |b| {
         b.iter(|| {

@@ -24,7 +24,7 @@ use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::{Extension, Router, routing::get};
 use tollgate::key::{self, PeerIp};
-use tollgate::layer::{OnStoreError, RateLimitLayer};
+use tollgate::layer::RateLimitLayer;
 use tollgate::{AnyStore, Decision, Fallback, MemoryStore, Policy, Quota, RedisStore};
 
 /// A caller whose API key the auth layer verified.
@@ -53,7 +53,7 @@ async fn serve(store: AnyStore, label: &str) -> Result<(), Box<dyn Error>> {
     // Redis down: keep limiting in this process, each quota divided by the
     // number of instances (here one). The default would be
     // OnStoreError::Allow: keep serving, unlimited.
-    let fallback = OnStoreError::Fallback(Fallback::memory().share(1)?);
+    let fallback = Fallback::memory().share(std::num::NonZeroU32::MIN);
     // Every request, by the peer address (behind a load balancer use
     // ClientIp::trusted_proxies with its networks).
     let per_ip = RateLimitLayer::new(
@@ -61,7 +61,7 @@ async fn serve(store: AnyStore, label: &str) -> Result<(), Box<dyn Error>> {
         Policy::new("per-ip", [Quota::per_second(20)?.burst(40)?])?,
     )
     .key(PeerIp::new())
-    .on_store_error(fallback.clone());
+    .fallback(fallback.clone());
     // Verified callers, by who they are; both quotas decided together.
     let per_client = RateLimitLayer::new(
         store,
@@ -70,10 +70,10 @@ async fn serve(store: AnyStore, label: &str) -> Result<(), Box<dyn Error>> {
             [Quota::per_second(5)?.burst(10)?, Quota::per_hour(1000)?],
         )?,
     )
-    .key(key::Extension::new("client", |c: &ApiClient| {
+    .key(key::FromExtension::new("client", |c: &ApiClient| {
         c.name.to_owned()
     }))
-    .on_store_error(fallback);
+    .fallback(fallback);
 
     // The last layer added runs first.
     let app = Router::new()

@@ -21,7 +21,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use tokio::net::TcpListener;
-use tollgate::layer::{OnStoreError, RateLimitLayer};
+use tollgate::layer::RateLimitLayer;
 use tollgate::{AnyStore, Decision, Fallback, MemoryStore, Policy, Quota, RedisStore};
 
 /// 2 requests a second, bursts of 5.
@@ -61,8 +61,7 @@ async fn run(store: AnyStore) -> Result<(), Box<dyn Error>> {
     let policy = Policy::new("demo", [Quota::per_second(2)?.burst(5)?])?;
     // While Redis fails, an in-process store decides with the same quota
     // (rather than letting everything through, the default).
-    let limit = RateLimitLayer::new(store, policy)
-        .on_store_error(OnStoreError::Fallback(Fallback::memory()));
+    let limit = RateLimitLayer::new(store, policy).fallback(Fallback::memory());
     let app = Router::new().route("/", get(hello)).layer(limit);
     // The peer address reaches the layer through axum's ConnectInfo.
     let app = app.into_make_service_with_connect_info::<SocketAddr>();

@@ -30,7 +30,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use tokio::net::TcpListener;
-use tollgate::layer::{OnStoreError, RateLimitLayer};
+use tollgate::layer::RateLimitLayer;
 use tollgate::{AnyStore, Fallback, MemoryStore, Policy, Quota, RedisStore, key};
 
 const PASSWORD: &str = "correct horse battery staple";
@@ -67,7 +67,7 @@ async fn main() -> Result<(), Box<dyn Error + Send + Sync>> {
     )
     .key(account)
     .count_only_statuses([401])?
-    .on_store_error(OnStoreError::Fallback(Fallback::memory()));
+    .fallback(Fallback::memory());
     // Keyed by the peer address, the default (behind a proxy, use
     // key::ClientIp with the proxy's networks).
     let per_address = RateLimitLayer::new(
@@ -75,7 +75,7 @@ async fn main() -> Result<(), Box<dyn Error + Send + Sync>> {
         Policy::new("login-address", [Quota::new(20, fifteen_minutes)?])?,
     )
     .count_only_statuses([401])?
-    .on_store_error(OnStoreError::Fallback(Fallback::memory()));
+    .fallback(Fallback::memory());
 
     let app = Router::new()
         .route("/login/{account}", post(login))

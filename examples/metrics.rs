@@ -21,7 +21,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use metrics_exporter_prometheus::PrometheusBuilder;
 use tollgate::key::Header;
-use tollgate::layer::{OnStoreError, RateLimitLayer};
+use tollgate::layer::RateLimitLayer;
 use tollgate::{AnyStore, Fallback, MemoryStore, Policy, Quota, RedisStore};
 
 #[tokio::main(flavor = "current_thread")]
@@ -40,8 +40,8 @@ async fn main() -> Result<(), Box<dyn Error>> {
         _ => MemoryStore::new().into(),
     };
     let limit = RateLimitLayer::new(store, Policy::new("api", [Quota::per_minute(3)?])?)
-        .key(Header::new("x-api-key"))
-        .on_store_error(OnStoreError::Fallback(Fallback::memory()));
+        .key(Header::new("x-api-key")?)
+        .fallback(Fallback::memory());
     let app = Router::new()
         .route("/", get(|| async { "hello\n" }))
         .layer(limit)

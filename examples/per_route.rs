@@ -18,7 +18,7 @@
 //!   larger quota;
 //! - `GET /health`: added after every layer, neither limited nor authenticated.
 //!
-//! Customers are keyed by who they are (`Extension`), not by the API key
+//! Customers are keyed by who they are (`FromExtension`), not by the API key
 //! header: with the raw header, a client sending a new random key per request
 //! would get a fresh bucket each time.
 
@@ -35,7 +35,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use tollgate::key::{Extension, PeerIp};
+use tollgate::key::{FromExtension, PeerIp};
 use tollgate::layer::{Choice, RateLimitLayer};
 use tollgate::{MemoryStore, Policy, Quota};
 
@@ -59,7 +59,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
     let free = Policy::new("free", [Quota::per_minute(10)?])?;
     let pro = Policy::new("pro", [Quota::per_minute(100)?])?;
     let bulk = Policy::new("bulk", [Quota::per_minute(20)?])?;
-    let customer = || Extension::new("customer", |c: &Customer| c.name.to_owned());
+    let customer = || FromExtension::new("customer", |c: &Customer| c.name.to_owned());
 
     let per_ip = RateLimitLayer::new(
         store.clone(),
@@ -68,7 +68,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
     .key(PeerIp::new());
     let by_tier = RateLimitLayer::new(store.clone(), free.clone())
         .key(customer())
-        .policy(move |parts| {
+        .select_policy(move |parts| {
             // The route template axum matched, and the tier the auth layer
             // stored: both trusted, neither written by the client.
             let route = parts

@@ -3,13 +3,14 @@
 
 use crate::decision::Decision;
 use crate::decision::Reservation;
-use crate::error::{ConfigError, Error};
+use crate::error::Error;
 use crate::observe;
 use crate::policy::Policy;
 use crate::quota::MAX_PERIOD;
 use crate::quota::Quota;
 use crate::store::{MemoryStore, Store};
 use std::fmt;
+use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -25,7 +26,7 @@ const MAX_SCALED: usize = 64;
 ///
 /// Give it to [`RateLimiter::fallback`](crate::RateLimiter::fallback), or to
 /// the layer with
-/// [`OnStoreError::Fallback`](crate::layer::OnStoreError::Fallback). Decisions
+/// [`RateLimitLayer::fallback`](crate::layer::RateLimitLayer::fallback). Decisions
 /// it makes say so ([`Decision::is_fallback`]); the layer also puts the store's
 /// error in the extensions as a [`StoreFailure`](crate::layer::StoreFailure).
 ///
@@ -48,13 +49,14 @@ const MAX_SCALED: usize = 64;
 /// # Example
 ///
 /// ```
+/// use std::num::NonZeroU32;
 /// use tollgate::{Fallback, MemoryStore, Quota, RateLimiter, RedisStore};
 ///
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// // Four instances share the Redis limit; while Redis is down each one
 /// // enforces a quarter of it in memory.
 /// let limiter = RateLimiter::new(RedisStore::from_url("redis://127.0.0.1:6379")?, Quota::per_second(100)?)
-///     .fallback(Fallback::memory().share(4)?);
+///     .fallback(Fallback::memory().share(NonZeroU32::new(4).unwrap()));
 /// # let _ = limiter;
 /// # Ok(())
 /// # }
@@ -186,23 +188,17 @@ impl Fallback {
     /// raise. Quotas whose shares coincide (`10/s burst 7` and `10/s burst
     /// 8` shared by 2 are both `5/s burst 4`) are one quota of the share.
     ///
-    /// # Errors
-    ///
-    /// A [`ConfigError`] when `instances` is 0.
-    pub fn share(self, instances: u32) -> Result<Self, ConfigError> {
-        if instances == 0 {
-            return Err(ConfigError::layer(
-                "Fallback::share(0): the number of instances must be at least 1",
-            ));
-        }
-        Ok(Fallback {
+    /// `instances` is never 0 (a `NonZeroU32`, as a constant:
+    /// `const INSTANCES: NonZeroU32 = NonZeroU32::new(4).unwrap();`).
+    pub fn share(self, instances: NonZeroU32) -> Self {
+        Fallback {
             inner: Arc::new(Inner {
                 store: self.inner.store.clone(),
-                share: instances,
+                share: instances.get(),
                 active: AtomicBool::new(false),
                 scaled: Mutex::new(Shares::default()),
             }),
-        })
+        }
     }
 
     /// The in-process store.
@@ -452,7 +448,6 @@ mod tests {
             );
         }
         assert_eq!(scale(q, 1, 1), q);
-        assert!(Fallback::memory().share(0).is_err());
     }
 
     #[tokio::test(start_paused = true)]
@@ -460,7 +455,7 @@ mod tests {
         // 10 a second shared by 4: 2.5 a second, burst 3. A request of cost 5
         // raises the burst, once, to the policy's largest cost, 10: two now,
         // the next one 2 s later.
-        let fallback = Fallback::memory().share(4).unwrap();
+        let fallback = Fallback::memory().share(NonZeroU32::new(4).unwrap());
         let policy = Policy::from(Quota::per_second(10).unwrap());
         let error = Error::Timeout(Duration::from_millis(1));
         for _ in 0..2 {
@@ -503,7 +498,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn past_64_policies_a_share_is_raised_once_as_for_the_first() {
-        let fallback = Fallback::memory().share(4).unwrap();
+        let fallback = Fallback::memory().share(NonZeroU32::new(4).unwrap());
         let error = Error::Timeout(Duration::from_millis(1));
         let policies: Vec<Policy> = (0..=MAX_SCALED)
             .map(|i| Policy::new(&format!("p{i}"), [Quota::per_second(40).unwrap()]).unwrap())
@@ -522,7 +517,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_raise_outlives_plain_shares_used_since() {
-        let fallback = Fallback::memory().share(4).unwrap();
+        let fallback = Fallback::memory().share(NonZeroU32::new(4).unwrap());
         let error = Error::Timeout(Duration::from_millis(1));
         let hot = Policy::new("hot", [Quota::per_second(40).unwrap()]).unwrap();
         let (_, scaled) = fallback.check("client", &hot, 11, &error).unwrap();
@@ -550,7 +545,7 @@ mod tests {
             ],
         )
         .unwrap();
-        let fallback = Fallback::memory().share(2).unwrap();
+        let fallback = Fallback::memory().share(NonZeroU32::new(2).unwrap());
         let error = Error::Timeout(Duration::from_millis(1));
         let (_, scaled) = fallback.check("k", &policy, 1, &error).unwrap();
         assert_eq!(scaled.quotas().len(), 1);
@@ -566,7 +561,7 @@ mod tests {
 
     #[tokio::test]
     async fn decisions_say_they_came_from_the_fallback_and_use_the_share() {
-        let fallback = Fallback::memory().share(2).unwrap();
+        let fallback = Fallback::memory().share(NonZeroU32::new(2).unwrap());
         let policy = Policy::from(Quota::per_minute(4).unwrap());
         let error = Error::Timeout(Duration::from_millis(1));
         for left in [1, 0] {

@@ -112,9 +112,16 @@ impl RateLimiter {
         &self.store
     }
 
-    /// The fallback, if any.
-    pub fn fallback_store(&self) -> Option<&Fallback> {
+    /// The fallback set with [`fallback`](Self::fallback), if any.
+    pub fn configured_fallback(&self) -> Option<&Fallback> {
         self.fallback.as_ref()
+    }
+
+    /// The old name of [`configured_fallback`](Self::configured_fallback)
+    /// (it returns a [`Fallback`], not a store).
+    #[deprecated(since = "0.1.0", note = "renamed `configured_fallback`")]
+    pub fn fallback_store(&self) -> Option<&Fallback> {
+        self.configured_fallback()
     }
 
     /// Spends `cost` tokens from `key`'s buckets if every quota has them; a denied
@@ -608,7 +615,7 @@ mod tests {
         assert!(!by_store.is_fallback());
         // A decision the fallback made (as it would while the store fails).
         let by_fallback = limiter
-            .fallback_store()
+            .configured_fallback()
             .unwrap()
             .check(
                 "default:k",

@@ -78,6 +78,25 @@ pub(crate) fn grpc_peer_needs_tonic() {
     eprintln!("{HINT}");
 }
 
+/// A layer was built with an unnamed policy (named `default`): from the
+/// second one a process builds, a warning, once (on stderr without the
+/// `tracing` feature): unnamed layers that take the same key share buckets,
+/// so nested ones would each spend from one bucket.
+pub(crate) fn unnamed_layer() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static UNNAMED: AtomicUsize = AtomicUsize::new(0);
+    if UNNAMED.fetch_add(1, Ordering::Relaxed) != 1 {
+        return;
+    }
+    const HINT: &str = "tollgate: two rate limit layers have unnamed policies (both called \
+        \"default\"): with the same key they share buckets, and a request through both spends \
+        twice from one. Name each layer's policy (Policy::new(\"api\", [..])). Said once a process.";
+    #[cfg(feature = "tracing")]
+    tracing::warn!(target: "tollgate", "{HINT}");
+    #[cfg(not(feature = "tracing"))]
+    eprintln!("{HINT}");
+}
+
 /// One decision: a debug event and a counter.
 pub(crate) fn decision(policy: &str, key_kind: &str, outcome: Outcome) {
     #[cfg(feature = "tracing")]

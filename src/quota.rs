@@ -133,6 +133,42 @@ impl Quota {
         Self::checked(tokens, period_us, tokens, tokens / g, period_us / g)
     }
 
+    /// [`Quota::new`] for a constant: `tokens` per `period_us` microseconds
+    /// with a bucket of `capacity`, checked as `new` and
+    /// [`burst`](Self::burst) check it, panicking where they would return
+    /// an error. Evaluated in a `const` (as [`quota!`](crate::quota!) does),
+    /// a mistake fails the build. For figures known only at run time, use
+    /// `new` and `burst`, which return the error.
+    ///
+    /// # Panics
+    ///
+    /// When `tokens` or `capacity` is 0, the period is outside
+    /// [`MIN_PERIOD`]`..=`[`MAX_PERIOD`], or the bucket cannot be counted
+    /// exactly.
+    pub const fn constant(tokens: u64, period_us: u64, capacity: u64) -> Self {
+        assert!(tokens > 0, "a quota refills at least 1 token per period");
+        assert!(capacity > 0, "a quota's burst capacity is at least 1");
+        assert!(
+            period_us >= MIN_PERIOD.as_micros() as u64
+                && period_us <= MAX_PERIOD.as_micros() as u64,
+            "a quota's period is between 1 ms and 366 days"
+        );
+        let g = gcd(tokens, period_us);
+        let (num, den) = (tokens / g, period_us / g);
+        assert!(
+            capacity <= MAX_EXACT / den && num <= MAX_EXACT,
+            "this quota is too large to count exactly: use a smaller capacity or \
+             a rate that divides the period more evenly"
+        );
+        Quota {
+            tokens,
+            period_us,
+            capacity,
+            num,
+            den,
+        }
+    }
+
     /// `n` tokens refilled per second, capacity `n`.
     pub fn per_second(n: u64) -> Result<Self, ConfigError> {
         Self::new(n, Duration::from_secs(1))
@@ -263,7 +299,7 @@ impl fmt::Display for PeriodName {
     }
 }
 
-pub(crate) fn gcd(mut a: u64, mut b: u64) -> u64 {
+pub(crate) const fn gcd(mut a: u64, mut b: u64) -> u64 {
     while b != 0 {
         (a, b) = (b, a % b);
     }
@@ -283,9 +319,77 @@ pub(crate) fn ceil_div(a: u64, b: u64) -> u64 {
     if b <= 1 { a } else { a.div_ceil(b) }
 }
 
+/// A constant [`Quota`], checked when the program is built: no `?`.
+///
+/// `quota!(N per second)`, `per minute`, `per hour`, `per day`, or
+/// `per S seconds`; then, optionally, `, burst B` for a bucket of `B`
+/// tokens (the capacity is `N` without it). A quota that [`Quota::new`]
+/// would refuse (0 tokens, a bucket too large to count exactly) does not
+/// compile. The figures must be constants.
+///
+/// ```
+/// use tollgate::{Policy, Quota, quota};
+///
+/// const API: Quota = quota!(10 per second, burst 20);
+/// let policy = Policy::new("api", [API, quota!(1000 per hour)]).unwrap();
+/// assert_eq!(API, Quota::per_second(10).unwrap().burst(20).unwrap());
+/// # let _ = policy;
+/// ```
+///
+/// ```compile_fail
+/// const NONE: tollgate::Quota = tollgate::quota!(0 per second);
+/// ```
+#[macro_export]
+macro_rules! quota {
+    ($n:literal per second $(, burst $b:expr)?) => {
+        $crate::quota!(@ $n, 1_000_000u64 $(, $b)?)
+    };
+    ($n:literal per minute $(, burst $b:expr)?) => {
+        $crate::quota!(@ $n, 60_000_000u64 $(, $b)?)
+    };
+    ($n:literal per hour $(, burst $b:expr)?) => {
+        $crate::quota!(@ $n, 3_600_000_000u64 $(, $b)?)
+    };
+    ($n:literal per day $(, burst $b:expr)?) => {
+        $crate::quota!(@ $n, 86_400_000_000u64 $(, $b)?)
+    };
+    ($n:literal per $s:literal seconds $(, burst $b:expr)?) => {
+        $crate::quota!(@ $n, ($s as u64) * 1_000_000u64 $(, $b)?)
+    };
+    (@ $n:expr, $us:expr) => {
+        const { $crate::Quota::constant($n, $us, $n) }
+    };
+    (@ $n:expr, $us:expr, $b:expr) => {
+        const { $crate::Quota::constant($n, $us, $b) }
+    };
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn constant_quotas_are_the_checked_ones() {
+        assert_eq!(quota!(10 per second), Quota::per_second(10).unwrap());
+        assert_eq!(
+            quota!(10 per second, burst 20),
+            Quota::per_second(10).unwrap().burst(20).unwrap()
+        );
+        assert_eq!(quota!(7 per minute), Quota::per_minute(7).unwrap());
+        assert_eq!(quota!(1000 per hour), Quota::per_hour(1000).unwrap());
+        assert_eq!(
+            quota!(5 per 900 seconds, burst 5),
+            Quota::new(5, Duration::from_secs(900)).unwrap()
+        );
+        assert_eq!(
+            quota!(3 per day),
+            Quota::new(3, Duration::from_secs(86_400)).unwrap()
+        );
+        // Past the exact range, as `burst` refuses it.
+        let too_large = std::panic::catch_unwind(|| Quota::constant(7, 1_000_000, u64::MAX / 2));
+        assert!(too_large.is_err());
+        assert!(Quota::per_second(7).unwrap().burst(u64::MAX / 2).is_err());
+    }
 
     #[test]
     fn per_period_means_n_tokens_per_period() {

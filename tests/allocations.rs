@@ -96,7 +96,7 @@ async fn requests_decided_at_once_allocate_only_for_their_data_and_the_deny_cach
     let base = per_request(&mut inner(), requests(&clients, 300), StatusCode::OK).await;
 
     let mut memory = RateLimitLayer::new(MemoryStore::new(), Quota::per_hour(1_000).unwrap())
-        .key(Header::new("x-client").verbatim())
+        .key(Header::new("x-client").unwrap().verbatim())
         .headers(HeaderStyle::None)
         .layer(inner());
     // The first request of each client makes its bucket.
@@ -110,7 +110,7 @@ async fn requests_decided_at_once_allocate_only_for_their_data_and_the_deny_cach
     // Denied at once: the answer is the layer's own, with the decision in its
     // extensions only (no inner response, no request extensions).
     let mut spent = RateLimitLayer::new(MemoryStore::new(), Quota::per_hour(1).unwrap())
-        .key(Header::new("x-client").verbatim())
+        .key(Header::new("x-client").unwrap().verbatim())
         .headers(HeaderStyle::None)
         .layer(inner());
     let _ = per_request(&mut spent, requests(&clients, 3), StatusCode::OK).await;
@@ -153,7 +153,7 @@ async fn a_batched_redis_check_allocates_for_its_own_data(base: f64) {
     const EACH: usize = 50;
     let server = support::RedisServer::start();
     let redis = RateLimitLayer::new(server.store(), Quota::per_second(1_000_000).unwrap())
-        .key(Header::new("x-client").verbatim())
+        .key(Header::new("x-client").unwrap().verbatim())
         .headers(HeaderStyle::None)
         .layer(inner());
     let local = tokio::task::LocalSet::new();
@@ -237,7 +237,7 @@ async fn axum_bodies_save_the_router_a_box_per_response() {
     let clients = ["c1", "c2", "c3"];
     let limit = || {
         RateLimitLayer::new(MemoryStore::new(), Quota::per_hour(1_000).unwrap())
-            .key(Header::new("x-client").verbatim())
+            .key(Header::new("x-client").unwrap().verbatim())
             .headers(HeaderStyle::None)
     };
     let route = || axum::Router::new().route("/", get(|| async { "ok" }));
@@ -263,7 +263,7 @@ async fn a_denial_from_the_deny_cache_allocates_as_the_memory_store_does(base: f
     let server = support::RedisServer::start();
     let clients = ["hot"];
     let mut redis = RateLimitLayer::new(server.store(), Quota::per_hour(1).unwrap())
-        .key(Header::new("x-client").verbatim())
+        .key(Header::new("x-client").unwrap().verbatim())
         .headers(HeaderStyle::None)
         .layer(inner());
     // Spends the bucket, then Redis denies once and the cache remembers.

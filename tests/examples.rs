@@ -95,6 +95,34 @@ fn the_demo_runs_its_session_on_the_fallback_with_redis_dead() {
     assert!(out.contains("429 Too Many Requests"), "{out}");
     assert!(out.contains("decided by the in-process fallback"), "{out}");
     assert!(out.contains("done: server stopped"), "{out}");
+    // Without tracing or metrics, the outage is on stderr: the first failed
+    // call's line comes with the first request (the demo's burst starts
+    // well within a second).
+    #[cfg(not(any(feature = "tracing", feature = "metrics")))]
+    assert!(
+        out.contains("tollgate: rate limit store (redis) error:"),
+        "{out}"
+    );
+    assert!(!out.contains("do-not-print"), "{out}");
+}
+
+/// Two instances behind one proxy address count one bucket per client
+/// address, in memory and on a live Redis.
+#[test]
+fn two_instances_share_one_limit_per_client() {
+    let redis = support::RedisServer::start();
+    for url in [String::new(), redis.url()] {
+        let out = run("instances", &[("REDIS_URL", &url)]);
+        let rows: Vec<&str> = out.lines().filter(|l| l.starts_with("client ")).collect();
+        assert_eq!(rows.len(), 8, "{out}");
+        // 5 a minute per address, across both instances: the sixth is refused.
+        assert!(rows[..5].iter().all(|r| r.contains("200 OK")), "{out}");
+        assert!(rows[5].contains("429"), "{out}");
+        assert!(
+            rows[6].contains("200 OK") && rows[6].contains("r=4"),
+            "{out}"
+        );
+    }
 }
 
 /// The login guard's session, which checks its own figures and fails

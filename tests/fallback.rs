@@ -15,7 +15,7 @@ use http::StatusCode;
 use support::RedisServer;
 use support::http::{Client, TestServer};
 use tollgate::key::Global;
-use tollgate::layer::{OnStoreError, RateLimitLayer};
+use tollgate::layer::RateLimitLayer;
 use tollgate::{Fallback, MemoryStore, Policy, Quota, RateLimiter, RedisStore};
 
 /// Redis down, each request costing more than an instance's share of the
@@ -28,12 +28,12 @@ async fn a_cost_above_an_instances_share_is_limited_not_forwarded() {
     let mut redis = RedisServer::start();
     let store = redis.store();
     redis.stop();
-    let fallback = Fallback::memory().share(4).unwrap();
+    let fallback = Fallback::memory().share(std::num::NonZeroU32::new(4).unwrap());
     let layer = RateLimitLayer::new(store, Quota::per_second(10).unwrap())
         .key(Global)
         .fixed_cost(5)
         .unwrap()
-        .on_store_error(OnStoreError::Fallback(fallback.clone()));
+        .fallback(fallback.clone());
     let server = TestServer::axum(
         Router::new()
             .route("/", get(|| async { "ok" }))

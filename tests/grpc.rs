@@ -97,7 +97,7 @@ async fn details_carry_retry_info_and_quota_failure() {
 
     let redis = RedisServer::start();
     let quotas = [per_minute(2), Quota::per_hour(100).unwrap()];
-    let layer = layer(&redis, named("reads", quotas)).key(Header::new("x-api-key"));
+    let layer = layer(&redis, named("reads", quotas)).key(Header::new("x-api-key").unwrap());
     let server = GrpcServer::start(layer).await;
     let mut client = server.client().await;
     let key = [("x-api-key", "k-secret-1")];
@@ -296,7 +296,7 @@ async fn per_method_policies_from_the_grpc_path() {
     let watches = Policy::new("watches", [per_minute(1)]).unwrap();
     let layer = layer(&redis, per_minute(100))
         .key(Global)
-        .policy(move |parts| match grpc_method(parts) {
+        .select_policy(move |parts| match grpc_method(parts) {
             Some(("grpc.health.v1.Health", "Check")) => checks.clone().into(),
             Some(("grpc.health.v1.Health", "Watch")) => watches.clone().into(),
             _ => Choice::Default,
@@ -340,7 +340,7 @@ async fn per_method_policies_from_the_grpc_path() {
 #[tokio::test]
 async fn keys_from_grpc_metadata() {
     let redis = RedisServer::start();
-    let layer = layer(&redis, per_minute(1)).key(Header::new("x-api-key"));
+    let layer = layer(&redis, per_minute(1)).key(Header::new("x-api-key").unwrap());
     let server = GrpcServer::start(layer).await;
     let mut client = server.client().await;
 

@@ -172,7 +172,10 @@ async fn ipv6_clients_in_one_64_share_a_bucket() {
 #[tokio::test]
 async fn api_key_or_client_ip_keeps_the_two_apart() {
     let redis = RedisServer::start();
-    let key = Header::new("x-api-key").verbatim().or(PeerIp::new());
+    let key = Header::new("x-api-key")
+        .unwrap()
+        .verbatim()
+        .or(PeerIp::new());
     let server = serve(RateLimitLayer::new(redis.store(), slow()).key(key)).await;
     let client = Client::new();
     for _ in 0..3 {

@@ -135,7 +135,7 @@ async fn axum_bodies_answer_as_the_wrapped_ones() {
     let redis = RedisServer::start();
     let limit = |name: &str| {
         RateLimitLayer::new(redis.store(), named(name, [slow()]))
-            .key(Header::new("x-client").verbatim())
+            .key(Header::new("x-client").unwrap().verbatim())
     };
     let wrapped = TestServer::axum(app(limit("api"))).await;
     let plain = TestServer::axum(
@@ -248,8 +248,8 @@ async fn policies_per_route_and_tier_with_costs_keep_separate_buckets() {
     let free = Policy::new("free", [Quota::per_minute(4).unwrap()]).unwrap();
     let pro = Policy::new("pro", [Quota::per_minute(40).unwrap()]).unwrap();
     let layer = RateLimitLayer::new(redis.store(), Quota::per_minute(100).unwrap())
-        .key(Header::new("x-api-key").verbatim())
-        .policy(move |parts| {
+        .key(Header::new("x-api-key").unwrap().verbatim())
+        .select_policy(move |parts| {
             if parts.uri.path() == "/health" {
                 return Choice::Exempt;
             }
@@ -344,7 +344,7 @@ async fn cost_zero_peeks_and_cost_above_capacity_is_refused_without_retry_after(
 async fn shadow_mode_never_rejects_but_reports() {
     let redis = RedisServer::start();
     let layer = RateLimitLayer::new(redis.store(), slow())
-        .key(Header::new("x-api-key"))
+        .key(Header::new("x-api-key").unwrap())
         .shadow();
     let server = TestServer::axum(app(layer)).await;
     let client = Client::new();
@@ -380,7 +380,7 @@ async fn shadow_mode_never_rejects_but_reports() {
 async fn missing_keys_follow_the_configured_behaviour() {
     let redis = RedisServer::start();
     let client = Client::new();
-    let header = || Header::new("x-api-key").verbatim();
+    let header = || Header::new("x-api-key").unwrap().verbatim();
 
     let reject = RateLimitLayer::new(redis.store(), small()).key(header());
     let server = TestServer::axum(app(reject)).await;
@@ -452,7 +452,7 @@ async fn missing_keys_follow_the_configured_behaviour() {
 #[tokio::test]
 async fn api_keys_never_reach_redis_in_clear() {
     let redis = RedisServer::start();
-    let layer = RateLimitLayer::new(redis.store(), slow()).key(Header::new("x-api-key"));
+    let layer = RateLimitLayer::new(redis.store(), slow()).key(Header::new("x-api-key").unwrap());
     let server = TestServer::axum(app(layer)).await;
     let client = Client::new();
     let secret = b"sk_live_4242";
@@ -487,7 +487,7 @@ async fn api_keys_never_reach_redis_in_clear() {
 #[tokio::test]
 async fn hostile_header_values_neither_panic_nor_grow_redis_keys() {
     let redis = RedisServer::start();
-    let layer = RateLimitLayer::new(redis.store(), slow()).key(Header::new("x-api-key"));
+    let layer = RateLimitLayer::new(redis.store(), slow()).key(Header::new("x-api-key").unwrap());
     let server = TestServer::axum(app(layer)).await;
     let client = Client::new();
     let long = vec![b'a'; 64 * 1024];
@@ -684,7 +684,7 @@ async fn route_keys_are_route_templates_not_paths() {
 /// The recipe of the key docs: per address outermost, per verified client
 /// inside the auth layer. A client inventing API keys is refused by the auth
 /// layer, limited by its address, and makes no Redis key per invented key; the
-/// recipe it replaces (`Header::new("x-api-key").or(PeerIp)`) let the same client
+/// recipe it replaces (`Header::new("x-api-key")?.or(PeerIp)`) let the same client
 /// through unlimited, with a Redis key per request.
 ///
 /// `PeerIp` reads axum's `ConnectInfo`: tollgate's `axum` feature.
@@ -714,7 +714,7 @@ async fn random_api_keys_neither_bypass_the_limit_nor_make_keys() {
     let redis = RedisServer::start();
     let per_ip = RateLimitLayer::new(redis.store(), named("per-ip", [slow()])).key(PeerIp::new());
     let per_client = RateLimitLayer::new(redis.store(), named("per-client", [slow()])).key(
-        tollgate::key::Extension::new("client", |c: &ApiClient| c.0.to_owned()),
+        tollgate::key::FromExtension::new("client", |c: &ApiClient| c.0.to_owned()),
     );
     let stack = Router::new()
         .route("/", get(echo))
@@ -737,7 +737,7 @@ async fn random_api_keys_neither_bypass_the_limit_nor_make_keys() {
 
     // The recipe it replaces: every invented key is a fresh bucket and a key.
     let redis = RedisServer::start();
-    let header_or_ip = Header::new("x-api-key").or(PeerIp::new());
+    let header_or_ip = Header::new("x-api-key").unwrap().or(PeerIp::new());
     let app = app(RateLimitLayer::new(redis.store(), slow()).key(header_or_ip));
     let server = TestServer::axum(app).await;
     for key in &random_keys {
@@ -1159,7 +1159,7 @@ async fn shadow_mode_forwards_store_failures() {
     }
 }
 
-/// With Redis down and `OnStoreError::Fallback`, answers are decided in
+/// With Redis down and a `fallback`, answers are decided in
 /// process under this instance's share of the policy (`share(2)`: 5 of the
 /// 10 a minute), and the headers describe that share, not the full policy.
 #[tokio::test]
@@ -1169,10 +1169,10 @@ async fn fallback_answers_carry_the_headers_of_their_share() {
     let mut redis = RedisServer::start();
     let store = redis.store();
     redis.stop();
-    let fallback = Fallback::memory().share(2).unwrap();
+    let fallback = Fallback::memory().share(std::num::NonZeroU32::new(2).unwrap());
     let layer = RateLimitLayer::new(store, named("api", [Quota::per_minute(10).unwrap()]))
         .key(Global)
-        .on_store_error(OnStoreError::Fallback(fallback));
+        .fallback(fallback);
     let server = TestServer::axum(app(layer)).await;
     let client = Client::new();
     for left in (0..5).rev() {

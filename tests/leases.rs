@@ -484,7 +484,8 @@ async fn a_layer_spends_held_tokens_as_the_general_path_does() {
     let redis = RedisServer::start();
     let store = leased(&redis, Duration::from_secs(1));
     let quota = Quota::per_second(100).unwrap().burst(10_000).unwrap();
-    let layer = RateLimitLayer::new(store.clone(), quota).key(Header::new("x-client").verbatim());
+    let layer =
+        RateLimitLayer::new(store.clone(), quota).key(Header::new("x-client").unwrap().verbatim());
     let app = |layer: RateLimitLayer| Router::new().route("/", get(remaining)).layer(layer);
     let held = TestServer::axum(app(layer.clone())).await;
     let general = TestServer::axum(app(layer.cost(|_| 1))).await;

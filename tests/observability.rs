@@ -16,7 +16,7 @@ use http_body_util::Full;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use support::RedisServer;
 use tollgate::key::Header;
-use tollgate::layer::{OnStoreError, RateLimitLayer};
+use tollgate::layer::RateLimitLayer;
 use tollgate::{Decision, Fallback, Policy, Quota, RedisStore};
 use tower::{Layer, ServiceExt};
 use tracing::field::{Field, Visit};
@@ -107,8 +107,8 @@ async fn an_outage_shows_in_events_and_metrics_without_client_keys() {
         Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::from("ok"))))
     });
     let svc = RateLimitLayer::new(store, policy)
-        .key(Header::new("x-api-key"))
-        .on_store_error(OnStoreError::Fallback(Fallback::memory()))
+        .key(Header::new("x-api-key").unwrap())
+        .fallback(Fallback::memory())
         .decision_in_response()
         .layer(inner);
     let request = || {

@@ -345,7 +345,7 @@ async fn the_fallback_limits_while_redis_is_down_and_redis_decides_again_when_ba
         let d = limiter.check("client", 1).await.unwrap();
         assert!(d.is_fallback() && !d.allowed(), "{d:?}");
     }
-    assert!(limiter.fallback_store().unwrap().is_active());
+    assert!(limiter.configured_fallback().unwrap().is_active());
 
     server.restart();
     let back = Instant::now();
@@ -365,7 +365,7 @@ async fn the_fallback_limits_while_redis_is_down_and_redis_decides_again_when_ba
         resumed < Duration::from_secs(2),
         "resumed after {resumed:?}"
     );
-    assert!(!limiter.fallback_store().unwrap().is_active());
+    assert!(!limiter.configured_fallback().unwrap().is_active());
     // The restarted Redis is empty: a fresh bucket, decided by Redis.
     let d = limiter.check("client", 1).await.unwrap();
     assert_eq!(

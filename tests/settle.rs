@@ -19,7 +19,7 @@ use axum::routing::get;
 use support::RedisServer;
 use support::http::{Client, TestServer};
 use tollgate::key::{self, Global};
-use tollgate::layer::{OnStoreError, RateLimitLayer, Settle};
+use tollgate::layer::{RateLimitLayer, Settle};
 use tollgate::{AnyStore, Fallback, MemoryStore, Policy, Quota, RateLimiter};
 
 /// 5 failed logins per account per 15 minutes: nothing refills during a test.
@@ -262,7 +262,7 @@ async fn the_fallback_settles_what_it_decided() {
     let layer = RateLimitLayer::new(dead, failures())
         .key(account())
         .count_only_failures()
-        .on_store_error(OnStoreError::Fallback(Fallback::memory()));
+        .fallback(Fallback::memory());
     only_failures_count(layer).await;
 }
 

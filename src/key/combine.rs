@@ -12,7 +12,7 @@ use crate::store::safe_key;
 /// ```
 /// use std::net::SocketAddr;
 /// use http::Request;
-/// use tollgate::key::{Extension, KeyExtractor, KeyExtractorExt, PeerIp, from_fn};
+/// use tollgate::key::{FromExtension, KeyExtractor, KeyExtractorExt, PeerIp, from_fn};
 ///
 /// /// The signed-in user, put in the request extensions by your auth layer.
 /// #[derive(Clone)]
@@ -20,7 +20,7 @@ use crate::store::safe_key;
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
-/// let user = || Extension::new("user", |u: &User| u.0.to_string());
+/// let user = || FromExtension::new("user", |u: &User| u.0.to_string());
 /// // One bucket per HTTP method and user (per route: `tollgate::key::Route`).
 /// let method = from_fn("method", |parts| Some(parts.method.to_string()));
 /// let per_method_and_user = method.and(user());
@@ -91,7 +91,7 @@ impl<A: KeyExtractor, B: KeyExtractor> KeyExtractor for And<A, B> {
 /// user for signed-in requests and the client IP for the rest.
 ///
 /// The primary key must be one the client cannot mint: with
-/// `Header::new("x-api-key").or(ClientIp::...)` a client skips its address's
+/// `Header::new("x-api-key")?.or(ClientIp::...)` a client skips its address's
 /// bucket by sending any API key, and gets a fresh bucket per new key (see
 /// [the recipes](super#recipes-who-gets-a-bucket)).
 ///
@@ -156,9 +156,9 @@ mod tests {
         assert_eq!(ab.kind(), "custom:a+custom:b");
         assert_eq!(ab.extract(&p).await.as_deref(), Some("3:x:y:z"));
         assert_ne!(ab.extract(&p).await, ab2.extract(&p).await);
-        let missing = constant("a", "x").and(Header::new("x-api-key"));
+        let missing = constant("a", "x").and(Header::new("x-api-key").unwrap());
         assert_eq!(missing.extract(&p).await, None);
-        let missing = Header::new("x-api-key").and(constant("a", "x"));
+        let missing = Header::new("x-api-key").unwrap().and(constant("a", "x"));
         assert_eq!(missing.extract(&p).await, None);
     }
 
@@ -177,6 +177,7 @@ mod tests {
     #[tokio::test]
     async fn or_takes_the_first_present_key_and_says_which() {
         let api_or_ip = Header::new("x-api-key")
+            .unwrap()
             .verbatim()
             .or(constant("ip", "203.0.113.7"));
         assert_eq!(api_or_ip.kind(), "header:x-api-key/custom:ip");
@@ -188,9 +189,12 @@ mod tests {
         assert_eq!(by_ip.as_deref(), Some("1:203.0.113.7"));
         let empty = from_fn("e", |_| Some(String::new())).or(constant("ip", "1.2.3.4"));
         assert_eq!(empty.extract(&without).await.as_deref(), Some("1:1.2.3.4"));
-        let none = Header::new("a").or(Header::new("b"));
+        let none = Header::new("a").unwrap().or(Header::new("b").unwrap());
         assert_eq!(none.extract(&without).await, None);
-        let chain = Header::new("a").or(Header::new("b").verbatim()).or(Global);
+        let chain = Header::new("a")
+            .unwrap()
+            .or(Header::new("b").unwrap().verbatim())
+            .or(Global);
         assert_eq!(chain.extract(&without).await.as_deref(), Some("1:global"));
         let b = parts(Request::get("/").header("b", "v"));
         assert_eq!(chain.extract(&b).await.as_deref(), Some("0:1:v"));

@@ -1,4 +1,4 @@
-//! [`Extension`]: a key from a value an earlier layer put in the request
+//! [`FromExtension`]: a key from a value an earlier layer put in the request
 //! extensions, such as the authenticated user or tenant.
 
 use std::borrow::Cow;
@@ -14,9 +14,9 @@ use crate::store::safe_key;
 /// authentication layer that runs before the rate limit (a user id, a tenant, an
 /// API client).
 ///
-/// [`Extension::new`] turns the value into a key with a closure, which may answer
+/// [`FromExtension::new`] turns the value into a key with a closure, which may answer
 /// a `String` or an `Option<String>` (`None` for, say, anonymous users);
-/// [`Extension::display`] uses the value's [`Display`](fmt::Display). A request
+/// [`FromExtension::display`] uses the value's [`Display`](fmt::Display). A request
 /// without the extension, or whose value gives an empty key, has no key. Keys are
 /// made safe with [`safe_key`]: short, plain values stay readable, anything else
 /// is hashed.
@@ -28,15 +28,15 @@ use crate::store::safe_key;
 ///
 /// ```
 /// use http::Request;
-/// use tollgate::key::{Extension, KeyExtractor};
+/// use tollgate::key::{FromExtension, KeyExtractor};
 ///
 /// #[derive(Clone)]
 /// struct User { id: u64, plan: &'static str }
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
-/// let by_user = Extension::new("user", |user: &User| user.id.to_string());
-/// let by_plan = Extension::new("plan", |user: &User| {
+/// let by_user = FromExtension::new("user", |user: &User| user.id.to_string());
+/// let by_plan = FromExtension::new("plan", |user: &User| {
 ///     (user.plan != "free").then(|| user.plan.to_owned())
 /// });
 ///
@@ -49,16 +49,16 @@ use crate::store::safe_key;
 /// # }
 /// ```
 #[must_use]
-pub struct Extension<T, F = fn(&T) -> String> {
+pub struct FromExtension<T, F = fn(&T) -> String> {
     kind: Kind,
     f: F,
     // fn() -> T: the extractor holds no T, so it is Send and Sync whatever T is.
     _value: PhantomData<fn() -> T>,
 }
 
-impl<T, F: Clone> Clone for Extension<T, F> {
+impl<T, F: Clone> Clone for FromExtension<T, F> {
     fn clone(&self) -> Self {
-        Extension {
+        FromExtension {
             kind: self.kind.clone(),
             f: self.f.clone(),
             _value: PhantomData,
@@ -66,16 +66,16 @@ impl<T, F: Clone> Clone for Extension<T, F> {
     }
 }
 
-impl<T, F> fmt::Debug for Extension<T, F> {
+impl<T, F> fmt::Debug for FromExtension<T, F> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Extension")
+        f.debug_struct("FromExtension")
             .field("kind", &self.kind)
             .field("type", &std::any::type_name::<T>())
             .finish()
     }
 }
 
-impl<T, F, R> Extension<T, F>
+impl<T, F, R> FromExtension<T, F>
 where
     T: Send + Sync + 'static,
     F: Fn(&T) -> R + Send + Sync + 'static,
@@ -84,7 +84,7 @@ where
     /// Keys requests by `f` applied to the `T` in the request extensions. `name`
     /// becomes the kind (`ext:name`).
     pub fn new(name: impl Into<Cow<'static, str>>, f: F) -> Self {
-        Extension {
+        FromExtension {
             kind: Kind::tagged("ext", &name.into()),
             f,
             _value: PhantomData,
@@ -92,19 +92,19 @@ where
     }
 }
 
-impl<T> Extension<T, fn(&T) -> String>
+impl<T> FromExtension<T, fn(&T) -> String>
 where
     T: fmt::Display + Send + Sync + 'static,
 {
     /// Keys requests by the [`Display`](fmt::Display) form of the `T` in the
-    /// request extensions: `Extension::<TenantId>::display("tenant")`.
+    /// request extensions: `FromExtension::<TenantId>::display("tenant")`.
     pub fn display(name: impl Into<Cow<'static, str>>) -> Self {
         let to_string: fn(&T) -> String = |value| value.to_string();
-        Extension::new(name, to_string)
+        FromExtension::new(name, to_string)
     }
 }
 
-impl<T, F, R> KeyExtractor for Extension<T, F>
+impl<T, F, R> KeyExtractor for FromExtension<T, F>
 where
     T: Send + Sync + 'static,
     F: Fn(&T) -> R + Send + Sync + 'static,
@@ -120,6 +120,10 @@ where
         (!key.is_empty()).then(|| safe_key(&key).into_owned())
     }
 }
+
+/// The old name of [`FromExtension`] (it clashed with `axum::Extension`).
+#[deprecated(since = "0.1.0", note = "renamed `FromExtension`")]
+pub type Extension<T, F = fn(&T) -> String> = FromExtension<T, F>;
 
 #[cfg(test)]
 mod tests {
@@ -143,7 +147,7 @@ mod tests {
 
     #[tokio::test]
     async fn display_values_become_safe_keys() {
-        let e = Extension::<Tenant>::display("tenant");
+        let e = FromExtension::<Tenant>::display("tenant");
         assert_eq!(e.kind(), "ext:tenant");
         assert_eq!(e.extract(&with("acme-7")).await.as_deref(), Some("acme-7"));
         let hostile = e.extract(&with("a{b} c")).await.unwrap();
@@ -157,7 +161,7 @@ mod tests {
 
     #[tokio::test]
     async fn closures_may_decline() {
-        let e = Extension::new("paid", |t: &Tenant| (t.0 != "free").then(|| t.0.clone()));
+        let e = FromExtension::new("paid", |t: &Tenant| (t.0 != "free").then(|| t.0.clone()));
         assert_eq!(e.extract(&with("free")).await, None);
         assert_eq!(e.extract(&with("gold")).await.as_deref(), Some("gold"));
         let debug = format!("{e:?}");
@@ -174,7 +178,7 @@ mod tests {
         fn values_of_64k_give_short_safe_keys(value in crate::hostile_input::header_bytes()) {
             let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
             let tenant = String::from_utf8_lossy(&value).into_owned();
-            let e = Extension::<Tenant>::display("tenant");
+            let e = FromExtension::<Tenant>::display("tenant");
             let p = with(&tenant);
             let k = crate::hostile_input::within_budget("extension", || rt.block_on(e.extract(&p)));
             match k {

@@ -37,19 +37,21 @@ pub struct Header {
 impl Header {
     /// Keys requests by the header `name`.
     ///
-    /// # Panics
+    /// # Errors
     ///
-    /// When `name` is not a valid header name: a configuration mistake, caught at
-    /// start-up. Use [`Header::try_new`] to handle it instead.
-    pub fn new(name: &str) -> Self {
-        match Self::try_new(name) {
-            Ok(header) => header,
-            Err(e) => panic!("{e}"),
-        }
+    /// A [`ConfigError`](crate::ConfigError) when `name` is not a valid header
+    /// name: a configuration mistake, caught at start-up.
+    pub fn new(name: &str) -> Result<Self, crate::ConfigError> {
+        Self::try_new_inner(name)
     }
 
-    /// Keys requests by the header `name`, or explains why the name is invalid.
+    /// The old name of [`new`](Self::new), which returns the error now.
+    #[deprecated(since = "0.1.0", note = "`Header::new` returns the error now")]
     pub fn try_new(name: &str) -> Result<Self, crate::ConfigError> {
+        Self::try_new_inner(name)
+    }
+
+    fn try_new_inner(name: &str) -> Result<Self, crate::ConfigError> {
         HeaderName::from_bytes(name.as_bytes())
             .map(|name| Header {
                 name,
@@ -129,12 +131,16 @@ mod tests {
     #[tokio::test]
     async fn header_values_are_hashed_unless_verbatim() {
         let p = parts(Request::get("/").header("x-api-key", "sk_live_abc123"));
-        let hashed = Header::new("x-api-key").extract(&p).await.unwrap();
+        let hashed = Header::new("x-api-key").unwrap().extract(&p).await.unwrap();
         assert!(
             hashed.starts_with('#') && !hashed.contains("abc123"),
             "{hashed}"
         );
-        let plain = Header::new("x-api-key").verbatim().extract(&p).await;
+        let plain = Header::new("x-api-key")
+            .unwrap()
+            .verbatim()
+            .extract(&p)
+            .await;
         assert_eq!(plain.as_deref(), Some("sk_live_abc123"));
     }
 
@@ -145,7 +151,7 @@ mod tests {
                 .header("x-api-key", "a")
                 .header("x-api-key", "b"),
         );
-        assert_eq!(Header::new("x-api-key").extract(&p).await, None);
+        assert_eq!(Header::new("x-api-key").unwrap().extract(&p).await, None);
         // Another header sent twice leaves a key sent once as it is.
         let p = parts(
             Request::get("/")
@@ -153,7 +159,11 @@ mod tests {
                 .header("accept", "text/plain")
                 .header("accept", "text/html"),
         );
-        let key = Header::new("x-api-key").verbatim().extract(&p).await;
+        let key = Header::new("x-api-key")
+            .unwrap()
+            .verbatim()
+            .extract(&p)
+            .await;
         assert_eq!(key.as_deref(), Some("a"));
         // And a key sent twice among headers sent once each is still missing.
         let p = parts(
@@ -162,12 +172,12 @@ mod tests {
                 .header("x-api-key", "a")
                 .header("x-api-key", "a"),
         );
-        assert_eq!(Header::new("x-api-key").extract(&p).await, None);
+        assert_eq!(Header::new("x-api-key").unwrap().extract(&p).await, None);
     }
 
     #[tokio::test]
     async fn header_values_are_bounded_and_safe() {
-        let h = Header::new("x-api-key").verbatim();
+        let h = Header::new("x-api-key").unwrap().verbatim();
         let long = "a".repeat(64 * 1024);
         let p = parts(Request::get("/").header("x-api-key", long.as_str()));
         assert_eq!(h.extract(&p).await.unwrap().len(), 33);
@@ -180,7 +190,7 @@ mod tests {
 
     #[test]
     fn bad_header_names_are_configuration_errors() {
-        assert!(Header::try_new("bad header").is_err());
+        assert!(Header::new("bad header").is_err());
     }
 
     proptest::proptest! {
@@ -192,7 +202,7 @@ mod tests {
             verbatim in proptest::bool::ANY,
         ) {
             let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
-            let h = if verbatim { Header::new("x-api-key").verbatim() } else { Header::new("x-api-key") };
+            let h = if verbatim { Header::new("x-api-key").unwrap().verbatim() } else { Header::new("x-api-key").unwrap() };
             let p = parts(Request::get("/").header("x-api-key", value.as_slice()));
             let key = crate::hostile_input::within_budget("header", || rt.block_on(h.extract(&p)));
             match key {

@@ -26,7 +26,7 @@
 //! | [`Header`] | one request header (API key, gRPC metadata), hashed unless [`verbatim`](Header::verbatim) | `header:x-api-key` | `#3f0c…` (33 bytes), `k-123` verbatim |
 //! | [`PeerIp`] | the socket peer address (axum `ConnectInfo`, tonic `TcpConnectInfo` / `TlsConnectInfo`, `SocketAddr`) | `ip` | `203.0.113.7`, `2001:db8:1:2::/64` |
 //! | [`ClientIp`] | the client behind trusted proxies (`X-Forwarded-For`, `Forwarded`, `X-Real-IP`, ...) | `client-ip` | `198.51.100.4`, `2001:db8:1:2::/64` |
-//! | [`Extension`] | a value an auth layer put in the request extensions | `ext:user` | `42` |
+//! | [`FromExtension`] | a value an auth layer put in the request extensions | `ext:user` | `42` |
 //! | `Route` (feature `axum`) | the route template axum matched (`MatchedPath`), never the raw path | `route` | `/login`, `#9a1e…` for `/items/{id}` |
 //! | [`from_fn`] | a closure over the request head | `custom:` and the name ([`Kind::custom`]) | as returned |
 //! | [`And`] (`a.and(b)`) | both keys: a bucket per pair | `route+client-ip` | `6:/login:203.0.113.7` |
@@ -46,16 +46,17 @@
 //! use tollgate::key::{Global, Header, KeyExtractor, from_fn};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() {
+//! # async fn main() -> Result<(), tollgate::ConfigError> {
 //! let (parts, ()) = Request::get("/orders?tenant=7").header("x-api-key", "k-123")
 //!     .body(()).unwrap().into_parts();
-//! assert_eq!(Header::new("x-api-key").verbatim().extract(&parts).await.as_deref(), Some("k-123"));
+//! assert_eq!(Header::new("x-api-key")?.verbatim().extract(&parts).await.as_deref(), Some("k-123"));
 //! // By default the value is hashed: API keys never reach the store in clear.
-//! assert_eq!(Header::new("x-api-key").extract(&parts).await.map(|k| k.len()), Some(33));
+//! assert_eq!(Header::new("x-api-key")?.extract(&parts).await.map(|k| k.len()), Some(33));
 //! assert_eq!(Global.extract(&parts).await.as_deref(), Some("global"));
 //! // A closure: here the HTTP method, a small fixed set of values.
 //! let method = from_fn("method", |parts| Some(parts.method.to_string()));
 //! assert_eq!(method.extract(&parts).await.as_deref(), Some("GET"));
+//! # Ok(())
 //! # }
 //! ```
 //!
@@ -64,7 +65,7 @@
 //! Every distinct key is a fresh, full bucket, and one more entry in the store
 //! (in Redis, a key per quota that lives until the bucket is full again; see
 //! the README's "What a flood of keys costs"). So a key the client writes
-//! itself is a key the client chooses: keyed on `Header::new("x-api-key")`,
+//! itself is a key the client chooses: keyed on `Header::new("x-api-key")?`,
 //! with or without `.or(ClientIp::...)`, a client that sends a new random API
 //! key with every request gets a new full bucket every time, is never limited,
 //! and fills Redis as it goes. Key only on what the client cannot mint:
@@ -75,7 +76,7 @@
 //!    requests that never authenticate, and the work your auth layer does for
 //!    them.
 //! 2. **Per identity, only once verified**: a second layer, inside your auth
-//!    layer, keyed on what the auth layer stored ([`Extension`]). Unknown
+//!    layer, keyed on what the auth layer stored ([`FromExtension`]). Unknown
 //!    credentials are refused by the auth layer before they make a bucket.
 //! 3. **Or verify inside the extractor**: a [`KeyExtractor`] of your own that
 //!    looks the API key up and answers `None` for unknown keys, with
@@ -93,7 +94,7 @@
 //! use axum::middleware::{self, Next};
 //! use axum::response::Response;
 //! use axum::{Router, routing::get};
-//! use tollgate::key::{ClientIp, Extension};
+//! use tollgate::key::{ClientIp, FromExtension};
 //! use tollgate::{MemoryStore, Policy, Quota, RateLimitLayer};
 //!
 //! /// What the auth layer stores for a verified caller.
@@ -118,7 +119,7 @@
 //! let per_ip = RateLimitLayer::new(store.clone(), Policy::new("per-ip", [Quota::per_second(20)?])?)
 //!     .key(ClientIp::trusted_proxies(["10.0.0.0/8"])?);
 //! let per_client = RateLimitLayer::new(store, Policy::new("per-client", [Quota::per_hour(1_000)?])?)
-//!     .key(Extension::new("client", |c: &ApiClient| c.id.to_string()));
+//!     .key(FromExtension::new("client", |c: &ApiClient| c.id.to_string()));
 //! // The last layer added is the outermost: per_ip sees every request, the
 //! // auth layer only what per_ip admitted, per_client only verified callers.
 //! let app: Router = Router::new()
@@ -150,7 +151,9 @@ mod tonic_hint;
 
 pub use client_ip::{ClientIp, ClientIpBuilder};
 pub use combine::{And, KeyExtractorExt, Or};
+#[allow(deprecated)]
 pub use extension::Extension;
+pub use extension::FromExtension;
 pub use extractor::{KeyExtractor, Kind};
 pub use forwarded::MAX_HOPS;
 pub use from_fn::{FromFn, from_fn};

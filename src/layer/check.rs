@@ -494,6 +494,7 @@ fn outcome(
         // than refuse a new key: no error needs to be answered differently.)
         Decided::Failed(err) => {
             let failure = StoreFailure::new(err);
+            #[allow(deprecated, reason = "the variant is how the layer keeps a fallback")]
             match config.on_store_error {
                 OnStoreError::Allow | OnStoreError::Fallback(_) => After {
                     marks: Marks::new(Some(failure), None, None),

@@ -61,6 +61,9 @@ impl RateLimitLayer {
     /// A layer over the store and policy of an existing [`RateLimiter`], so
     /// code outside tower shares its buckets.
     pub fn from_limiter(limiter: RateLimiter) -> Self {
+        if limiter.policy().name() == crate::policy::DEFAULT_POLICY_NAME {
+            crate::observe::unnamed_layer();
+        }
         let layer = RateLimitLayer {
             config: Arc::new(Config {
                 limiter,
@@ -89,7 +92,7 @@ impl RateLimitLayer {
         self
     }
 
-    /// The policy applied when the [`policy`](Self::policy) closure does not
+    /// The policy applied when the [`select_policy`](Self::select_policy) closure does not
     /// choose another one.
     pub fn default_policy(&self) -> &Policy {
         self.config.limiter.policy()
@@ -114,11 +117,22 @@ impl RateLimitLayer {
     ///
     /// For limits kept as data (a configuration file, changed while serving),
     /// see [`policy_table`](Self::policy_table); the two replace each other.
-    pub fn policy<F>(self, select: F) -> Self
+    pub fn select_policy<F>(self, select: F) -> Self
     where
         F: Fn(&Parts) -> Choice + Send + Sync + 'static,
     {
         self.with(|c| c.select = Some(Arc::new(move |parts: &Parts| select(parts).into())))
+    }
+
+    /// The old name of [`select_policy`](Self::select_policy) (a setter
+    /// named like [`RateLimiter::policy`](crate::RateLimiter::policy), a
+    /// getter).
+    #[deprecated(since = "0.1.0", note = "renamed `select_policy`")]
+    pub fn policy<F>(self, select: F) -> Self
+    where
+        F: Fn(&Parts) -> Choice + Send + Sync + 'static,
+    {
+        self.select_policy(select)
     }
 
     /// Chooses the policy (and, for rules that have one, the key) of each
@@ -126,7 +140,7 @@ impl RateLimitLayer {
     /// the layer's own policy and key when none does. The table can be
     /// replaced while serving ([`PolicyTable::swap`] on a clone you keep),
     /// without rebuilding the layer or the router. Replaces a
-    /// [`policy`](Self::policy) closure, and the other way round.
+    /// [`select_policy`](Self::select_policy) closure, and the other way round.
     ///
     /// See the [module docs](crate::layer#policy-tables).
     pub fn policy_table(self, table: PolicyTable) -> Self {
@@ -173,11 +187,22 @@ impl RateLimitLayer {
         self.with(|c| c.missing = missing.0)
     }
 
+    /// While the store cannot decide, decides with `fallback`, in process
+    /// (per instance; see [`Fallback`](crate::Fallback) for the trade-offs),
+    /// as [`RateLimiter::fallback`](crate::RateLimiter::fallback) does:
+    /// decisions it makes say so ([`Decision::is_fallback`](crate::Decision::is_fallback)).
+    /// If it cannot decide either, the request is forwarded.
+    pub fn fallback(self, fallback: crate::Fallback) -> Self {
+        #[allow(deprecated, reason = "the variant is how the layer keeps it")]
+        self.on_store_error(OnStoreError::Fallback(fallback))
+    }
+
     /// What to do when the store cannot decide: [`OnStoreError::Allow`] (the
     /// default) forwards the request, [`OnStoreError::Deny`] answers 503 (gRPC:
-    /// `UNAVAILABLE`), [`OnStoreError::Fallback`] decides in process.
+    /// `UNAVAILABLE`); [`fallback`](Self::fallback) decides in process.
     pub fn on_store_error(self, policy: OnStoreError) -> Self {
         self.with(|c| {
+            #[allow(deprecated, reason = "the variant is how the layer keeps a fallback")]
             if let OnStoreError::Fallback(fallback) = &policy {
                 c.limiter = c.limiter.clone().fallback(fallback.clone());
             }

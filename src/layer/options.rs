@@ -18,7 +18,7 @@ use crate::policy::Policy;
 /// Builds the body and headers of a custom 429 from the decision.
 pub(crate) type RejectFn = dyn Fn(&Decision) -> Response<Bytes> + Send + Sync;
 
-/// What the [`policy`](crate::layer::RateLimitLayer::policy) closure decides for
+/// What the [`select_policy`](crate::layer::RateLimitLayer::select_policy) closure decides for
 /// one request.
 #[derive(Clone, Debug)]
 #[non_exhaustive]
@@ -133,6 +133,11 @@ pub enum OnStoreError {
     /// [`is_fallback`](crate::Decision::is_fallback) and the usual headers. If
     /// the fallback cannot decide either, the request is forwarded as with
     /// `Allow`. See [`Fallback`](crate::Fallback) for the trade-offs.
+    ///
+    /// Set it with [`RateLimitLayer::fallback`](crate::layer::RateLimitLayer::fallback),
+    /// the one way to give a layer or a [`RateLimiter`](crate::RateLimiter)
+    /// a fallback.
+    #[deprecated(since = "0.1.0", note = "use `RateLimitLayer::fallback(fallback)`")]
     Fallback(crate::Fallback),
 }
 

@@ -119,7 +119,7 @@ impl KeySpec {
                 }
                 Extractor::new(key)
             }
-            KeySpec::Header { name } => Extractor::new(Header::try_new(name)?),
+            KeySpec::Header { name } => Extractor::new(Header::new(name)?),
             KeySpec::Global => Extractor::new(Global),
             KeySpec::Route => route()?,
         })

@@ -265,7 +265,7 @@ mod tests {
             text(format!("{seen:?}"))
         });
         let layer = RateLimitLayer::new(MemoryStore::new(), Quota::per_minute(3).unwrap())
-            .key(crate::key::Header::new("x-api-key"))
+            .key(crate::key::Header::new("x-api-key").unwrap())
             .cost(|parts| if parts.uri.path() == "/big" { 10 } else { 1 })
             .shadow();
         let svc = layer.layer(inner);
@@ -396,7 +396,7 @@ mod tests {
         ];
         for (style, verbatim) in cases {
             let quota = Quota::per_minute(3).unwrap();
-            let header = crate::key::Header::new("x-client");
+            let header = crate::key::Header::new("x-client").unwrap();
             let header = if verbatim { header.verbatim() } else { header };
             let held = RateLimitLayer::new(MemoryStore::new(), quota)
                 .key(header)
@@ -455,7 +455,7 @@ mod tests {
         }
         let inner = tower::service_fn(|_: Request<()>| async { text("ok") });
         let mut svc = RateLimitLayer::new(MemoryStore::new(), Quota::per_minute(2).unwrap())
-            .key(crate::key::Header::new("x-client"))
+            .key(crate::key::Header::new("x-client").unwrap())
             .on_missing_key(crate::layer::MissingKey::fallback(Slow))
             .layer(inner);
         let with = || Request::get("/").header("x-client", "a").body(()).unwrap();
@@ -481,17 +481,22 @@ mod tests {
         let store = MemoryStore::new();
         let quota = Quota::per_minute(3).unwrap();
         let inner = tower::service_fn(|_: Request<()>| async { text("ok") });
-        let base =
-            || RateLimitLayer::new(store.clone(), quota).key(crate::key::Header::new("x-client"));
+        let base = || {
+            RateLimitLayer::new(store.clone(), quota)
+                .key(crate::key::Header::new("x-client").unwrap())
+        };
         let held = |layer: RateLimitLayer| layer.layer(inner).config.held.is_some();
         assert!(held(base()));
         assert!(!held(base().cost(|_| 1)));
         assert!(!held(base().shadow()));
-        assert!(!held(base().policy(|_| crate::layer::Choice::Default)));
+        assert!(!held(
+            base().select_policy(|_| crate::layer::Choice::Default)
+        ));
         assert!(!held(base().key(crate::key::Global)));
         let two = crate::Policy::new("two", [quota, Quota::per_hour(10).unwrap()]).unwrap();
         assert!(!held(
-            RateLimitLayer::new(store.clone(), two).key(crate::key::Header::new("x-client"))
+            RateLimitLayer::new(store.clone(), two)
+                .key(crate::key::Header::new("x-client").unwrap())
         ));
     }
 
@@ -510,7 +515,7 @@ mod tests {
         };
         let inner = tower::service_fn(|_: Request<()>| async { text("ok") });
         let held = |layer: RateLimitLayer| layer.layer(inner).config.held.is_some();
-        let key = || crate::key::Header::new("x-client");
+        let key = || crate::key::Header::new("x-client").unwrap();
         let roomy = Quota::per_second(100).unwrap();
         assert!(held(RateLimitLayer::new(store(true), roomy).key(key())));
         assert!(!held(RateLimitLayer::new(store(false), roomy).key(key())));
@@ -731,7 +736,7 @@ mod tests {
         let inner = tower::service_fn(|_: Request<()>| async { text("ok") });
         let svc = RateLimitLayer::new(MemoryStore::new(), Quota::per_minute(2).unwrap())
             .key(Waiting(Arc::clone(&asked)))
-            .policy(move |_| {
+            .select_policy(move |_| {
                 counted.fetch_add(1, Ordering::SeqCst);
                 crate::layer::Choice::Default
             })

@@ -229,7 +229,7 @@ impl Ticket {
             ..
         } = self;
         match by {
-            By::Fallback(scaled) => match limiter.fallback_store() {
+            By::Fallback(scaled) => match limiter.configured_fallback() {
                 Some(fallback) => {
                     fallback.adjust_scaled(&key, &scaled, delta);
                     observe::settled(policy.name(), delta);

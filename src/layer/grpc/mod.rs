@@ -72,7 +72,7 @@ pub fn is_grpc(parts: &Parts) -> bool {
 ///
 /// Only the path is read, not the `content-type`: a client must not dodge a
 /// per-method policy by sending the same call with another content type. Use it
-/// in the [`policy`](crate::layer::RateLimitLayer::policy) closure, for example
+/// in the [`select_policy`](crate::layer::RateLimitLayer::select_policy) closure, for example
 /// for a stricter quota on writes:
 ///
 /// ```
@@ -82,7 +82,7 @@ pub fn is_grpc(parts: &Parts) -> bool {
 /// # fn main() -> Result<(), tollgate::ConfigError> {
 /// let writes = Policy::new("writes", [Quota::per_minute(10)?])?;
 /// let layer = RateLimitLayer::new(MemoryStore::new(), Quota::per_second(50)?)
-///     .policy(move |parts| match grpc_method(parts) {
+///     .select_policy(move |parts| match grpc_method(parts) {
 ///         Some(("shop.v1.Orders", "Create" | "Cancel")) => writes.clone().into(),
 ///         Some(("grpc.health.v1.Health", _)) => Choice::Exempt,
 ///         _ => Choice::Default,
