@@ -29,10 +29,11 @@ use crate::store::AnyStore;
 /// [`RedisStore`](crate::RedisStore), [`AnyStore`](crate::AnyStore)) without
 /// carrying its type, so a layer built from a store chosen at runtime is still a
 /// `RateLimitLayer`. Every builder method takes the layer by value and returns
-/// it; the one that can meet a configuration mistake
-/// ([`fixed_cost`](Self::fixed_cost)) returns a `Result`, so mistakes surface at
-/// start-up, never per request. See the [module docs](crate::layer) for an
-/// example, the defaults and the responses.
+/// it; the two that check a value ([`fixed_cost`](Self::fixed_cost) and
+/// [`count_only_statuses`](Self::count_only_statuses)) return a
+/// `Result<Self, ConfigError>`, so mistakes surface at start-up, never per
+/// request. [`axum_body`](Self::axum_body) ends the configuration. See the
+/// [module docs](crate::layer) for an example, the defaults and the responses.
 ///
 /// Cheap to clone: clones share the store and the configuration.
 #[derive(Clone)]
