@@ -64,11 +64,12 @@
 //!
 //! Every distinct key is a fresh, full bucket, and one more entry in the store
 //! (in Redis, a key per quota that lives until the bucket is full again; see
-//! the README's "What a flood of keys costs"). So a key the client writes
-//! itself is a key the client chooses: keyed on `Header::new("x-api-key")?`,
-//! with or without `.or(ClientIp::...)`, a client that sends a new random API
-//! key with every request gets a new full bucket every time, is never limited,
-//! and fills Redis as it goes. Key only on what the client cannot mint:
+//! [what a flood of keys costs](crate::store#what-a-flood-of-keys-costs) in the
+//! store docs). So a key the client writes itself is a key the client
+//! chooses: keyed on `Header::new("x-api-key")?`, with or without
+//! `.or(ClientIp::...)`, a client that sends a new random API key with every
+//! request gets a new full bucket every time, is never limited, and fills
+//! Redis as it goes. Key only on what the client cannot mint:
 //!
 //! 1. **Per client address, always**, in the outermost layer: [`PeerIp`] (the
 //!    layer's default) or [`ClientIp`] behind your proxies. A bucket then costs
