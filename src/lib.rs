@@ -53,9 +53,11 @@
 //!   setters have plain names (`RedisStore::builder().prefix(..).timeout(..)`).
 //! - Mistakes in configuration are a [`ConfigError`], returned while building;
 //!   a check only ever returns an [`Error`].
-//! - Every type has one path: the crate root, or the module of its kind
-//!   ([`key`], [`layer`], [`store`]). Public constants are of three kinds,
-//!   each kept for a reason a user has: the limits a constructor checks
+//! - Every type is defined in one place: the crate root, or the module of its
+//!   kind ([`key`], [`layer`], [`store`]); the most used of those (the stores,
+//!   [`RateLimitLayer`], [`RateLimit`]) are also re-exported at the root.
+//!   Public constants are of three kinds, each kept for a reason a user has:
+//!   the limits a constructor checks
 //!   ([`MAX_PERIOD`], [`MIN_PERIOD`], [`MAX_POLICY_NAME_LEN`],
 //!   [`key::MAX_HOPS`], [`store::MAX_RAW_KEY_LEN`]), so input can be checked
 //!   before it is refused; the defaults a builder documents (`DEFAULT_*`), so
@@ -72,8 +74,9 @@
 //! - A denied check spends nothing; several quotas are decided all or nothing.
 //! - A cost above the capacity is [`Error::CostExceedsCapacity`], not a wait.
 //! - A store problem never makes a request wait longer than the store timeout,
-//!   never becomes a service error, and always shows in `tracing` and `metrics`
-//!   (see below).
+//!   never becomes a service error, and always shows: in `tracing` and
+//!   `metrics` when those features are on, on stderr when neither is (see
+//!   below).
 //! - Every number the script handles stays below 2^53, exact in Lua; quotas that
 //!   could break this are refused when built.
 #![doc = include_str!("docs/resilience.md")]
