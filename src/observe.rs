@@ -1,9 +1,10 @@
 //! What the crate reports about itself: `tracing` events (cargo feature
 //! `tracing`) and `metrics` facade counters, gauges and histograms (cargo
 //! feature `metrics`). Without either feature, store errors (at most one line
-//! per kind every 5 s) and the once-a-process `tonic` hint go to stderr, and
-//! every other function here does nothing and costs nothing. The names and
-//! labels are documented in `src/docs/observability.md`.
+//! per kind every 5 s) and the once-a-process hints (the `tonic` feature,
+//! unnamed layers) go to stderr, and every other function here does nothing
+//! and costs nothing. The names and labels are documented in
+//! `src/docs/observability.md`.
 //!
 //! No event or label ever carries a client key: only policy names, key kinds
 //! (`ip`, `header:x-api-key`), outcomes and error kinds.
