@@ -205,6 +205,62 @@ async fn a_check_answered_after_the_stragglers_that_opened_the_breaker_closes_it
     );
 }
 
+/// A malformed script reply (rewritten by the harness's proxy) is a failure
+/// for the circuit breaker, on a call of its own (`max_batch(1)`) as in a
+/// batch: a server that answers what no script sends cannot decide. Three
+/// in a row open the breaker, and a probe answered so does not close it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_replies_count_as_failures_on_every_path() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    // Cool-downs of 100-200 ms: the checks right after the breaker opens
+    // find it open, and a probe is due 250 ms later.
+    let cool_down = Duration::from_millis(200);
+    let stores = [1, 64].map(|max_batch| {
+        RedisStore::builder()
+            .leases(false)
+            .url(proxy.url())
+            .timeout(Duration::from_secs(1))
+            .max_batch(max_batch)
+            .circuit_breaker(
+                CircuitBreaker::new()
+                    .first_probe(cool_down)
+                    .max_cooldown(cool_down),
+            )
+            .build()
+            .unwrap()
+    });
+    for store in &stores {
+        let _ = answered(store, "warm").await;
+    }
+    proxy.corrupt_script_replies();
+    for store in &stores {
+        for _ in 0..3 {
+            let err = store.check("bent", &policy(), 1).await.unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::Server, "{err}");
+        }
+        let open = store.check("bent", &policy(), 1).await;
+        assert!(
+            matches!(open, Err(Error::CircuitOpen { .. })),
+            "three malformed replies did not open the breaker ({store:?}): {open:?}"
+        );
+        tokio::time::sleep(cool_down + Duration::from_millis(50)).await;
+        // The probe: answered, malformed.
+        let probe = store.check("bent", &policy(), 1).await.unwrap_err();
+        assert!(
+            !matches!(probe, Error::CircuitOpen { .. }),
+            "no probe after the cool-down"
+        );
+        // Its task has ended by now; the next cool-down is at least 100 ms.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let after = store.check("bent", &policy(), 1).await;
+        assert!(
+            matches!(after, Err(Error::CircuitOpen { .. })),
+            "a probe answered with a malformed reply closed the breaker ({store:?}): {after:?}"
+        );
+    }
+}
+
 /// A frozen Redis (SIGSTOP: sockets open, nobody answers) costs the calls in
 /// flight one timeout, then the breaker opens: checks fail at once with
 /// `CircuitOpen`, and only one probe at a time waits the timeout. When Redis
