@@ -138,6 +138,129 @@ async fn checks_behind_hung_calls_are_answered_by_their_own_deadlines() {
     server.thaw();
 }
 
+/// Stragglers heard just before a newer check's answer do not keep the
+/// breaker open. The calls in flight hang, and the checks queued with them
+/// give up at their own deadlines, a moment after the calls: five failures,
+/// and the breaker opens. Redis answers again a moment later, and so does the
+/// call that took the queue when the hung calls ended, to a check sent after
+/// all five. Had that answer been heard first, the five would have counted
+/// for nothing: the breaker closes at once, rather than refuse every check
+/// until a probe (after a cluster failover, 87 checks were refused this way
+/// after checks had resumed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_check_answered_after_the_stragglers_that_opened_the_breaker_closes_it() {
+    const LONG: Duration = Duration::from_secs(2);
+    let server = RedisServer::start();
+    let store = RedisStore::builder()
+        .leases(false)
+        .url(server.url())
+        .timeout(LONG)
+        // Longer than the test: only an answer closes the breaker, no probe.
+        .circuit_breaker(
+            CircuitBreaker::new()
+                .first_probe(Duration::from_secs(60))
+                .max_cooldown(Duration::from_secs(60)),
+        )
+        .build()
+        .expect("store");
+    let _ = answered(&store, "warm").await;
+    let t0 = Instant::now();
+    server.freeze();
+    let check = |key: &'static str| {
+        let store = store.clone();
+        tokio::spawn(async move { store.check(key, &policy(), 1).await })
+    };
+    // The store's two calls hang, ending at 2 s; the next call takes the
+    // queue then, and hangs until the thaw.
+    let hung = [check("hung1"), check("hung2")];
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Queued: they give up at 2.2 s, after that call took them, before it is
+    // answered.
+    let queued = [check("queued1"), check("queued2"), check("queued3")];
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    // Sent after all of them, queued too; it waits until 2.8 s.
+    let newer = check("newer");
+    for task in hung.into_iter().chain(queued) {
+        let err = task.await.unwrap().unwrap_err();
+        assert!(matches!(err, Error::Timeout(_)), "{err:?}");
+    }
+    assert!(
+        matches!(
+            store.check("open", &policy(), 1).await,
+            Err(Error::CircuitOpen { .. })
+        ),
+        "five failures in a row did not open the breaker"
+    );
+    tokio::time::sleep(
+        (t0 + Duration::from_millis(2_500)).saturating_duration_since(Instant::now()),
+    )
+    .await;
+    server.thaw();
+    let answer = newer.await.unwrap();
+    assert!(answer.is_ok(), "the newer check: {answer:?}");
+    let after = store.check("after", &policy(), 1).await;
+    assert!(
+        after.is_ok(),
+        "the breaker stayed open after a newer check was answered: {after:?}"
+    );
+}
+
+/// A malformed script reply (rewritten by the harness's proxy) is a failure
+/// for the circuit breaker, on a call of its own (`max_batch(1)`) as in a
+/// batch: a server that answers what no script sends cannot decide. Three
+/// in a row open the breaker, and a probe answered so does not close it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_replies_count_as_failures_on_every_path() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    // Cool-downs of 100-200 ms: the checks right after the breaker opens
+    // find it open, and a probe is due 250 ms later.
+    let cool_down = Duration::from_millis(200);
+    let stores = [1, 64].map(|max_batch| {
+        RedisStore::builder()
+            .leases(false)
+            .url(proxy.url())
+            .timeout(Duration::from_secs(1))
+            .max_batch(max_batch)
+            .circuit_breaker(
+                CircuitBreaker::new()
+                    .first_probe(cool_down)
+                    .max_cooldown(cool_down),
+            )
+            .build()
+            .unwrap()
+    });
+    for store in &stores {
+        let _ = answered(store, "warm").await;
+    }
+    proxy.corrupt_script_replies();
+    for store in &stores {
+        for _ in 0..3 {
+            let err = store.check("bent", &policy(), 1).await.unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::Server, "{err}");
+        }
+        let open = store.check("bent", &policy(), 1).await;
+        assert!(
+            matches!(open, Err(Error::CircuitOpen { .. })),
+            "three malformed replies did not open the breaker ({store:?}): {open:?}"
+        );
+        tokio::time::sleep(cool_down + Duration::from_millis(50)).await;
+        // The probe: answered, malformed.
+        let probe = store.check("bent", &policy(), 1).await.unwrap_err();
+        assert!(
+            !matches!(probe, Error::CircuitOpen { .. }),
+            "no probe after the cool-down"
+        );
+        // Its task has ended by now; the next cool-down is at least 100 ms.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let after = store.check("bent", &policy(), 1).await;
+        assert!(
+            matches!(after, Err(Error::CircuitOpen { .. })),
+            "a probe answered with a malformed reply closed the breaker ({store:?}): {after:?}"
+        );
+    }
+}
+
 /// A frozen Redis (SIGSTOP: sockets open, nobody answers) costs the calls in
 /// flight one timeout, then the breaker opens: checks fail at once with
 /// `CircuitOpen`, and only one probe at a time waits the timeout. When Redis

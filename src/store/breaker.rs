@@ -166,6 +166,10 @@ pub(crate) struct Breaker {
     /// a dead node through a failover) says nothing of the store now, and
     /// does not count.
     answered: AtomicU64,
+    /// Microseconds after `epoch` at which the latest call whose failure
+    /// counted was sent: once the breaker is open, a call sent after it
+    /// that succeeds shows the failures that opened it to be stragglers.
+    failed: AtomicU64,
 }
 
 #[derive(Debug)]
@@ -192,6 +196,7 @@ impl Breaker {
             rng: AtomicU64::new(seed | 1),
             epoch: Instant::now(),
             answered: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
         }
     }
 
@@ -260,12 +265,31 @@ impl Breaker {
         Admit::Reject(self.refusing().unwrap_or(Duration::ZERO))
     }
 
-    /// A call (not a probe) succeeded.
+    /// A call (not a probe) sent at `sent` succeeded.
+    ///
+    /// Stragglers are often heard just before the success that would have
+    /// masked them: when a hung call times out, its checks and those queued
+    /// with it fail a moment before the next call, on a fresh connection or
+    /// to a promoted node, answers the checks queued after them. If their
+    /// failures opened the breaker, this success of a call sent after all of
+    /// them closes it again, as if it had been heard first: otherwise checks
+    /// would be refused for a whole cool-down while the store answers.
     pub(crate) fn success(&self, sent: Instant) {
-        self.answered
-            .fetch_max(self.since_epoch(sent), Ordering::AcqRel);
+        let sent = self.since_epoch(sent);
+        self.answered.fetch_max(sent, Ordering::AcqRel);
         if self.failures.load(Ordering::Relaxed) != 0 {
             self.failures.store(0, Ordering::Relaxed);
+        }
+        // Half-open, the probe decides.
+        if self.state.load(Ordering::Acquire) == OPEN
+            && sent > self.failed.load(Ordering::Acquire)
+            && self
+                .state
+                .compare_exchange(OPEN, CLOSED, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        {
+            self.cooldown().length = self.config.first_probe;
+            observe::breaker(self.store, BreakerState::Closed, BreakerDetail::None);
         }
     }
 
@@ -276,11 +300,16 @@ impl Breaker {
 
     /// A call sent at `sent` that carried `checks` checks (a batch) failed:
     /// each of them counts, as if they had failed one by one, unless a call
-    /// sent after it has succeeded since.
+    /// sent after it has succeeded since (or succeeds while the breaker is
+    /// open, see [`success`](Self::success)).
     pub(crate) fn failures_of(&self, checks: u32, sent: Instant) {
-        if !self.config.enabled || self.since_epoch(sent) < self.answered.load(Ordering::Acquire) {
+        let sent = self.since_epoch(sent);
+        if !self.config.enabled || sent < self.answered.load(Ordering::Acquire) {
             return;
         }
+        // Before the count, so that a success that finds the breaker open
+        // also finds the send of every failure that opened it.
+        self.failed.fetch_max(sent, Ordering::AcqRel);
         let failures = self.failures.fetch_add(checks.max(1), Ordering::AcqRel) + checks.max(1);
         if failures >= self.config.failures
             && self
@@ -416,6 +445,55 @@ mod tests {
             b.failure(Instant::now());
         }
         assert!(!b.is_closed(), "fresh failures must still open it");
+    }
+
+    /// A hung call times out, with the checks queued beside it, a moment
+    /// before the next call answers the checks queued after them: the
+    /// stragglers are heard first and open the breaker. The success of a
+    /// check sent after all of them closes it again at once, as if heard
+    /// first; a success of a call sent before them does not, and fresh
+    /// failures still open it.
+    #[tokio::test(start_paused = true)]
+    async fn a_success_sent_after_the_failures_that_opened_it_closes_the_breaker() {
+        let b = breaker();
+        let hung = Instant::now();
+        tokio::time::advance(Duration::from_millis(6)).await;
+        let queued = Instant::now();
+        tokio::time::advance(Duration::from_millis(994)).await;
+        for _ in 0..3 {
+            b.failure(hung);
+        }
+        assert!(matches!(b.admit(), Admit::Reject(_)));
+        b.success(queued);
+        assert!(
+            b.is_closed(),
+            "a newer call answered, the breaker stayed open"
+        );
+        assert!(matches!(b.admit(), Admit::Go));
+        for _ in 0..3 {
+            b.failure(Instant::now());
+        }
+        assert!(!b.is_closed(), "fresh failures must still open it");
+
+        let b = breaker();
+        let early = Instant::now();
+        tokio::time::advance(Duration::from_millis(6)).await;
+        for _ in 0..3 {
+            b.failure(Instant::now());
+        }
+        b.success(early);
+        assert!(!b.is_closed(), "a call sent before the failures closed it");
+        // Nor does a call sent after the failures that opened it but before
+        // one that failed since.
+        tokio::time::advance(Duration::from_millis(1)).await;
+        let between = Instant::now();
+        tokio::time::advance(Duration::from_millis(1)).await;
+        b.failure(Instant::now());
+        b.success(between);
+        assert!(
+            !b.is_closed(),
+            "a call older than the last failure closed it"
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -35,11 +35,11 @@ impl RedisStore {
     }
 
     /// The decisions of `batch` in the script's `reply`; a reply that does
-    /// not read is a store error, reported as one.
+    /// not read is a store error. Read within the call
+    /// ([`admitted_reading`](Self::admitted_reading)), which reports it and
+    /// counts it as the call's failure.
     pub(super) fn read(&self, batch: &Batch, reply: &[i64]) -> Result<Vec<(Decision, u64)>, Error> {
-        batch.outcomes(reply).inspect_err(|err| {
-            observe::store_error(STORE, err, &self.inner.errors);
-        })
+        batch.outcomes(reply)
     }
 
     /// The one decision of `batch`, a batch of one check, in the script's
@@ -53,14 +53,15 @@ impl RedisStore {
     /// The breaker's probe: `batch`'s script call in a task of its own,
     /// bounded by the store timeout, which this check waits for at most
     /// [`PROBE_WAIT`] (see `probe.rs`); `once`: a call that gives tokens
-    /// back (see `Conn::for_call`).
+    /// back (see `Conn::for_call`). A reply that does not read fails the
+    /// probe.
     pub(super) async fn send_probe(
         &self,
         probe: ProbeGuard,
         batch: Arc<Batch>,
         clock: Option<u64>,
         once: bool,
-    ) -> Result<Vec<i64>, Error> {
+    ) -> Result<(Decision, u64), Error> {
         let store = self.clone();
         let call = async move {
             let script = store.script_for(clock);
@@ -72,7 +73,8 @@ impl RedisStore {
                     true,
                     None,
                 )
-                .await;
+                .await
+                .and_then(|reply| store.read_one(batch, &reply));
             store.report(started, result.as_ref().err());
             result
         };
@@ -87,15 +89,21 @@ impl RedisStore {
         }
     }
 
-    /// Runs `op` behind the circuit breaker, and reports how it went (the
-    /// test-clock calls; checks and resets never take the probe inline).
+    /// Runs `op` behind the circuit breaker, reads its reply with `read`,
+    /// and reports how it went (the test-clock calls; checks and resets
+    /// never take the probe inline).
     #[cfg(feature = "test-util")]
-    pub(super) async fn guarded<T, F, Fut>(&self, op: F) -> Result<T, Error>
+    pub(super) async fn guarded<T, U, F, Fut>(
+        &self,
+        op: F,
+        read: impl FnOnce(T) -> Result<U, Error>,
+    ) -> Result<U, Error>
     where
         F: Fn(Conn) -> Fut,
         Fut: Future<Output = Result<T, RedisError>>,
     {
-        self.admitted(self.inner.breaker.admit(), 1, None, op).await
+        self.admitted_reading(self.inner.breaker.admit(), 1, None, op, read)
+            .await
     }
 
     /// Runs `op` as the breaker's `admit` says, and reports how it went. A
@@ -116,6 +124,28 @@ impl RedisStore {
         F: Fn(Conn) -> Fut,
         Fut: Future<Output = Result<T, RedisError>>,
     {
+        self.admitted_reading(admit, checks, deadline, op, Ok).await
+    }
+
+    /// [`admitted`](Self::admitted) for a call whose reply `read` turns into
+    /// its outcome. A reply that does not read (a malformed script reply)
+    /// fails the call: for the breakers, the probe and the reports as for
+    /// the caller. The connection worked, but a server that answers what
+    /// no script sends cannot decide, and while it does, checks should go
+    /// to the store-error policy at once rather than wait for garbage.
+    pub(super) async fn admitted_reading<T, U, F, Fut, R>(
+        &self,
+        admit: Admit,
+        checks: usize,
+        deadline: Option<Instant>,
+        op: F,
+        read: R,
+    ) -> Result<U, Error>
+    where
+        F: Fn(Conn) -> Fut,
+        Fut: Future<Output = Result<T, RedisError>>,
+        R: FnOnce(T) -> Result<U, Error>,
+    {
         if let Admit::Reject(retry_in) = admit {
             let err = Error::CircuitOpen { retry_in };
             observe::store_error(STORE, &err, &self.inner.errors);
@@ -126,7 +156,7 @@ impl RedisStore {
         // this cannot overflow.
         let deadline = deadline.unwrap_or(started + self.inner.timeout);
         let probe = matches!(admit, Admit::Probe(_));
-        let result = self.bounded(op, probe, Some(deadline)).await;
+        let result = self.bounded(op, probe, Some(deadline)).await.and_then(read);
         let failure = result.as_ref().err();
         match (admit, failure) {
             (Admit::Probe(probe), failure) => probe.done(failure.is_none()),

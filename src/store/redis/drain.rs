@@ -177,27 +177,24 @@ impl RedisStore {
         let call = &batch;
         let started = Instant::now();
         // Never the breaker's probe, as in a drain.
-        let reply = self
-            .admitted(
+        let outcome = self
+            .admitted_reading(
                 self.inner.breaker.admit_without_probe(),
                 0,
                 Some(deadline),
                 |conn| async move { call.run(&mut conn.for_call(once)?, script).await },
+                |reply| self.read_one(call, &reply),
             )
             .await;
-        let round_trip = reply.is_ok().then(|| started.elapsed());
-        if let (Some(slot), Some(ok)) = (&handoff.slot, node_ok(&reply)) {
+        let round_trip = outcome.is_ok().then(|| started.elapsed());
+        if let (Some(slot), Some(ok)) = (&handoff.slot, node_ok(&outcome)) {
             slot.queue().heard(started, ok);
         }
-        let outcome = match reply {
-            Ok(reply) => self.read_one(&batch, &reply),
-            Err(err) => {
-                // A failover or a replaced connection may have moved slots:
-                // read the map again.
-                self.refresh_slots();
-                Err(err)
-            }
-        };
+        if outcome.is_err() {
+            // A failover or a replaced connection may have moved slots:
+            // read the map again.
+            self.refresh_slots();
+        }
         let [check] = checks;
         if let (Ok((decision, _)), Some(cache), Some(keys)) = (
             &outcome,
@@ -247,13 +244,20 @@ impl RedisStore {
             let call = &batch;
             let started = Instant::now();
             // A batch never takes the breaker's probe: its checks would all
-            // wait for it.
+            // wait for it. `None`: the node does not serve every key.
             let reply = self
-                .admitted(
+                .admitted_reading(
                     self.inner.breaker.admit_without_probe(),
                     0,
                     None,
                     |conn| async move { call.run(&mut conn.for_call(once)?, script).await },
+                    |reply| {
+                        if call.not_local(&reply) {
+                            Ok(None)
+                        } else {
+                            self.read(call, &reply).map(Some)
+                        }
+                    },
                 )
                 .await;
             // What the call took, for the queue's in-flight limit; a failed
@@ -268,7 +272,7 @@ impl RedisStore {
                 check.keys = keys;
             }
             match reply {
-                Ok(reply) if batch.not_local(&reply) => {
+                Ok(None) => {
                     // The node does not serve every key (the slot map is
                     // stale); nothing was written.
                     for check in checks {
@@ -277,11 +281,7 @@ impl RedisStore {
                     }
                     self.refresh_slots();
                 }
-                Ok(reply) => answer(
-                    checks,
-                    self.read(&batch, &reply),
-                    self.inner.denials.as_ref(),
-                ),
+                Ok(Some(outcomes)) => answer(checks, Ok(outcomes), self.inner.denials.as_ref()),
                 Err(err) => {
                     // A failover or a replaced connection may have moved
                     // slots: read the map again.
@@ -309,14 +309,14 @@ impl RedisStore {
         let call = &batch;
         // Sent on its own, but for the checks of a batch: never the probe.
         let outcomes = self
-            .admitted(
+            .admitted_reading(
                 self.inner.breaker.admit_without_probe(),
                 0,
                 None,
                 |conn| async move { call.run(&mut conn.for_call(once)?, script).await },
+                |reply| self.read(call, &reply),
             )
-            .await
-            .and_then(|reply| self.read(&batch, &reply));
+            .await;
         for (check, keys) in checks.iter_mut().zip(batch.take_keys()) {
             check.keys = keys;
         }
@@ -334,20 +334,21 @@ impl RedisStore {
     }
 }
 
-/// The in-flight slot of a lone check's call, held by its caller's future:
-/// when the call ends, or when that future is dropped before (its caller
-/// went away or timed out), the checks queued behind the call go out in a
-/// drain of their own rather than wait for a call that never ends.
-/// What a call's `reply` tells a cluster node's breaker: `None` when the
-/// call was not made (the store's breaker refused it).
-fn node_ok<T>(reply: &Result<T, Error>) -> Option<bool> {
-    match reply {
+/// What a call's outcome (its reply, read) tells a cluster node's breaker:
+/// `None` when the call was not made (the store's breaker refused it). A
+/// reply that does not read is a failure, as for the store's breaker.
+fn node_ok<T>(outcome: &Result<T, Error>) -> Option<bool> {
+    match outcome {
         Ok(_) => Some(true),
         Err(Error::CircuitOpen { .. }) => None,
         Err(e) => Some(!e.is_store_error()),
     }
 }
 
+/// The in-flight slot of a lone check's call, held by its caller's future:
+/// when the call ends, or when that future is dropped before (its caller
+/// went away or timed out), the checks queued behind the call go out in a
+/// drain of their own rather than wait for a call that never ends.
 struct Handoff<'a> {
     store: &'a RedisStore,
     slot: Option<Slot>,

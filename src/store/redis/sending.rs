@@ -141,22 +141,18 @@ impl RedisStore {
         let mut batch = Batch::new(clock);
         batch.push(keys, policy, spend);
         let outcome = match self.inner.breaker.admit() {
-            Admit::Probe(probe) => {
-                let batch = Arc::new(batch);
-                let reply = self
-                    .send_probe(probe, Arc::clone(&batch), clock, once)
-                    .await?;
-                self.read_one(&batch, &reply)?
-            }
+            Admit::Probe(probe) => self.send_probe(probe, Arc::new(batch), clock, once).await?,
             admit => {
                 let script = self.script_for(clock);
                 let call = &batch;
-                let reply = self
-                    .admitted(admit, 1, None, |conn| async move {
-                        call.run(&mut conn.for_call(once)?, script).await
-                    })
-                    .await?;
-                self.read_one(&batch, &reply)?
+                self.admitted_reading(
+                    admit,
+                    1,
+                    None,
+                    |conn| async move { call.run(&mut conn.for_call(once)?, script).await },
+                    |reply| self.read_one(call, &reply),
+                )
+                .await?
             }
         };
         if let (Some(cache), Some(keys)) = (&self.inner.denials, remembered) {

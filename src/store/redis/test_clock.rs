@@ -62,14 +62,13 @@ impl RedisStore {
         }
         let script = &self.inner.test_script;
         let call = &batch;
-        let reply = self
-            .guarded(|mut conn| async move { call.run(&mut conn, script).await })
+        let outcomes = self
+            .guarded(
+                |mut conn| async move { call.run(&mut conn, script).await },
+                |reply| self.read(call, &reply),
+            )
             .await?;
-        Ok(batch
-            .outcomes(&reply)?
-            .into_iter()
-            .map(|(decision, _)| decision)
-            .collect())
+        Ok(outcomes.into_iter().map(|(decision, _)| decision).collect())
     }
 
     /// `reserve` with an explicit microsecond clock (cargo feature `test-util`).

@@ -77,20 +77,30 @@ impl RedisStore {
                 &self.inner.test_script
             };
             let call = &batch;
-            let reply = self
-                .guarded(|mut conn| async move { call.run(&mut conn, script).await })
+            // `None`: the node does not serve every key.
+            let outcomes = self
+                .guarded(
+                    |mut conn| async move { call.run(&mut conn, script).await },
+                    |reply| {
+                        if call.not_local(&reply) {
+                            Ok(None)
+                        } else {
+                            self.read(call, &reply).map(Some)
+                        }
+                    },
+                )
                 .await?;
-            if batch.not_local(&reply) {
+            if let Some(outcomes) = outcomes {
+                for ((i, _), (decision, _)) in members.iter().zip(outcomes) {
+                    if let Some(slot) = out.get_mut(*i) {
+                        *slot = Some(decision);
+                    }
+                }
+            } else {
                 alone.append(&mut members);
                 if nodes.begin_refresh(false) {
                     let read = SlotRead(Arc::clone(nodes));
                     self.read_slots(&read).await;
-                }
-            } else {
-                for ((i, _), (decision, _)) in members.iter().zip(batch.outcomes(&reply)?) {
-                    if let Some(slot) = out.get_mut(*i) {
-                        *slot = Some(decision);
-                    }
                 }
             }
             alone.sort_unstable_by_key(|(i, _)| *i);
