@@ -554,5 +554,6 @@ pub mod http;
 pub mod model;
 pub mod node;
 pub mod ports;
+pub mod schedule;
 pub mod sentinel;
 pub mod tls;
