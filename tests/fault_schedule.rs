@@ -134,7 +134,10 @@ fn assert_no_violation(tally: &Tally, test: &str) {
         panic!(
             "{} schedule(s) admitted more than the bucket allows in some window \
              (capacity + rate x window + refunds, from the last fresh bucket on; \
-             the VIOLATION lines above say where). Replay one with \
+             the VIOLATION lines above say where and what made the bucket fresh; \
+             with leases on, one after a flush, a restart or a failover is \
+             typically holds outliving the bucket that granted them, issue 41's \
+             first defect). Replay one with \
              FAULT_SEED={first:#x} cargo test --all-features --test fault_schedule -- {test} \
              --nocapture. Failing seeds: {}",
             failing.len(),
