@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 use support::schedule::check::{self, Bucket};
 use support::schedule::fault::FAULT_KINDS;
 use support::schedule::ideal;
+use support::schedule::panics;
 use support::schedule::plan::{Leases, Options, Plan};
 use support::schedule::report::{Report, Tally};
 use support::schedule::rng::Rng;
@@ -113,7 +114,7 @@ fn judge(
     };
     let segments = check::check(&outcome.ops, plan.keys, bucket);
     let ideal = ideal::ideal(&outcome.ops, plan.keys, bucket);
-    let report = Report::new(
+    let mut report = Report::new(
         plan.clone(),
         &outcome.ops,
         segments,
@@ -121,6 +122,7 @@ fn judge(
         outcome.local_decisions,
         took,
     );
+    report.panics = outcome.panics;
     eprintln!("{}", report.lines(run, index));
     tally.add(&report);
 }
@@ -132,7 +134,7 @@ fn assert_no_violation(tally: &Tally, test: &str) {
     if let Some(first) = failing.first() {
         let seeds: Vec<String> = failing.iter().map(|s| format!("{s:#x}")).collect();
         panic!(
-            "{} schedule(s) admitted more than the bucket allows in some window \
+            "{} schedule(s) panicked (PANIC lines) or admitted more than the bucket allows in some window \
              (capacity + rate x window + refunds, from the last fresh bucket on; \
              the VIOLATION lines above say where and what made the bucket fresh; \
              with leases on, one after a flush, a restart or a failover is \
@@ -212,11 +214,16 @@ async fn cluster_schedules_stay_within_the_bucket() {
     assert_no_violation(&tally, "cluster_schedules_stay_within_the_bucket");
 }
 
-/// Runs a schedule, failing (with its seed) if it gets stuck.
+/// Runs a schedule, failing (with its seed) if it gets stuck, and counts
+/// the panics meanwhile.
 async fn run_within<T: Target>(plan: &Plan, target: T, prefix: &str) -> Outcome {
-    tokio::time::timeout(plan.duration + STUCK, run::run(plan, target, prefix))
+    panics::watch();
+    let before = panics::count();
+    let mut outcome = tokio::time::timeout(plan.duration + STUCK, run::run(plan, target, prefix))
         .await
-        .unwrap_or_else(|_| panic!("schedule {:#x} got stuck: {plan}", plan.seed))
+        .unwrap_or_else(|_| panic!("schedule {:#x} got stuck: {plan}", plan.seed));
+    outcome.panics = panics::count() - before;
+    outcome
 }
 
 /// The checker on histories made by hand: it finds what it must, and

@@ -24,6 +24,7 @@ pub mod check;
 pub mod fault;
 pub mod history;
 pub mod ideal;
+pub mod panics;
 pub mod plan;
 pub mod report;
 pub mod rng;

@@ -24,6 +24,8 @@ pub struct Report {
     pub local_decisions: u64,
     /// Each data loss, when, and the tokens held unspent just before it.
     pub losses: Vec<(&'static str, Duration, u64)>,
+    /// Panics in the process while the schedule ran (see `panics`).
+    pub panics: u64,
     pub took: Duration,
 }
 
@@ -62,6 +64,7 @@ impl Report {
                     _ => None,
                 })
                 .collect(),
+            panics: 0,
             took,
         }
     }
@@ -72,7 +75,7 @@ impl Report {
     }
 
     pub fn failed(&self) -> bool {
-        self.violating().next().is_some()
+        self.violating().next().is_some() || self.panics > 0
     }
 
     /// The window furthest over its bound, where it is.
@@ -143,6 +146,13 @@ impl Report {
                 out,
                 "; admitted/allowed after fresh buckets: {}",
                 after.join(", ")
+            );
+        }
+        if self.panics > 0 {
+            let _ = write!(
+                out,
+                "\n    PANIC: {} panics while it ran (printed above)",
+                self.panics
             );
         }
         for s in self.violating() {

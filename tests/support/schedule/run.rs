@@ -25,6 +25,8 @@ pub struct Outcome {
     pub ops: Vec<Op>,
     /// Checks decided in process from holds, over every instance.
     pub local_decisions: u64,
+    /// Panics in the process meanwhile (the caller counts them).
+    pub panics: u64,
 }
 
 /// The name of hot key `key`, as a limiter is asked for it.
@@ -93,6 +95,7 @@ pub async fn run<T: Target>(plan: &Plan, target: T, prefix: &str) -> Outcome {
     Outcome {
         ops: shared.history.ops(),
         local_decisions: stores.iter().map(|s| s.lease_stats().local_decisions).sum(),
+        panics: 0,
     }
 }
 
