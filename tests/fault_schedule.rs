@@ -10,7 +10,8 @@
 //! - `FAULT_SEED=0x…`: replay that one schedule; `FAULT_BASE_SEED`: draw
 //!   the run's schedules from this seed instead of the clock.
 //! - `FAULT_LEASES=on|off|mixed`: every schedule's leases.
-//! - `FAULT_KINDS=flushall,restart,…`: the fault kinds drawn from.
+//! - `FAULT_KINDS=flushall,restart,…`: the fault kinds drawn from, and
+//!   `reset` for resets (all of them when unset).
 //! - `FAULT_DURATION_MS` (3000): how long each schedule's traffic runs.
 //! - `FAULT_DUMP=1`: print every operation of every schedule.
 //!
@@ -45,28 +46,27 @@ fn env<T: std::str::FromStr>(name: &str) -> Option<T> {
     Some(value.unwrap_or_else(|| panic!("{name}={text:?} is not a number")))
 }
 
-/// The schedules' options from the environment; `kinds` when
-/// `FAULT_KINDS` does not say.
+/// The schedules' options from the environment: the fault kinds of
+/// `FAULT_KINDS` among `kinds` (all of `kinds` when it does not say), and
+/// resets unless `FAULT_KINDS` leaves `reset` out.
 fn options(kinds: &[&'static str], cluster: bool) -> Options {
     let leases = std::env::var("FAULT_LEASES").ok().map(|l| {
         Leases::parse(&l).unwrap_or_else(|| panic!("FAULT_LEASES={l:?}: on, off or mixed"))
     });
-    let faults = match std::env::var("FAULT_KINDS") {
-        Ok(list) => list
-            .split(',')
-            .map(|k| {
-                *FAULT_KINDS
-                    .iter()
-                    .find(|known| **known == k.trim())
-                    .unwrap_or_else(|| panic!("FAULT_KINDS: {k:?} is not one of {FAULT_KINDS:?}"))
-            })
-            .filter(|k| kinds.contains(k))
-            .collect(),
-        Err(_) => kinds.to_vec(),
-    };
+    let chosen: Option<Vec<String>> = std::env::var("FAULT_KINDS")
+        .ok()
+        .map(|list| list.split(',').map(|k| k.trim().to_owned()).collect());
+    for k in chosen.iter().flatten() {
+        assert!(
+            k == "reset" || FAULT_KINDS.contains(&k.as_str()),
+            "FAULT_KINDS: {k:?} is not reset nor one of {FAULT_KINDS:?}"
+        );
+    }
+    let wanted = |k: &str| chosen.as_ref().is_none_or(|c| c.iter().any(|x| x == k));
     Options {
         leases,
-        faults,
+        faults: kinds.iter().copied().filter(|k| wanted(k)).collect(),
+        resets: wanted("reset"),
         duration: Duration::from_millis(env("FAULT_DURATION_MS").unwrap_or(3000)),
         cluster,
     }

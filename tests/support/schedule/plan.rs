@@ -77,6 +77,8 @@ pub struct Options {
     pub leases: Option<Leases>,
     /// The fault kinds allowed (names of [`FAULT_KINDS`](super::fault::FAULT_KINDS)).
     pub faults: Vec<&'static str>,
+    /// Whether the nemesis resets keys.
+    pub resets: bool,
     /// How long the traffic runs.
     pub duration: Duration,
     /// A cluster: no proxy and no single primary to fail over.
@@ -134,7 +136,9 @@ impl Plan {
             || (!options.cluster && rng.chance(0.2));
         let keys = rng.range(1, 2) as usize;
         let mut steps = faults;
-        steps.extend(draw_resets(&mut rng, options.duration, keys, &instances));
+        if options.resets {
+            steps.extend(draw_resets(&mut rng, options.duration, keys, &instances));
+        }
         steps.sort_by_key(|s| s.at);
         let bursts = draw_bursts(&mut rng, &steps, options.duration, capacity, rate);
         Plan {
