@@ -277,7 +277,8 @@ pub fn free_port() -> u16 {
 /// `start_delayed(upstream, d)` (or `set_delay(d)`) holds every chunk `d` in
 /// each direction before passing it on, as a network that far would: a delay
 /// line, so chunks keep their order and one chunk's wait does not add to the
-/// next one's.
+/// next one's. `cut_connections()` closes every connection open so far, both
+/// ways (a failover behind a stable address, a restarted load balancer).
 pub struct Proxy {
     port: u16,
     upstream: std::sync::Arc<std::sync::atomic::AtomicU16>,
@@ -288,6 +289,7 @@ pub struct Proxy {
     corrupt: std::sync::Arc<std::sync::atomic::AtomicBool>,
     cut: std::sync::Arc<std::sync::atomic::AtomicBool>,
     chunk_delay_us: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    cuts: std::sync::Arc<Cuts>,
 }
 
 impl Proxy {
@@ -324,6 +326,8 @@ impl Proxy {
         let cut_accept = Arc::clone(&cut);
         let chunk_delay_us = Arc::new(AtomicU64::new(0));
         let chunk_delay_accept = Arc::clone(&chunk_delay_us);
+        let cuts = Arc::new(Cuts::default());
+        let cuts_accept = Arc::clone(&cuts);
         let (upstream_accept, gen_accept, stop_accept) = (
             Arc::clone(&upstream),
             Arc::clone(&generation),
@@ -337,12 +341,17 @@ impl Proxy {
                 }
                 let Ok(client) = client else { continue };
                 accepted_count.fetch_add(1, Ordering::SeqCst);
+                // Read before the target: a connection accepted before a
+                // retarget and a cut is cut, even if it reaches the old
+                // server after the cut.
+                let cut_born = cuts_accept.generation();
                 let target = upstream_accept.load(Ordering::SeqCst);
                 let delay = Duration::from_millis(delay_accept.load(Ordering::SeqCst));
                 let generation = Arc::clone(&gen_accept);
                 let corrupt = Arc::clone(&corrupt_accept);
                 let cut = Arc::clone(&cut_accept);
                 let chunk_delay = Arc::clone(&chunk_delay_accept);
+                let cuts = Arc::clone(&cuts_accept);
                 std::thread::spawn(move || {
                     std::thread::sleep(delay);
                     let Ok(server) = TcpStream::connect(("127.0.0.1", target)) else {
@@ -354,6 +363,7 @@ impl Proxy {
                     let _ = client.set_nodelay(true);
                     let _ = server.set_nodelay(true);
                     let born = generation.load(Ordering::SeqCst);
+                    cuts.register(&client, &server, cut_born);
                     for (replies, from, to) in [
                         (false, client.try_clone(), server.try_clone()),
                         (true, server.try_clone(), client.try_clone()),
@@ -365,9 +375,14 @@ impl Proxy {
                         let corrupt = Arc::clone(&corrupt);
                         let cut = Arc::clone(&cut);
                         let chunk_delay = Arc::clone(&chunk_delay);
+                        let cuts = Arc::clone(&cuts);
                         let delay =
                             move || Duration::from_micros(chunk_delay.load(Ordering::SeqCst));
                         delay_line::spawn(from, to, delay, move |chunk| {
+                            // Cut: nothing more passes, whichever way.
+                            if cuts.generation() != cut_born {
+                                return delay_line::Pass::Cut;
+                            }
                             // Blackholed: the bytes vanish, the sockets stay up.
                             if generation.load(Ordering::SeqCst) != born {
                                 return delay_line::Pass::Drop;
@@ -396,7 +411,15 @@ impl Proxy {
             corrupt,
             cut,
             chunk_delay_us,
+            cuts,
         }
+    }
+
+    /// Closes every connection open now, both ways: clients see them end
+    /// and connect again (to the current upstream). Once this returns, the
+    /// proxy passes nothing more on them, either way.
+    pub fn cut_connections(&self) {
+        self.cuts.cut();
     }
 
     /// While `on`, the reply of every script call (a bulk string) is lost:
@@ -455,6 +478,46 @@ impl Proxy {
     }
 }
 
+/// The connections of a [`Proxy`] open since its last cut.
+#[derive(Default)]
+struct Cuts {
+    generation: std::sync::atomic::AtomicU64,
+    open: std::sync::Mutex<Vec<TcpStream>>,
+}
+
+impl Cuts {
+    fn generation(&self) -> u64 {
+        self.generation.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Keeps handles of a new connection's two sockets, to shut them at the
+    /// next cut; one accepted before a cut that came meanwhile is shut now.
+    fn register(&self, client: &TcpStream, server: &TcpStream, born: u64) {
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        for socket in [client, server] {
+            if let Ok(handle) = socket.try_clone() {
+                open.push(handle);
+            }
+        }
+        if self.generation() != born {
+            Self::shut(&mut open);
+        }
+    }
+
+    fn cut(&self) {
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        self.generation
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Self::shut(&mut open);
+    }
+
+    fn shut(open: &mut Vec<TcpStream>) {
+        for socket in open.drain(..) {
+            let _ = socket.shutdown(std::net::Shutdown::Both);
+        }
+    }
+}
+
 /// Rewrites every `$32\r\n` or `$40\r\n` bulk string wholly inside `chunk` (one decision
 /// of one quota, packed) to begin with the double 7.0.
 fn corrupt_script_reply(chunk: &mut [u8]) {
@@ -495,5 +558,6 @@ pub mod http;
 pub mod model;
 pub mod node;
 pub mod ports;
+pub mod schedule;
 pub mod sentinel;
 pub mod tls;
