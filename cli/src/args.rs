@@ -39,7 +39,7 @@ pub(crate) struct Cli {
     pub(crate) limits: LimitArgs,
     /// Print one JSON object instead of text (errors too, with the exit code
     /// unchanged).
-    #[arg(long, global = true)]
+    #[arg(long, global = true, help_heading = "Output")]
     pub(crate) json: bool,
     #[command(subcommand)]
     pub(crate) command: Command,
@@ -134,12 +134,15 @@ pub(crate) struct KeyArgs {
 pub(crate) enum Command {
     /// Every quota's remaining tokens, reset time and holds for one key.
     /// Spends nothing.
+    #[command(after_long_help = KEYS_AND_EXIT_CODES)]
     Peek(KeyArgs),
     /// Forget one key's buckets: its next check finds them full.
+    #[command(after_long_help = KEYS_AND_EXIT_CODES)]
     Reset(KeyArgs),
     /// Spend tokens from one key's buckets, as a check in the application
     /// would: exit 0 when admitted, 1 when refused (printing the wait). For
     /// shell jobs and crons that share a limit across hosts.
+    #[command(after_long_help = KEYS_AND_EXIT_CODES)]
     Check {
         #[command(flatten)]
         key: KeyArgs,
@@ -150,6 +153,7 @@ pub(crate) enum Command {
     /// The buckets of a policy nearest their limit. Finds them with SCAN,
     /// bounded by --scan: on a large keyspace it says how far it got.
     /// Needs only --policy (without quotas, every quota's buckets show).
+    #[command(after_long_help = KEYS_AND_EXIT_CODES)]
     Top {
         /// How many buckets to show.
         #[arg(long, default_value_t = 20)]
