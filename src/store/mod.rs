@@ -93,6 +93,7 @@ pub use memory::{DEFAULT_MAX_KEYS, MemoryStore};
 pub(crate) use redis::LeaseStart;
 #[cfg(feature = "redis")]
 pub use redis::{
-    DEFAULT_CONNECT_TIMEOUT, DEFAULT_LEASE_KEYS, DEFAULT_LEASE_PERIOD, DEFAULT_MAX_BATCH,
-    DEFAULT_PREFIX, DEFAULT_TIMEOUT, LeaseStats, RedisStore, RedisStoreBuilder,
+    BucketHold, BucketScan, BucketState, DEFAULT_CONNECT_TIMEOUT, DEFAULT_LEASE_KEYS,
+    DEFAULT_LEASE_PERIOD, DEFAULT_MAX_BATCH, DEFAULT_PREFIX, DEFAULT_TIMEOUT, LeaseStats,
+    RedisStore, RedisStoreBuilder,
 };

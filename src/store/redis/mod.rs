@@ -33,6 +33,9 @@
 //! - `target.rs`: where connections come from (a URL, a pool, or a
 //!   `Topology`: a cluster or sentinels), TLS, checked at build time.
 //! - `builder.rs`: configuration.
+//! - `inspect.rs`: buckets read as they are, by storage key, for operators'
+//!   tools (`read_buckets`).
+//! - `scan.rs`: bucket keys found with a bounded `SCAN` (`scan_buckets`).
 //! - `cluster/` (cargo feature `cluster`): hash slots, the slot map and a
 //!   queue per primary, the spread script, slot map refreshes, the cluster
 //!   target, and `check_batch_at` per node.
@@ -49,9 +52,11 @@ mod drain;
 mod encode;
 mod epoch;
 mod failure;
+mod inspect;
 mod lease;
 mod leasing;
 mod probe;
+mod scan;
 mod script;
 mod sending;
 #[cfg(feature = "sentinel")]
@@ -66,7 +71,9 @@ pub use builder::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_MAX_BATCH, DEFAULT_PREFIX, DEFAULT_TIMEOUT, RedisStoreBuilder,
 };
 pub(crate) use encode::Spend;
+pub use inspect::{BucketHold, BucketState};
 pub(crate) use lease::LeaseStart;
 pub use lease::{DEFAULT_LEASE_KEYS, DEFAULT_LEASE_PERIOD, LeaseStats};
+pub use scan::BucketScan;
 pub(crate) use sending::Sending;
 pub use store::RedisStore;
