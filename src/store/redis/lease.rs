@@ -368,8 +368,11 @@ impl Entry {
     }
 
     /// Hold `id` reported `spent` of its tokens as spent, keeping the
-    /// rest: it holds that many fewer.
-    fn reported_part(&mut self, id: u64, spent: u64) {
+    /// rest: it holds that many fewer. True when the hold is still held
+    /// here; one used up while the report was under way waits in the queue
+    /// of spent holds, whose report then debits only the rest (its tokens
+    /// already left the held count).
+    fn reported_part(&mut self, id: u64, spent: u64) -> bool {
         let n = usize::from(self.holds);
         if let Some(rest) = self
             .cold
@@ -378,7 +381,12 @@ impl Entry {
             .and_then(|r| r.iter_mut().find(|r| r.id == id))
         {
             rest.granted = rest.granted.saturating_sub(spent);
+            return true;
         }
+        if let Some((_, granted)) = self.cold.spent.iter_mut().find(|(i, _)| *i == id) {
+            *granted = granted.saturating_sub(spent);
+        }
+        false
     }
 
     /// A quarter of the newest hold's life (0 without holds).
@@ -1043,9 +1051,10 @@ impl Leases {
             && grant.found
             && same_epoch
         {
-            entry.reported_part(id, spent);
-            let held = self.counters.held.fetch_sub(spent, Ordering::Relaxed);
-            observe::lease_held(self.label, held.saturating_sub(spent));
+            if entry.reported_part(id, spent) {
+                let held = self.counters.held.fetch_sub(spent, Ordering::Relaxed);
+                observe::lease_held(self.label, held.saturating_sub(spent));
+            }
         }
         match grant {
             Some(grant) if grant.granted > 0 && !same_epoch => {
@@ -1060,7 +1069,7 @@ impl Leases {
                     .counters
                     .held
                     .fetch_add(grant.granted, Ordering::Relaxed);
-                observe::lease_held(self.label, held + grant.granted);
+                observe::lease_held(self.label, held.saturating_add(grant.granted));
                 let life = micros(grant.life);
                 let hold = Hold {
                     id: asked.id,
@@ -1555,6 +1564,63 @@ mod tests {
             check(&leases, "c", &p).0.is_none(),
             "a hold the DEL took was spent"
         );
+    }
+
+    /// A hold used up while the lease request carrying its partial report
+    /// is under way: the answer finding that report leaves the held count
+    /// right (it once took the partial tokens off a second time, which
+    /// wrapped the count and made the next grant panic on overflow in a
+    /// debug build), and the hold's final report debits only the rest.
+    #[test]
+    fn a_partial_report_answered_after_its_hold_was_used_up_counts_once() {
+        let leases = leases();
+        let p = policy(&[Quota::per_second(10).unwrap()]);
+        held(&leases, "c", &p, 1, 20);
+        // Spend until a lease is asked for; it carries a partial report.
+        let mut ask = None;
+        let mut spent = 0;
+        while ask.is_none() {
+            let (decided, errand) = check(&leases, "c", &p);
+            assert!(decided.is_some(), "decided from the hold");
+            spent += 1;
+            ask = errand.lease;
+        }
+        let ask = ask.unwrap();
+        assert_eq!(ask.asked.partial, Some((1, spent)));
+        // Spend the rest of the hold while the request is under way.
+        while spent < 20 {
+            let (decided, _) = check(&leases, "c", &p);
+            assert!(decided.is_some(), "decided from the hold");
+            spent += 1;
+        }
+        // The next check finds it used up: it waits, spent whole, to be
+        // reported.
+        assert!(check(&leases, "c", &p).0.is_none());
+        assert_eq!(leases.stats().held, 0);
+        let partial = ask.asked.partial.unwrap().1;
+        let back = leases.answered(
+            &Asked { id: 2, ..ask.asked },
+            Some(Grant {
+                found: true,
+                ..grant(5, Duration::from_secs(60))
+            }),
+        );
+        assert!(back.is_empty());
+        assert_eq!(
+            leases.stats().held,
+            5,
+            "the new hold's 5 tokens, and no more"
+        );
+        // A refund taken from the used-up hold: its report says it spent
+        // what the partial report did not debit, less the refund (Redis
+        // holds 20 - partial of it, and would clamp a larger figure there,
+        // losing the refund).
+        let (given, reports) = leases.refund(&safe_key("c"), &p, 3);
+        assert_eq!(given, 3);
+        let [first] = &reports[..] else {
+            panic!("one report: {}", reports.len())
+        };
+        assert_eq!((first.id, first.spent), (1, 20 - partial - 3));
     }
 
     /// Every shard gets keys, and within a shard the tags the table gives
