@@ -15,7 +15,7 @@ use crate::store::{hashed_key, safe_key};
 /// limited, and fills Redis as it goes. Use it for values the client cannot
 /// vary at will (a header your gateway sets, API keys already checked before
 /// the rate limit), and keep a per-address limit in front; for verified
-/// identities key on what your auth layer stored ([`Extension`](super::Extension)).
+/// identities key on what your auth layer stored ([`FromExtension`](super::FromExtension)).
 /// See [the recipes](super#recipes-who-gets-a-bucket).
 ///
 /// - **Hashed by default.** Header keys are often credentials, so the value is
