@@ -1050,11 +1050,10 @@ impl Leases {
         if let (Some((id, spent)), Some(grant)) = (asked.partial, grant)
             && grant.found
             && same_epoch
+            && entry.reported_part(id, spent)
         {
-            if entry.reported_part(id, spent) {
-                let held = self.counters.held.fetch_sub(spent, Ordering::Relaxed);
-                observe::lease_held(self.label, held.saturating_sub(spent));
-            }
+            let held = self.counters.held.fetch_sub(spent, Ordering::Relaxed);
+            observe::lease_held(self.label, held.saturating_sub(spent));
         }
         match grant {
             Some(grant) if grant.granted > 0 && !same_epoch => {
