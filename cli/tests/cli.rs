@@ -437,6 +437,9 @@ fn peek_check_reset_and_top_on_a_cluster() {
 /// TLS with the server's CA; another CA is refused, as a store failure.
 #[test]
 fn tls_with_the_servers_ca_and_not_with_another() {
+    if !support::bins::has_tls() {
+        return support::bins::no_tls("tls_with_the_servers_ca_and_not_with_another");
+    }
     let server = TlsRedis::start();
     let url = server.url();
     let ca = server.ca_path();
