@@ -131,6 +131,58 @@ async fn holds_die_with_a_server_restarted_empty() {
     holds_die_with_a_lost_bucket(Loss::Restart).await;
 }
 
+/// A holder whose connection broke does not spend what it held once the
+/// server is back empty, even when a newcomer (a store that never heard of
+/// the server's epoch, so cannot know holds were granted) calls first and
+/// begins the new epoch without standing in for them. Instance A holds
+/// tokens of a key; the server dies; A's call on another key meets the
+/// broken connection; the server comes back empty, and a newcomer takes the
+/// whole fresh bucket. A's next check on the key then asks the server (and
+/// is refused) instead of spending its hold: together they admit no more
+/// than the fresh bucket. (Before, A went on spending its hold for up to a
+/// second beside the fresh bucket.)
+#[tokio::test]
+async fn a_holder_whose_connection_broke_does_not_spend_beside_a_newcomers_fresh_bucket() {
+    let mut server = RedisServer::start();
+    let holder = leased(&server, Duration::from_secs(5));
+    // 10 a second; the holder checks at a fifth of that until it holds.
+    let quota = Quota::new(100, Duration::from_secs(10)).unwrap();
+    let policy = Arc::new(Policy::from(quota));
+    let started = Instant::now();
+    while holder.lease_stats().outstanding == 0 {
+        assert!(holder.check("k", &policy, 1).await.unwrap().allowed());
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "never held: {:?}",
+            holder.lease_stats()
+        );
+    }
+    server.stop();
+    assert!(
+        holder.check("other", &policy, 1).await.is_err(),
+        "a call to a dead server failed"
+    );
+    server.restart();
+    let newcomer = leased(&server, Duration::from_secs(5));
+    let mut fresh = 0;
+    while newcomer.check("k", &policy, 1).await.unwrap().allowed() {
+        fresh += 1;
+    }
+    assert!(fresh >= quota.capacity(), "the newcomer had a fresh bucket");
+    let before = holder.lease_stats();
+    // Refused by the server, or failed while the store's reconnects back
+    // off: either way, not decided from the hold.
+    let decision = holder.check("k", &policy, 1).await;
+    let after = holder.lease_stats();
+    assert_eq!(
+        after.local_decisions, before.local_decisions,
+        "the holder spent its hold ({} tokens held) beside the fresh bucket \
+         (and was told {decision:?})",
+        before.outstanding
+    );
+}
+
 /// One instance, capacity 100 at 2/s: 300 checks each refunded, then 200
 /// plain checks. With leases as without, the refunds gave every token back:
 /// the plain checks find the bucket full. (Refunds of decisions made from a

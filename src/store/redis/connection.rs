@@ -446,6 +446,9 @@ impl Link {
                 Some(h) if h.id == id && h.conn.is_composite() => self.renew(&mut state),
                 Some(h) if h.id == id => {
                     state.held = None;
+                    if let Some(epoch) = self.inner.epoch.get() {
+                        epoch.disconnected();
+                    }
                     None
                 }
                 _ => None,

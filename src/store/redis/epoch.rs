@@ -46,6 +46,9 @@ pub(crate) struct ServerEpoch {
     /// When the last call whose reply confirmed the known epoch was sent,
     /// plus one (0: never).
     confirmed: AtomicU64,
+    /// When a connection last broke, plus one (0: never): only a reply to
+    /// a call sent after it confirms the epoch again.
+    broken: AtomicU64,
     /// A confirmation is under way.
     verifying: AtomicBool,
     /// Connections made so far, and how many of them a call that checked
@@ -75,6 +78,7 @@ impl ServerEpoch {
             known: Mutex::new(Known::default()),
             generation: AtomicU64::new(0),
             confirmed: AtomicU64::new(0),
+            broken: AtomicU64::new(0),
             verifying: AtomicBool::new(false),
             connections: AtomicU64::new(0),
             identified: AtomicU64::new(0),
@@ -101,6 +105,15 @@ impl ServerEpoch {
     /// until one on it is answered.
     pub(crate) fn reconnected(&self) {
         self.connections.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// A call met a broken connection: the server may have restarted empty,
+    /// or another one taken its place, and a newcomer's first call there may
+    /// already have begun a new epoch without standing in for these holds
+    /// (it cannot know they exist). Holds are not spent until a reply to a
+    /// call sent from now on confirms the epoch they were granted in.
+    pub(crate) fn disconnected(&self) {
+        self.broken.fetch_max(self.now() + 1, Ordering::AcqRel);
     }
 
     /// The script's first argument for a call sent now: what the last reply
@@ -153,6 +166,7 @@ impl ServerEpoch {
         let confirmed = self.confirmed.load(Ordering::Acquire);
         generation == self.generation()
             && confirmed != 0
+            && confirmed > self.broken.load(Ordering::Acquire)
             && (now + 1).saturating_sub(confirmed) < micros(CONFIRMED_FOR)
     }
 
@@ -212,5 +226,24 @@ mod tests {
         // A late reply to a call sent before the news does not undo it.
         epoch.heard(sent.saturating_sub(1), 43, None);
         assert_eq!(epoch.argument().0, "45");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_broken_connection_stops_holds_until_a_later_call_confirms() {
+        let epoch = ServerEpoch::new("p:");
+        epoch.heard(epoch.now(), 43, None);
+        let generation = epoch.generation();
+        tokio::time::advance(Duration::from_millis(1)).await;
+        let before = epoch.now();
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert!(epoch.spendable(generation, epoch.now()));
+        epoch.disconnected();
+        assert!(!epoch.spendable(generation, epoch.now()));
+        // A reply to a call sent before the break confirms nothing.
+        epoch.heard(before, 43, None);
+        assert!(!epoch.spendable(generation, epoch.now()));
+        tokio::time::advance(Duration::from_millis(1)).await;
+        epoch.heard(epoch.now(), 43, None);
+        assert!(epoch.spendable(generation, epoch.now()));
     }
 }

@@ -23,6 +23,19 @@
 //! the tightest: moving `a` up to the first admission inside or `b` down to
 //! the last keeps the count and lowers the bound), in O(n²) per segment.
 //!
+//! Lease holds that outlive their bucket, as far as the store documents
+//! it (`src/docs/redis.md`): after a loss, holders may spend what they held
+//! (at most half a bucket: the script keeps each bucket's holds within
+//! that) for up to a second when the first call that reaches the server
+//! is a newcomer's (a store that never heard of the server's epoch cannot
+//! tell a wiped server from a new one, so no stand-in covers them); after a
+//! reset, the other instances spend what they held on the key until their
+//! leases run out. So with leases, a window that opens within that time of
+//! a fresh bucket counts half a bucket more ([`Bucket::loss_grace`],
+//! [`Bucket::reset_grace`]); past it, a held token spent is over-admission
+//! like any other. The deterministic tests of `tests/lease_faults.rs`
+//! check the covered case (every instance heard of the epoch) without it.
+//!
 //! Refused, failed and peeked checks admit nothing, and charges only take
 //! tokens, so both are left out of the bound; they are what under-admission
 //! is measured against (`offered`).
@@ -40,6 +53,20 @@ pub struct Bucket {
     pub capacity: u64,
     /// Tokens per second.
     pub rate: f64,
+    /// With leases: how long after a loss holders may still spend what
+    /// they held (zero without leases).
+    pub loss_grace: Duration,
+    /// With leases: how long after a reset other instances may still spend
+    /// what they held on the key (their longest lease's life; zero
+    /// without leases).
+    pub reset_grace: Duration,
+}
+
+impl Bucket {
+    /// Tokens held outside a bucket: at most half of it.
+    fn stale(&self) -> u64 {
+        self.capacity / 2
+    }
 }
 
 /// One window and its bound.
@@ -54,11 +81,13 @@ pub struct Window {
     pub refill: f64,
     /// Tokens refunds may have given back inside.
     pub refunds: u64,
+    /// Tokens held before the bucket was fresh that may be spent inside.
+    pub held: u64,
 }
 
 impl Window {
     pub fn bound(&self) -> f64 {
-        self.capacity as f64 + self.refill + self.refunds as f64
+        self.capacity as f64 + self.refill + self.refunds as f64 + self.held as f64
     }
 
     pub fn excess(&self) -> f64 {
@@ -71,7 +100,7 @@ impl std::fmt::Display for Window {
         write!(
             f,
             "[{:.3}s, {:.3}s] admitted {} tokens ({} checks) > bound {:.1} \
-             (capacity {} + refill {:.1} + refunds {})",
+             (capacity {} + refill {:.1} + refunds {} + held before {})",
             self.a.as_secs_f64(),
             self.b.as_secs_f64(),
             self.admitted,
@@ -80,6 +109,7 @@ impl std::fmt::Display for Window {
             self.capacity,
             self.refill,
             self.refunds,
+            self.held,
         )
     }
 }
@@ -247,18 +277,27 @@ fn check_segment(ops: &[Op], mut segment: Segment, refunds: &[Refund], bucket: B
     segment.allowed = bucket.capacity as f64
         + bucket.rate * span
         + refunded(refunds, segment.from, segment.to) as f64;
-    let (violations, worst) = sweep(&mut admissions, refunds, bucket);
+    // Held tokens may still be spent within the grace after a fresh bucket.
+    let grace = match segment.opened_by {
+        "start" => Duration::ZERO,
+        "reset" => bucket.reset_grace,
+        _ => bucket.loss_grace,
+    };
+    let stale_until = segment.from + grace;
+    let (violations, worst) = sweep(&mut admissions, refunds, bucket, stale_until);
     segment.violations = violations;
     segment.worst = worst;
     segment
 }
 
 /// Every window from an admission's invoke to an admission's completion:
-/// how many are over their bound, and the one furthest over.
+/// how many are over their bound, and the one furthest over. Windows that
+/// open before `stale_until` may see held tokens spent.
 fn sweep(
     admissions: &mut [Admission],
     refunds: &[Refund],
     bucket: Bucket,
+    stale_until: Duration,
 ) -> (u64, Option<Window>) {
     admissions.sort_by_key(|x| x.complete);
     let mut starts: Vec<Duration> = admissions.iter().map(|x| x.invoke).collect();
@@ -292,6 +331,7 @@ fn sweep(
                 capacity: bucket.capacity,
                 refill: bucket.rate * (b - a).as_secs_f64(),
                 refunds: refunds_in,
+                held: if a < stale_until { bucket.stale() } else { 0 },
             };
             if window.excess() > SLACK {
                 violations += 1;
