@@ -68,13 +68,16 @@
 -- missed the last writes) while instances go on spending what they held. The
 -- epoch key, "<epoch>:<run_id>:<learning_until>", made by the first hold
 -- ever granted on a server, names the server's current state of data: a
--- new epoch begins when the key is gone though the caller heard of it, and,
--- when a caller asks (a store's first calls on a new connection), when the
--- server that wrote it is not this one (a restart or a failover: another
--- run_id). Every reply ends with 2 x epoch + 1 (0 while there is no key),
+-- new epoch begins when the key is gone though the caller heard of it or a
+-- store that was granted holds is watching the server (subscribed to the
+-- channel of the key's name: the one way a caller that never heard of the
+-- epoch learns that holds may exist), and, when a caller asks (a store's
+-- first calls on a new connection), when the server that wrote it is not
+-- this one (a restart or a failover: another run_id). Every reply ends with 2 x epoch + 1 (0 while there is no key),
 -- which the caller sends back on its next call, and a store spends its
 -- holds only while the epoch they were granted in is the current one,
--- confirmed by a reply to a call sent within the last second. A loss makes
+-- confirmed by a reply to a call sent within the last second, and while
+-- its watch is up (a broken watch or a message on it stops them at once). A loss makes
 -- a stale holder stop spending within that second, but the new buckets
 -- must not hand out the tokens it spends meanwhile: for LEARNING_US after a
 -- new epoch ("learning"), every bucket read carries a hold of half its
@@ -162,15 +165,33 @@ if epoch_spec ~= "" then
   if stored then
     e, id, til = string.match(stored, "^(%d+):([^:]*):(%d+)$")
   end
-  if not e and known % 2 == 0 then
-    -- No hold was ever granted here, as far as this caller heard: nothing
+  -- Whether holds may have been lost: the data is gone (the key with it)
+  -- though the caller heard holds were granted, or a store that was granted
+  -- holds is watching (subscribed to the channel named as the epoch key; a
+  -- caller that heard nothing cannot tell a new server from a wiped one,
+  -- the watchers can), or the server is another one (a restart or a
+  -- failover). PUBLISH tells the watchers at once; it answers how many
+  -- there are (an error, such as an ACL without the channel: none).
+  local lost
+  if not e then
+    lost = known % 2 == 1
+    local watchers = redis.pcall("PUBLISH", epoch_key, "lost")
+    if type(watchers) == "number" and watchers > 0 then
+      lost = true
+    end
+  else
+    lost = check and id ~= server_id()
+    if lost then
+      redis.pcall("PUBLISH", epoch_key, "lost")
+    end
+  end
+  if not e and not lost then
+    -- No hold was ever granted here, as far as anyone can tell: nothing
     -- can be lost. The first grant makes the epoch (see the end).
     epoch_pending = true
     e, til = "0", "0"
-  elseif not e or (check and id ~= server_id()) then
-    -- A new epoch, standing in for lost holds (learning): the data is gone
-    -- (the key with it) though the caller heard holds were granted, or the
-    -- server is another one (a restart or a failover).
+  elseif lost then
+    -- A new epoch, standing in for lost holds (learning).
     local fresh = now
     if e and fresh == e + 0 then
       fresh = fresh + 1

@@ -15,6 +15,7 @@ use super::failure::{classify, is_connection_error};
 use super::probe::{self, PROBE_WAIT};
 use super::script::Script;
 use super::store::{RedisStore, STORE};
+use super::watch;
 use crate::decision::Decision;
 use crate::error::Error;
 use crate::observe;
@@ -188,6 +189,7 @@ impl RedisStore {
         // this cannot overflow.
         let deadline = deadline.unwrap_or_else(|| Instant::now() + self.inner.timeout);
         let link = &self.inner.link;
+        watch::start(link);
         let mut in_use = None;
         let attempt = async {
             let held = link.get(probe).await?;

@@ -35,7 +35,7 @@
 //!   finds the new one.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 #[cfg(feature = "cluster")]
 use std::task::Poll;
 use std::time::Duration;
@@ -293,10 +293,10 @@ pub(crate) struct Link {
     inner: Arc<Inner>,
 }
 
-struct Inner {
-    source: Source,
+pub(crate) struct Inner {
+    pub(crate) source: Source,
     host: Arc<str>,
-    connect_timeout: Duration,
+    pub(crate) connect_timeout: Duration,
     response_timeout: Duration,
     config: AsyncConnectionConfig,
     state: Mutex<State>,
@@ -307,6 +307,8 @@ struct Inner {
     /// then check the server's identity (see `epoch.rs`); unset on a
     /// cluster.
     epoch: OnceLock<Arc<ServerEpoch>>,
+    /// The store's watch was started (see `watch.rs`).
+    watch_started: AtomicBool,
 }
 
 #[derive(Default)]
@@ -350,6 +352,7 @@ impl Link {
                 pinging: AtomicBool::new(false),
                 next_id: AtomicU64::new(0),
                 epoch: OnceLock::new(),
+                watch_started: AtomicBool::new(false),
             }),
         }
     }
@@ -360,6 +363,20 @@ impl Link {
     /// store knows it is one.
     pub(crate) fn tell(&self, epoch: Arc<ServerEpoch>) {
         let _ = self.inner.epoch.set(epoch);
+    }
+
+    /// Where connections come from.
+    pub(crate) fn source(&self) -> &Source {
+        &self.inner.source
+    }
+
+    /// The epoch, when the store wants its watch started and this call is
+    /// the first to ask (see `watch.rs`), with the link for the watch to
+    /// hold (weakly: it ends when the store is dropped).
+    pub(crate) fn claim_watch(&self) -> Option<(Weak<Inner>, Arc<ServerEpoch>)> {
+        let epoch = self.inner.epoch.get()?;
+        (epoch.watch_wanted() && !self.inner.watch_started.swap(true, Ordering::AcqRel))
+            .then(|| (Arc::downgrade(&self.inner), Arc::clone(epoch)))
     }
 
     /// The server, for messages (never with a password).

@@ -7,12 +7,16 @@
 //! The script keeps an epoch key that changes whenever that may have happened
 //! (see "Epochs" in `lua/token_bucket.lua`) and ends every reply with the
 //! epoch. A store sends the epoch it knows with every call, and its calls on
-//! a new connection check the server's identity too, until one is answered. Holds are spent only while the epoch they were granted in
-//! is the current one and a reply sent within [`CONFIRMED_FOR`] confirmed it;
-//! past [`VERIFY_AFTER`] without one, a check from a hold asks for a
-//! confirmation in the background. A holder cut off from a server that then
-//! lost its data stops within [`CONFIRMED_FOR`]; the script covers that second
-//! (twice over) with stand-in holds on every bucket it reads after a loss.
+//! a new connection check the server's identity too, until one is answered.
+//! Holds are spent only while the epoch they were granted in is the current
+//! one, a reply sent within [`CONFIRMED_FOR`] confirmed it (past
+//! [`VERIFY_AFTER`] without one, a check from a hold asks for a confirmation
+//! in the background), no connection broke since, and, on a store that keeps
+//! one, while its watch on the server is up (`watch.rs`). A holder cut off
+//! from a server that then lost its data stops within [`CONFIRMED_FOR`]; the
+//! script covers that second (twice over) with stand-in holds on every
+//! bucket it reads after a loss, including when the first call after it is
+//! a newcomer's, as long as a watcher tells it holds exist.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -56,6 +60,13 @@ pub(crate) struct ServerEpoch {
     /// it (see [`argument`](Self::argument)).
     connections: AtomicU64,
     identified: AtomicU64,
+    /// The watch (see `watch.rs`): whether this store keeps one (it can
+    /// open a subscription to its server), whether it was asked for (a
+    /// reply said holds were granted on the server) and whether it is up.
+    /// A store that keeps one spends holds only while it is up.
+    watch_kept: AtomicBool,
+    watch_wanted: AtomicBool,
+    watching: AtomicBool,
 }
 
 #[derive(Default)]
@@ -82,6 +93,9 @@ impl ServerEpoch {
             verifying: AtomicBool::new(false),
             connections: AtomicU64::new(0),
             identified: AtomicU64::new(0),
+            watch_kept: AtomicBool::new(false),
+            watch_wanted: AtomicBool::new(false),
+            watching: AtomicBool::new(false),
         }
     }
 
@@ -105,6 +119,29 @@ impl ServerEpoch {
     /// until one on it is answered.
     pub(crate) fn reconnected(&self) {
         self.connections.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// This store keeps a watch on its server (see `watch.rs`): from now
+    /// on its holds are spent only while the watch is up.
+    pub(crate) fn keep_watch(&self) {
+        self.watch_kept.store(true, Ordering::Release);
+    }
+
+    /// This store cannot keep its watch after all (the ACL forbids it):
+    /// holds are spent without one, as on a store that never kept one.
+    pub(crate) fn forgo_watch(&self) {
+        self.watch_kept.store(false, Ordering::Release);
+    }
+
+    /// Whether the watch should be started: this store keeps one, and a
+    /// reply said holds were granted on the server.
+    pub(crate) fn watch_wanted(&self) -> bool {
+        self.watch_wanted.load(Ordering::Acquire) && self.watch_kept.load(Ordering::Acquire)
+    }
+
+    /// The watch is up (subscribed), or down.
+    pub(crate) fn set_watching(&self, up: bool) {
+        self.watching.store(up, Ordering::Release);
     }
 
     /// A call met a broken connection: the server may have restarted empty,
@@ -140,6 +177,9 @@ impl ServerEpoch {
         if let Some(connections) = identifies {
             self.identified.fetch_max(connections, Ordering::AcqRel);
         }
+        if heard & 1 == 1 && !self.watch_wanted.load(Ordering::Relaxed) {
+            self.watch_wanted.store(true, Ordering::Release);
+        }
         let mut known = self.lock();
         if heard >> 1 == known.heard >> 1 {
             known.heard |= heard & 1;
@@ -167,6 +207,7 @@ impl ServerEpoch {
         generation == self.generation()
             && confirmed != 0
             && confirmed > self.broken.load(Ordering::Acquire)
+            && (self.watching.load(Ordering::Acquire) || !self.watch_kept.load(Ordering::Acquire))
             && (now + 1).saturating_sub(confirmed) < micros(CONFIRMED_FOR)
     }
 

@@ -65,6 +65,7 @@ mod store;
 mod target;
 #[cfg(feature = "test-util")]
 mod test_clock;
+mod watch;
 mod window;
 
 pub use builder::{

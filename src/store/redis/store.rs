@@ -17,6 +17,7 @@ use super::epoch::ServerEpoch;
 use super::failure::{classify, is_connection_error};
 use super::lease::{Errand, LeaseConfig, Leases};
 use super::script::Script;
+use super::watch;
 use crate::decision::Decision;
 use crate::decision::Reservation;
 use crate::error::Error;
@@ -186,6 +187,12 @@ impl RedisStore {
             None => Script::production(),
         };
         if let Some(epoch) = &epoch {
+            // A store that can keep a watch on its server does, once told
+            // holds were granted there, and spends holds only while it is
+            // up (see `watch.rs`).
+            if watch::can_watch(parts.link.source()) {
+                epoch.keep_watch();
+            }
             parts.link.tell(Arc::clone(epoch));
         }
         RedisStore {

@@ -23,18 +23,13 @@
 //! the tightest: moving `a` up to the first admission inside or `b` down to
 //! the last keeps the count and lowers the bound), in O(n²) per segment.
 //!
-//! Lease holds that outlive their bucket, as far as the store documents
-//! it (`src/docs/redis.md`): after a loss, holders may spend what they held
-//! (at most half a bucket: the script keeps each bucket's holds within
-//! that) for up to a second when the first call that reaches the server
-//! is a newcomer's (a store that never heard of the server's epoch cannot
-//! tell a wiped server from a new one, so no stand-in covers them); after a
-//! reset, the other instances spend what they held on the key until their
-//! leases run out. So with leases, a window that opens within that time of
-//! a fresh bucket counts half a bucket more ([`Bucket::loss_grace`],
-//! [`Bucket::reset_grace`]); past it, a held token spent is over-admission
-//! like any other. The deterministic tests of `tests/lease_faults.rs`
-//! check the covered case (every instance heard of the epoch) without it.
+//! A reset is not a loss: it lets a client in on purpose, and, as
+//! `src/docs/redis.md` says, the other instances spend what they held on the
+//! key until their leases run out (at most half a bucket: the script keeps
+//! each bucket's holds within that). So with leases, a window that opens
+//! within the longest lease's life after a reset counts half a bucket more
+//! ([`Bucket::reset_grace`]). After a loss of data nothing more is counted:
+//! a held token spent beside a fresh bucket is over-admission.
 //!
 //! Refused, failed and peeked checks admit nothing, and charges only take
 //! tokens, so both are left out of the bound; they are what under-admission
@@ -53,9 +48,6 @@ pub struct Bucket {
     pub capacity: u64,
     /// Tokens per second.
     pub rate: f64,
-    /// With leases: how long after a loss holders may still spend what
-    /// they held (zero without leases).
-    pub loss_grace: Duration,
     /// With leases: how long after a reset other instances may still spend
     /// what they held on the key (their longest lease's life; zero
     /// without leases).
@@ -279,9 +271,8 @@ fn check_segment(ops: &[Op], mut segment: Segment, refunds: &[Refund], bucket: B
         + refunded(refunds, segment.from, segment.to) as f64;
     // Held tokens may still be spent within the grace after a fresh bucket.
     let grace = match segment.opened_by {
-        "start" => Duration::ZERO,
         "reset" => bucket.reset_grace,
-        _ => bucket.loss_grace,
+        _ => Duration::ZERO,
     };
     let stale_until = segment.from + grace;
     let (violations, worst) = sweep(&mut admissions, refunds, bucket, stale_until);
