@@ -14,18 +14,22 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use support::{Proxy, RedisServer};
-use tollgate::store::CircuitBreaker;
+use tollgate::store::{CircuitBreaker, RedisStoreBuilder};
 use tollgate::{Error, ErrorKind, Fallback, Policy, Quota, RateLimiter, RedisStore, Store};
 
 const TIMEOUT: Duration = Duration::from_millis(100);
 
-fn store_at(url: String) -> RedisStore {
+/// A store without leases (so every check reaches Redis) at `url`, with
+/// this call timeout; the test adds the rest.
+fn unleased(url: String, timeout: Duration) -> RedisStoreBuilder {
     RedisStore::builder()
         .leases(false)
         .url(url)
-        .timeout(TIMEOUT)
-        .build()
-        .expect("store")
+        .timeout(timeout)
+}
+
+fn store_at(url: String) -> RedisStore {
+    unleased(url, TIMEOUT).build().expect("store")
 }
 
 fn policy() -> Policy {
@@ -99,10 +103,7 @@ async fn hammer(store: &RedisStore, tasks: usize, run: Duration, t0: Instant) ->
 async fn checks_behind_hung_calls_are_answered_by_their_own_deadlines() {
     const LONG: Duration = Duration::from_secs(1);
     let server = RedisServer::start();
-    let store = RedisStore::builder()
-        .leases(false)
-        .url(server.url())
-        .timeout(LONG)
+    let store = unleased(server.url(), LONG)
         .max_batch(2)
         // Every check goes to Redis: an open breaker would answer the later
         // ones at once, and this is about the calls and the queue.
@@ -151,10 +152,7 @@ async fn checks_behind_hung_calls_are_answered_by_their_own_deadlines() {
 async fn a_check_answered_after_the_stragglers_that_opened_the_breaker_closes_it() {
     const LONG: Duration = Duration::from_secs(2);
     let server = RedisServer::start();
-    let store = RedisStore::builder()
-        .leases(false)
-        .url(server.url())
-        .timeout(LONG)
+    let store = unleased(server.url(), LONG)
         // Longer than the test: only an answer closes the breaker, no probe.
         .circuit_breaker(
             CircuitBreaker::new()
@@ -217,10 +215,7 @@ async fn malformed_replies_count_as_failures_on_every_path() {
     // find it open, and a probe is due 250 ms later.
     let cool_down = Duration::from_millis(200);
     let stores = [1, 64].map(|max_batch| {
-        RedisStore::builder()
-            .leases(false)
-            .url(proxy.url())
-            .timeout(Duration::from_secs(1))
+        unleased(proxy.url(), Duration::from_secs(1))
             .max_batch(max_batch)
             .circuit_breaker(
                 CircuitBreaker::new()
@@ -361,10 +356,7 @@ async fn a_frozen_redis_costs_one_timeout_per_probe_not_per_check() {
 async fn the_probes_of_a_frozen_redis_keep_no_check_waiting() {
     const LONG: Duration = Duration::from_secs(1);
     let server = RedisServer::start();
-    let store = RedisStore::builder()
-        .leases(false)
-        .url(server.url())
-        .timeout(LONG)
+    let store = unleased(server.url(), LONG)
         // Short cool-downs: a probe about every second (its call's timeout
         // and a cool-down), so several during the freeze.
         .circuit_breaker(
@@ -505,10 +497,7 @@ async fn a_connect_slower_than_the_call_timeout_still_completes() {
     let server = RedisServer::start();
     let proxy = Proxy::start(server.port());
     proxy.delay_new_connections(Duration::from_millis(400));
-    let store = RedisStore::builder()
-        .leases(false)
-        .url(proxy.url())
-        .timeout(TIMEOUT)
+    let store = unleased(proxy.url(), TIMEOUT)
         .connect_timeout(Duration::from_secs(5))
         .build()
         .unwrap();
@@ -613,10 +602,7 @@ async fn out_of_memory_is_an_error_of_its_own_and_the_fallback_limits() {
     assert!(err.to_string().contains("OOM"), "{err}");
 
     let limiter = RateLimiter::new(
-        RedisStore::builder()
-            .leases(false)
-            .url(server.url())
-            .timeout(TIMEOUT)
+        unleased(server.url(), TIMEOUT)
             .circuit_breaker(CircuitBreaker::disabled())
             .build()
             .unwrap(),

@@ -2,6 +2,7 @@
 //! or from a layer's kind and value.
 
 use tollgate::store::{hashed_key, safe_key};
+use tollgate::{Policy, RedisStore};
 
 use crate::args::KeyArgs;
 use crate::fail::Failure;
@@ -32,6 +33,16 @@ pub(crate) fn limiter_key(args: &KeyArgs) -> Result<String, Failure> {
 /// as `RateLimiter` names them.
 pub(crate) fn named(policy: &str, key: &str) -> String {
     format!("{policy}:{key}")
+}
+
+/// The storage keys of `key`'s buckets under `policy`, one per quota.
+pub(crate) fn bucket_keys(store: &RedisStore, policy: &Policy, key: &str) -> Vec<String> {
+    let name = named(policy.name(), key);
+    policy
+        .quotas()
+        .iter()
+        .map(|q| store.bucket_key(&name, q))
+        .collect()
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use tollgate::store::BucketState;
 use tollgate::{Policy, RateLimiter, RedisStore};
 
 use crate::fail::Failure;
-use crate::key::named;
+use crate::key::bucket_keys;
 use crate::outcome::Outcome;
 use crate::show::{human, millis};
 
@@ -21,11 +21,7 @@ pub(crate) async fn peek(
 ) -> Result<Outcome, Failure> {
     let limiter = RateLimiter::new(store.clone(), policy.clone());
     let decision = limiter.peek(key).await?;
-    let keys: Vec<String> = policy
-        .quotas()
-        .iter()
-        .map(|q| store.bucket_key(&named(policy.name(), key), q))
-        .collect();
+    let keys = bucket_keys(store, policy, key);
     let buckets = store.read_buckets(&keys).await?;
     let mut text = format!("policy {}, key {key}\n", policy.name());
     let _ = writeln!(

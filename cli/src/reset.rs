@@ -6,7 +6,7 @@ use tollgate::store::BucketState;
 use tollgate::{Policy, RateLimiter, RedisStore};
 
 use crate::fail::Failure;
-use crate::key::named;
+use crate::key::bucket_keys;
 use crate::outcome::Outcome;
 
 /// Resets `key`'s buckets under `policy`, saying what instances held of
@@ -17,11 +17,7 @@ pub(crate) async fn reset(
     policy: &Policy,
     key: &str,
 ) -> Result<Outcome, Failure> {
-    let keys: Vec<String> = policy
-        .quotas()
-        .iter()
-        .map(|q| store.bucket_key(&named(policy.name(), key), q))
-        .collect();
+    let keys = bucket_keys(store, policy, key);
     let before = store.read_buckets(&keys).await?;
     let stored = before.iter().flatten().count();
     let held = before
