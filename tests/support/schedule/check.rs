@@ -1,6 +1,8 @@
 //! The checker: every window of a key's history within the bucket's bound.
 //!
-//! A token bucket of capacity `C` refilling `r` tokens a second holds at
+//! A token bucket of capacity `C` refilling `r` tokens a second (of Redis's
+//! clock, the host's wall clock: the caller scales `r` by how fast that
+//! ran against the monotonic clock operations are timed on) holds at
 //! most `C` at any moment, so between two moments `a` and `b` it can hand
 //! out at most `C + r·(b − a)` tokens, plus whatever refunds gave back in
 //! between. Only local times are known: an operation took effect somewhere

@@ -3,7 +3,7 @@
 //! goes into the history.
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant, SystemTime};
 
 use tokio::task::JoinSet;
 use tollgate::{Decision, Policy, Quota, RateLimiter, RedisStore};
@@ -27,6 +27,11 @@ pub struct Outcome {
     pub local_decisions: u64,
     /// Panics in the process meanwhile (the caller counts them).
     pub panics: u64,
+    /// Seconds of this host's wall clock (Redis's `TIME` here, which its
+    /// buckets refill by) per second of the monotonic clock the history is
+    /// timed on, over the schedule: not 1 while the wall clock is slewed
+    /// (4 900 ppm fast measured on a development VM).
+    pub clock: f64,
 }
 
 /// The name of hot key `key`, as a limiter is asked for it.
@@ -87,15 +92,20 @@ pub async fn run<T: Target>(plan: &Plan, target: T, prefix: &str) -> Outcome {
             tasks.spawn(worker(shared, instance, limiter, rng));
         }
     }
+    let (wall, monotonic) = (SystemTime::now(), Instant::now());
     let target = Arc::new(Mutex::new(target));
     nemesis(&shared, &target, &limiters).await;
     while let Some(done) = tasks.join_next().await {
         done.expect("a worker panicked");
     }
+    let clock = SystemTime::now()
+        .duration_since(wall)
+        .map_or(1.0, |w| w.as_secs_f64() / monotonic.elapsed().as_secs_f64());
     Outcome {
         ops: shared.history.ops(),
         local_decisions: stores.iter().map(|s| s.lease_stats().local_decisions).sum(),
         panics: 0,
+        clock,
     }
 }
 
