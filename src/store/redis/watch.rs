@@ -93,6 +93,9 @@ async fn run(inner: Weak<Inner>, epoch: Arc<ServerEpoch>) {
         match subscribed {
             Ok(Ok(mut messages)) => {
                 retry = FIRST_RETRY;
+                // A loss before the subscription was up told nobody: holds
+                // wait for a reply to a call sent from now on.
+                epoch.disconnected();
                 epoch.set_watching(true);
                 let _down = Down(Arc::clone(&epoch));
                 loop {
