@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use support::RedisServer;
+use tollgate::store::LeaseStats;
 use tollgate::{Policy, Quota, RateLimiter, RedisStore, Store};
 
 fn leased(server: &RedisServer, period: Duration) -> RedisStore {
@@ -148,16 +149,8 @@ async fn a_holder_whose_connection_broke_does_not_spend_beside_a_newcomers_fresh
     // 10 a second; the holder checks at a fifth of that until it holds.
     let quota = Quota::new(100, Duration::from_secs(10)).unwrap();
     let policy = Arc::new(Policy::from(quota));
-    let started = Instant::now();
-    while holder.lease_stats().outstanding == 0 {
-        assert!(holder.check("k", &policy, 1).await.unwrap().allowed());
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "never held: {:?}",
-            holder.lease_stats()
-        );
-    }
+    let pace = Duration::from_millis(500);
+    check_until(&holder, &policy, pace, "never held", |s| s.outstanding > 0).await;
     server.stop();
     assert!(
         holder.check("other", &policy, 1).await.is_err(),
@@ -187,17 +180,36 @@ async fn a_holder_whose_connection_broke_does_not_spend_beside_a_newcomers_fresh
 /// decides checks from them: its watch on the server is up.
 async fn deciding_holder(server: &RedisServer, policy: &Policy) -> RedisStore {
     let holder = leased(server, Duration::from_secs(5));
+    decides_from_holds(&holder, policy).await;
+    holder
+}
+
+/// Checks key `k` (each admitted) a `pace` apart until `done` says so of
+/// the store's lease counts, for at most 20 s.
+async fn check_until(
+    store: &RedisStore,
+    policy: &Policy,
+    pace: Duration,
+    what: &str,
+    done: impl Fn(&LeaseStats) -> bool,
+) {
     let started = Instant::now();
-    while holder.lease_stats().local_decisions == 0 {
-        assert!(holder.check("k", policy, 1).await.unwrap().allowed());
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    while !done(&store.lease_stats()) {
+        assert!(store.check("k", policy, 1).await.unwrap().allowed());
+        tokio::time::sleep(pace).await;
         assert!(
             started.elapsed() < Duration::from_secs(20),
-            "never decided from a hold: {:?}",
-            holder.lease_stats()
+            "{what}: {:?}",
+            store.lease_stats()
         );
     }
-    holder
+}
+
+/// Checks key `k` until `store` decides one from a hold (its watch is up).
+async fn decides_from_holds(store: &RedisStore, policy: &Policy) {
+    let pace = Duration::from_millis(100);
+    let what = "never decided from a hold";
+    check_until(store, policy, pace, what, |s| s.local_decisions > 0).await;
 }
 
 /// After a loss, a newcomer (it never heard of the server's epoch, so it
@@ -281,16 +293,7 @@ async fn a_store_whose_acl_forbids_the_watch_channel_still_decides_from_holds() 
         .build()
         .unwrap();
     let policy = Policy::from(Quota::new(100, Duration::from_secs(10)).unwrap());
-    let started = Instant::now();
-    while store.lease_stats().local_decisions == 0 {
-        assert!(store.check("k", &policy, 1).await.unwrap().allowed());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "never decided from a hold: {:?}",
-            store.lease_stats()
-        );
-    }
+    decides_from_holds(&store, &policy).await;
     // The epoch key gone: the script's PUBLISH is refused, the call is not.
     let _: String = server.cmd(&["FLUSHALL"]);
     let newcomer = RedisStore::builder()
