@@ -26,13 +26,14 @@
 --             take on (0 for a check; for a reservation, the level may go that
 --             many units below zero: the reserved tokens are due later; -1 on
 --             every quota for an adjustment after the fact, see `adjust`;
---             -2 on every quota for a lease, then seven more arguments: the
+--             -2 on every quota for a lease, then nine more arguments: the
 --             hold's id, the most tokens wanted, its lifetime in
 --             microseconds, a report it carries: a hold's id ("0":
 --             none) and what it spent (negative: a partial report, which
---             keeps the rest of the hold), and its roomy size and lifetime (0 0:
+--             keeps the rest of the hold), its roomy size and lifetime (0 0:
 --             none), asked for instead when every bucket is at least 3/4 free
---             besides the cost; -3 on every quota for a lease's report, then the
+--             besides the cost, and a second report ("0" 0: none), partial,
+--             of another hold; -3 on every quota for a lease's report, then the
 --             hold's id, the cost being the tokens it spent. See "Leases").
 --             Compact form, when every decision is a check (no debt) of the
 --             first quota alone: -D, then per decision only its cost. It
@@ -705,7 +706,10 @@ if rest <= (nd < 0 and -nd or nd) then
         local id, want, life = ARGV[a + 2 * n], ARGV[a + 2 * n + 1] + 0, ARGV[a + 2 * n + 2] + 0
         local rid, rspent = ARGV[a + 2 * n + 3], ARGV[a + 2 * n + 4] + 0
         local rwant, rlife = ARGV[a + 2 * n + 5] + 0, ARGV[a + 2 * n + 6] + 0
-        local allowed, grant, again, found = true, nil, nil, 0
+        local pid, pspent = ARGV[a + 2 * n + 7], ARGV[a + 2 * n + 8] + 0
+        -- found: the partial report found its hold (the first one's, without
+        -- one); released: either released something (the buckets change).
+        local allowed, grant, again, found, released_any = true, nil, nil, 0, false
         local roomy = rwant > 0
         for i = 1, n do
           local q = known[ARGV[a]] or ARGV[a] + 0
@@ -725,7 +729,12 @@ if rest <= (nd < 0 and -nd or nd) then
             local released
             level, holds, released = release(level, holds, rid, rspent * den)
             if released then
-              found = 1
+              found, released_any = 1, true
+            end
+            if pid ~= "0" then
+              level, holds, released = release(level, holds, pid, pspent * den)
+              found = released and 1 or 0
+              released_any = released_any or released
             end
           end
           qs[i], lv[i], st[i], hs[i] = q, level, stamp, holds
@@ -737,12 +746,14 @@ if rest <= (nd < 0 and -nd or nd) then
             roomy = false
           end
           -- At most half of what the cost leaves, in whole tokens, and no
-          -- more than keeps the bucket's holds within half its capacity (what
-          -- a loss of data stands in for, see "Epochs").
+          -- more than half the room left under the holds' cap of half the
+          -- capacity (what a loss of data stands in for, see "Epochs"): a
+          -- holder that asks first leaves room for the others sharing the
+          -- key, so holders' shares even out.
           local share = 0
           if free > 0 and (holds == nil or #holds < MAX_HOLDS) then
             share = floor(free / (2 * den))
-            local room = floor(full / 2) - held_in(holds)
+            local room = floor((floor(full / 2) - held_in(holds)) / 2)
             if room < share * den then
               share = room > 0 and floor(room / den) or 0
             end
@@ -757,14 +768,14 @@ if rest <= (nd < 0 and -nd or nd) then
         if want < grant then
           grant = want
         end
-        a = a + 7
+        a = a + 9
         r = r + 1
         if again then
           -- Resent: it was admitted and granted; answered as it was, with
           -- nothing spent again.
           reply[r] = 1
           for i = 1, n do
-            finish(KEYS[k + i - 1], qs[i], lv[i], st[i], 0, true, found == 1, hs[i])
+            finish(KEYS[k + i - 1], qs[i], lv[i], st[i], 0, true, released_any, hs[i])
           end
           grant, roomy = again, false
         else
@@ -779,7 +790,7 @@ if rest <= (nd < 0 and -nd or nd) then
               holds = holds or {}
               holds[#holds + 1] = { id, grant * dens[q], now + life }
             end
-            local write = (allowed and (cost > 0 or grant > 0)) or found == 1
+            local write = (allowed and (cost > 0 or grant > 0)) or released_any
             finish(KEYS[k + i - 1], q, lv[i], st[i], cost * dens[q], allowed, write, holds)
           end
         end

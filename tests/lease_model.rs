@@ -44,7 +44,8 @@ enum Step {
     /// An instance spends from its oldest hold in process, if it can.
     Local { inst: usize, cost: u64 },
     /// An instance asks for a lease, carrying the report of its oldest
-    /// closed hold if `carry`, and naming a roomy size (0: none; granted
+    /// closed hold if `carry`, a partial report of its open hold that spent
+    /// most if `partial` (never on a request sent again), and naming a roomy size (0: none; granted
     /// instead, for 32 times the life, when the bucket is at least 3/4
     /// free). When `lost`,
     /// the reply is lost and the store sends the same request again, as it
@@ -55,6 +56,7 @@ enum Step {
         life_ms: u64,
         roomy: u64,
         carry: bool,
+        partial: bool,
         lost: bool,
     },
     /// An instance stops spending its oldest open hold and reports it now
@@ -75,14 +77,16 @@ fn step() -> impl Strategy<Value = Step> {
             50..3_000u64,
             prop_oneof![Just(0u64), 1..60u64],
             any::<bool>(),
+            any::<bool>(),
             prop::bool::weighted(0.2)
         )
-            .prop_map(|(inst, want, life_ms, roomy, carry, lost)| Step::Lease {
+            .prop_map(|(inst, want, life_ms, roomy, carry, partial, lost)| Step::Lease {
                 inst,
                 want,
                 life_ms,
                 roomy,
                 carry,
+                partial: partial && !lost,
                 lost
             }),
         2 => (0..3usize, 0..3u8).prop_map(|(inst, how)| Step::Close { inst, how }),
@@ -199,6 +203,8 @@ struct Request {
     /// The roomy size (0: none).
     roomy: u64,
     report: Option<(u64, u64)>,
+    /// An open hold's id and what it spent so far (the rest stays held).
+    partial: Option<(u64, u64)>,
 }
 
 /// What the cases did, over the run: each kind must have happened for the
@@ -213,6 +219,7 @@ struct Tally {
     again: AtomicU64,
     expired_here: AtomicU64,
     roomy: AtomicU64,
+    partial: AtomicU64,
 }
 
 fn bump(counter: &AtomicU64) {
@@ -301,6 +308,7 @@ fn run_case(rig: &Rig, key: &str, quota: Quota, steps: &[Step]) -> Result<(), Fa
                 life_ms,
                 roomy,
                 carry,
+                partial,
                 lost,
             } => {
                 let report = if carry {
@@ -312,6 +320,16 @@ fn run_case(rig: &Rig, key: &str, quota: Quota, steps: &[Step]) -> Result<(), Fa
                 } else {
                     None
                 };
+                let partial = if partial {
+                    instances[inst]
+                        .holds
+                        .iter()
+                        .filter(|h| !h.closed && h.granted > h.left)
+                        .max_by_key(|h| h.granted - h.left)
+                        .map(|h| (h.id, h.granted - h.left))
+                } else {
+                    None
+                };
                 let id = next_id;
                 next_id += 1;
                 let request = Request {
@@ -320,6 +338,7 @@ fn run_case(rig: &Rig, key: &str, quota: Quota, steps: &[Step]) -> Result<(), Fa
                     life_ms,
                     roomy,
                     report,
+                    partial,
                 };
                 if lost {
                     lease(
@@ -417,7 +436,7 @@ fn lease(
     key: &str,
     policy: &Policy,
     stored: &mut Stored,
-    instance: Option<&mut Instance>,
+    mut instance: Option<&mut Instance>,
     i: usize,
     redis_now: u64,
     true_now: u64,
@@ -430,6 +449,7 @@ fn lease(
         life_ms,
         roomy,
         report,
+        partial,
     } = request;
     let quota = policy.quotas()[0];
     let d = den(&quota);
@@ -444,6 +464,7 @@ fn lease(
             Duration::from_millis(life_ms),
             id,
             report,
+            partial,
             roomy,
             redis_now,
         ))
@@ -457,16 +478,33 @@ fn lease(
         let h = holds.remove(at);
         level -= ((spent * d).min(h.units)) as i64;
     }
+    let mut released = model_found;
+    // The partial report: what it spent is debited, the rest stays held;
+    // the reply's "found" is its own.
+    if let Some((pid, spent)) = partial {
+        model_found = false;
+        if let Some(at) = holds.iter().position(|h| h.id == pid) {
+            model_found = true;
+            released = true;
+            let units = (spent * d).min(holds[at].units);
+            level -= units as i64;
+            if units < holds[at].units {
+                holds[at].units -= units;
+            } else {
+                holds.remove(at);
+            }
+        }
+    }
     // A lease sent again is answered as it was, never as roomy: its
     // holder then uses it for the plain life, which is never longer.
     let (model_grant, write, model_roomy) = if let Some(h) = holds.iter().find(|h| h.id == id) {
-        (h.units / d, model_found, false)
+        (h.units / d, released, false)
     } else {
         let free = level - held(&holds);
-        // At most half of what is free, and the bucket's holds within half
-        // its capacity in all (what the script stands in for after a loss
-        // of data).
-        let room = (full / 2) as i64 - held(&holds);
+        // At most half of what is free, and half the room left under the
+        // cap on the bucket's holds, half its capacity in all (what the
+        // script stands in for after a loss of data).
+        let room = ((full / 2) as i64 - held(&holds)) / 2;
         let share = if free > 0 && holds.len() < 16 {
             (free as u64 / (2 * d)).min(room.max(0) as u64 / d)
         } else {
@@ -486,7 +524,7 @@ fn lease(
                 expiry: redis_now + life_ms * 1_000,
             });
         }
-        (grant, grant > 0 || model_found, is_roomy && grant > 0)
+        (grant, grant > 0 || released, is_roomy && grant > 0)
     };
     if !got.allowed() || granted != model_grant || found != model_found || got_roomy != model_roomy
     {
@@ -520,6 +558,14 @@ fn lease(
         } else {
             &rig.tally.grants
         });
+    }
+    // A partial report that found its hold: what it reported is no
+    // longer the holder's to report.
+    if let (Some(instance), Some((pid, spent)), true) = (instance.as_deref_mut(), partial, found)
+        && let Some(h) = instance.holds.iter_mut().find(|h| h.id == pid)
+    {
+        h.granted -= spent;
+        bump(&rig.tally.partial);
     }
     // The instance uses what it was granted until its life, less a tenth,
     // from when it sent the request.
@@ -592,6 +638,7 @@ fn leases_keep_the_bound_and_agree_with_the_model() {
         ("reports of a hold Redis had expired", &t.gone),
         ("holds not spent once past their time here", &t.expired_here),
         ("roomy leases granted", &t.roomy),
+        ("partial reports that found their hold", &t.partial),
     ];
     for (what, n) in counts {
         let n = n.load(Ordering::Relaxed);

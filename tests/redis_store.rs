@@ -482,12 +482,12 @@ fn compact_checks_of_held_buckets_decide_as_the_long_form() {
     let key = |prefix: &str, k: u32| format!("{prefix}:{{x}}:{k}");
     for prefix in ["l", "c"] {
         // Key 1 of each form: a lease of cost 1 that holds up to 4 tokens
-        // for 10 s (id 7, no report, no roomy size).
+        // for 10 s (id 7, no report, no roomy size, no partial report).
         let lease = eval(
             &[key(prefix, 1)],
             now,
             &[
-                "1", "1", "1", "1", "-2", "7", "4", "10000000", "0", "0", "0", "0",
+                "1", "1", "1", "1", "-2", "7", "4", "10000000", "0", "0", "0", "0", "0", "0",
             ],
         );
         assert_eq!(lease[0], 1, "{lease:?}");

@@ -15,7 +15,7 @@ use crate::policy::Policy;
 use crate::quota::Quota;
 use crate::store::bucket::{debt_for, signed};
 /// What one decision of a script call asks of its buckets.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Spend {
     /// Spend `cost` from every bucket if each holds it (0: only look);
     /// `max_wait_us` above 0 makes it a reservation that may take on the
@@ -28,9 +28,10 @@ pub(crate) enum Spend {
     /// `want` tokens on every bucket for this instance, named `id`, for
     /// `life_us` microseconds of Redis time (see [`super::lease`]). Sent
     /// again, it is answered as it was the first time. It may carry the
-    /// report of an earlier hold of the same buckets (`report`: its id and
-    /// what it spent), made first; a `partial` report debits what was spent
-    /// and keeps the rest held. With a `roomy_want` (0: none), a lease
+    /// report of an earlier hold of the same buckets and a partial one of
+    /// another (see [`Reports`]; boxed, so that a check's future, which
+    /// holds a `Spend`, stays small). With a
+    /// `roomy_want` (0: none), a lease
     /// on buckets that are all at least 3/4 free besides its cost asks for
     /// that many tokens instead, for [`ROOMY`] times the life; the reply
     /// says which it got.
@@ -39,12 +40,22 @@ pub(crate) enum Spend {
         want: u64,
         life_us: u64,
         id: u64,
-        report: Option<(u64, u64)>,
-        partial: bool,
+        reports: Option<Box<Reports>>,
         roomy_want: u64,
     },
     /// Hold `id` spent `spent` tokens: debit them and release the rest.
     Report { spent: u64, id: u64 },
+}
+
+/// The reports a lease request carries, made before its hold is set aside:
+/// `whole`, a hold's id and what it spent, the rest released (the
+/// script's `report`); `partial`, another hold's id and what it spent so
+/// far, the rest kept held. The reply's "found" is the partial report's if
+/// there is one, the other's otherwise.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Reports {
+    pub(crate) whole: Option<(u64, u64)>,
+    pub(crate) partial: Option<(u64, u64)>,
 }
 
 impl Spend {
@@ -185,27 +196,25 @@ impl Batch {
                 want,
                 life_us,
                 id,
-                report,
-                partial,
+                ref reports,
                 roomy_want,
                 ..
             } => {
-                let (rid, rspent) = report.unwrap_or((0, 0));
+                let Reports { whole, partial } = reports.as_deref().copied().unwrap_or_default();
+                let (rid, rspent) = whole.unwrap_or((0, 0));
                 // A partial report's spent tokens go as a negative number.
-                let rspent = if partial {
-                    -signed(rspent)
-                } else {
-                    signed(rspent)
-                };
+                let (pid, pspent) = partial.unwrap_or((0, 0));
                 let roomy_life_us = life_us.saturating_mul(u64::from(ROOMY));
                 self.args.extend([
                     signed(id),
                     signed(want),
                     signed(life_us),
                     signed(rid),
-                    rspent,
+                    signed(rspent),
                     signed(roomy_want),
                     signed(roomy_life_us),
+                    signed(pid),
+                    -signed(pspent),
                 ]);
             }
             Spend::Report { id, .. } => self.args.push(signed(id)),

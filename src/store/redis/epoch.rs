@@ -32,9 +32,11 @@ use crate::quota::micros;
 pub(crate) const CONFIRMED_FOR: Duration = Duration::from_secs(1);
 
 /// A check decided from a hold asks for a confirmation when the last one was
-/// sent longer ago than this (a quarter of [`CONFIRMED_FOR`], so a busy key's
-/// holds never lapse).
-pub(crate) const VERIFY_AFTER: Duration = Duration::from_millis(250);
+/// sent longer ago than this (its key's next lease request, sent early, or
+/// a call of no decisions): a busy key's holds lapse only if the
+/// confirmation takes longer than the rest of [`CONFIRMED_FOR`] (250 ms) to
+/// come back, and a store whose lease requests come more often sends none.
+pub(crate) const VERIFY_AFTER: Duration = Duration::from_millis(750);
 
 /// What a store knows of its server's epoch.
 pub(crate) struct ServerEpoch {

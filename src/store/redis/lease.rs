@@ -20,11 +20,15 @@
 //!   key with room to spare gets a lease for half a minute or so from its
 //!   first one. The script grants at most half of what the bucket has
 //!   free, so a key near its limit gets no lease and is decided in Redis,
-//!   exactly, check by check.
+//!   exactly, check by check; and at most half of the room left under its
+//!   cap on all holds (half the capacity), so the instances sharing a key
+//!   end up with like shares.
 //! - **Renewal:** the next lease is asked for (in the background) when
-//!   what is held falls under half a period's demand (under a roomy
-//!   lease: two periods'), or the newest hold is in the last quarter of
-//!   its life.
+//!   what is held falls under an eighth of a period's demand (under a
+//!   roomy lease: two periods'), the newest hold is in the last quarter of
+//!   its life, or the server's epoch is due for a confirmation (the
+//!   request confirms it). It carries the report of a hold spent whole and
+//!   a partial one of the live hold that spent most.
 //! - **Expiry:** a hold is used here until its life, counted from when its
 //!   request was *sent*, less a margin; Redis counts it from when it ran
 //!   the call, later.
@@ -839,6 +843,9 @@ impl Leases {
         // under a roomy lease): low is under twice a period's demand at
         // most, and a period's demand under 4 x `demand` + 1 (`young` is
         // at least 1/4).
+        // A confirmation of the epoch is due (this check took the turn): a
+        // lease request confirms it as well, and tops the holds up.
+        let aging = aging || errand.verify;
         #[expect(
             clippy::cast_precision_loss,
             reason = "a bound with room to spare: rounding cannot cross it"
@@ -869,7 +876,10 @@ impl Leases {
         // smallest capacity (or one period, if more).
         let cap = (entry.policy.max_cost() / ROOMY_SHARE).max(per_period);
         let roomy_wanted = per_period.saturating_mul(u64::from(ROOMY)).min(cap);
-        // Low: under half a period's demand left (a lease of one period),
+        // Low: under an eighth of a period's demand left (a lease of one
+        // period; asked for late, so that a key shared by several
+        // instances, whose holds the script caps at half the bucket, asks
+        // for more at a time),
         // or, under a roomy lease, under two periods' (or half of it, if
         // it covers less than four): enough to last while the next is
         // asked for, without asking again each time a young key's count
@@ -877,11 +887,11 @@ impl Leases {
         let low = if entry.roomy {
             held < (roomy_wanted / 2).min(per_period.saturating_mul(2))
         } else {
-            2 * held < per_period
+            8 * held < per_period
         };
         // Enough for a period and a half (a roomy lease: `ROOMY` of them),
-        // less what is still held: asked for when under half a period is
-        // left, a lease lasts about a period. It lives two. The script
+        // less what is still held: asked for when under an eighth of a
+        // period is left, a lease lasts over a period. It lives two. The script
         // grants the roomy size and life when every bucket is at least 3/4
         // free besides the cost, the plain ones otherwise.
         let want = per_period
@@ -893,20 +903,17 @@ impl Leases {
         if want.max(roomy_want) >= MIN_LEASE && (low || aging) {
             entry.asking = true;
             let carried = entry.cold.spent.pop_front().map(|(id, _)| id);
-            // Without a hold spent whole to report, the one that spent most
-            // reports that much, keeping the rest.
-            let partial = carried
-                .is_none()
-                .then(|| {
-                    entry
-                        .holds()
-                        .iter()
-                        .zip(&entry.cold.rest)
-                        .map(|(h, r)| (r.id, r.granted - h.left))
-                        .filter(|&(_, spent)| spent > 0)
-                        .max_by_key(|&(_, spent)| spent)
-                })
-                .flatten();
+            // Besides a hold spent whole, the live one that spent most
+            // reports that much, keeping the rest: what was spent leaves the
+            // holds' share of the bucket (at most half of it, see
+            // "Epochs" in the script) to the instances sharing the key.
+            let partial = entry
+                .holds()
+                .iter()
+                .zip(&entry.cold.rest)
+                .map(|(h, r)| (r.id, r.granted - h.left))
+                .filter(|&(_, spent)| spent > 0)
+                .max_by_key(|&(_, spent)| spent);
             entry.cold.partial = partial.map(|(id, _)| id);
             errand.lease = Some(Ask {
                 asked: Asked {

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use tokio::time::Instant;
 
 use super::decode::LeaseReply;
-use super::encode::{ROOMY, Spend};
+use super::encode::{ROOMY, Reports, Spend};
 use super::lease::{Ask, Asked, Errand, Grant, LeaseStart, LeaseStats, Leases, WHOLE};
 use super::store::RedisStore;
 use crate::decision::Decision;
@@ -99,7 +99,9 @@ impl RedisStore {
             }
             return;
         };
-        if errand.verify {
+        // A lease request confirms the epoch as well as a call of no
+        // decisions would.
+        if errand.verify && errand.lease.is_none() {
             let store = self.clone();
             runtime.spawn(async move { store.confirm_epoch().await });
         }
@@ -131,6 +133,7 @@ impl RedisStore {
             let guard = Asking {
                 store: self.clone(),
                 asked: Some(asked),
+                verifies: errand.verify,
             };
             let life_us = micros(life);
             runtime.spawn(async move {
@@ -146,8 +149,12 @@ impl RedisStore {
                     want,
                     life_us,
                     id: asking.id,
-                    report: carried.map(|id| (id, WHOLE)).or(asking.partial),
-                    partial: carried.is_none() && asking.partial.is_some(),
+                    reports: (carried.is_some() || asking.partial.is_some()).then(|| {
+                        Box::new(Reports {
+                            whole: carried.map(|id| (id, WHOLE)),
+                            partial: asking.partial,
+                        })
+                    }),
                     roomy_want,
                 };
                 let answer = store
@@ -175,6 +182,11 @@ impl RedisStore {
                         found: reply.found,
                     }
                 });
+                if std::mem::take(&mut guard.verifies)
+                    && let Some(epoch) = &store.inner.epoch
+                {
+                    epoch.verified();
+                }
                 let Some(asked) = guard.asked.take() else {
                     return;
                 };
@@ -280,10 +292,18 @@ const GIVE_BACK_TRIES: u32 = 4;
 struct Asking {
     store: RedisStore,
     asked: Option<Asked>,
+    /// The request stands for the epoch's confirmation that was due (see
+    /// [`Errand::verify`]): its end gives the turn back.
+    verifies: bool,
 }
 
 impl Drop for Asking {
     fn drop(&mut self) {
+        if self.verifies
+            && let Some(epoch) = &self.store.inner.epoch
+        {
+            epoch.verified();
+        }
         if let (Some(asked), Some(leases)) = (self.asked.take(), &self.store.inner.leases) {
             let _ = leases.answered(&asked, None);
         }

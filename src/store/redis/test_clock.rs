@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use super::decode::LeaseReply;
-use super::encode::{Batch, Spend};
+use super::encode::{Batch, Reports, Spend};
 use super::store::RedisStore;
 use crate::decision::Decision;
 use crate::decision::Reservation;
@@ -103,10 +103,13 @@ impl RedisStore {
     /// microsecond clock (cargo feature `test-util`): a check of `cost` on
     /// `key`'s buckets that, admitted, also holds at most `want` tokens for
     /// the hold named `id` for `life`, first reporting `report` (a hold's
-    /// id and the tokens it spent), if any; with a `roomy_want` (0: none),
+    /// id and the tokens it spent, the rest released), if any, then
+    /// `partial` (another hold's id and the tokens it spent so far, the rest
+    /// kept held), if any; with a `roomy_want` (0: none),
     /// asking for that many tokens instead, for 32 times `life`, when
     /// every bucket is at least 3/4 free besides the cost. Returns the
-    /// decision, the tokens granted, whether the reported hold was there,
+    /// decision, the tokens granted, whether the reported hold was there
+    /// (the partial report's, if there was one),
     /// and whether the roomy size and life were granted. Ids are
     /// the caller's to keep unique, below 2^63 (the store's own leases
     /// count up from a random point).
@@ -123,6 +126,7 @@ impl RedisStore {
         life: Duration,
         id: u64,
         report: Option<(u64, u64)>,
+        partial: Option<(u64, u64)>,
         roomy_want: u64,
         now_us: u64,
     ) -> Result<(Decision, u64, bool, bool), Error> {
@@ -137,8 +141,12 @@ impl RedisStore {
             want,
             life_us: micros(life),
             id,
-            report,
-            partial: false,
+            reports: (report.is_some() || partial.is_some()).then(|| {
+                Box::new(Reports {
+                    whole: report,
+                    partial,
+                })
+            }),
             roomy_want,
         };
         let (decision, packed) = self.send(keys, policy, spend, Some(now_us)).await?;
