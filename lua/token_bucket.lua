@@ -89,7 +89,8 @@
 --
 -- Reply, per decision: allowed (1/0), then per quota: remaining, wait_us,
 -- reset_after_us, then, for a lease, the tokens granted (0: none) and its
--- flags: 1 if the hold it reports was there, plus 2 if it got a hold of its
+-- flags: 1 if the hold it reports was there (the partial report's, if it
+-- carries one; of the last quota), plus 2 if it got a hold of its
 -- roomy size and lifetime (never for a lease sent again), and, for a report, 1 if the hold
 -- was there (0: it expired, or was reported before); all integers up to 2^53 (waits and resets at most MAX_REPORTED), sent as one string of
 -- little-endian doubles (struct.pack "<d" each; see the end), which loses
@@ -707,8 +708,9 @@ if rest <= (nd < 0 and -nd or nd) then
         local rid, rspent = ARGV[a + 2 * n + 3], ARGV[a + 2 * n + 4] + 0
         local rwant, rlife = ARGV[a + 2 * n + 5] + 0, ARGV[a + 2 * n + 6] + 0
         local pid, pspent = ARGV[a + 2 * n + 7], ARGV[a + 2 * n + 8] + 0
-        -- found: the partial report found its hold (the first one's, without
-        -- one); released: either released something (the buckets change).
+        -- found: the partial report found its hold on the last quota's bucket
+        -- (the first report's, without one); released_any: either released
+        -- something (the buckets change).
         local allowed, grant, again, found, released_any = true, nil, nil, 0, false
         local roomy = rwant > 0
         for i = 1, n do
@@ -720,8 +722,10 @@ if rest <= (nd < 0 and -nd or nd) then
             return redis.error_reply("ERR tollgate: cost exceeds capacity")
           end
           local level, stamp, _, holds = stored_bucket(KEYS[k + i - 1], full, num)
-          -- The report it carries (rid "0": none) first, unless the lease
-          -- ran before (a partial report must not debit twice).
+          -- The reports it carries (rid, pid "0": none), unless the lease
+          -- ran before and was granted a hold. (A lease sent again after a
+          -- first run that granted nothing debits its partial report twice:
+          -- too much is debited, never too little.)
           local hold = hold_of(holds, id)
           if hold then
             again = hold[2] / den

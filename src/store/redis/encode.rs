@@ -203,7 +203,9 @@ impl Batch {
                 let Reports { whole, partial } = reports.as_deref().copied().unwrap_or_default();
                 let (rid, rspent) = whole.unwrap_or((0, 0));
                 // A partial report's spent tokens go as a negative number.
-                let (pid, pspent) = partial.unwrap_or((0, 0));
+                // (A partial report of nothing is none: 0 would read as a
+                // whole report, releasing the hold.)
+                let (pid, pspent) = partial.filter(|&(_, spent)| spent > 0).unwrap_or((0, 0));
                 let roomy_life_us = life_us.saturating_mul(u64::from(ROOMY));
                 self.args.extend([
                     signed(id),
