@@ -386,7 +386,7 @@ impl Drop for Handoff<'_> {
 pub(crate) fn batch_of(checks: &mut [Pending], spread: Option<SlotOf>) -> Batch {
     let mut batch = Batch::with_capacity(checks.len(), None, spread);
     for c in checks {
-        batch.push(std::mem::take(&mut c.keys), &c.policy, c.spend.clone());
+        batch.push(std::mem::take(&mut c.keys), &c.policy, &c.spend);
     }
     batch
 }

@@ -160,13 +160,13 @@ impl Batch {
 
     /// Adds a decision (`spend`) against every quota of `policy`, with one
     /// key per quota.
-    pub(crate) fn push(&mut self, keys: impl Into<Vec<String>>, policy: &Policy, spend: Spend) {
+    pub(crate) fn push(&mut self, keys: impl Into<Vec<String>>, policy: &Policy, spend: &Spend) {
         let quotas = policy.quotas();
         let keys = keys.into();
         self.key_count += keys.len();
         self.keys.push(keys);
         // Every number is below 2^53 (costs and debts are kept exact).
-        let (cost, marker, max_wait_us) = match spend {
+        let (cost, marker, max_wait_us) = match *spend {
             Spend::Take { cost, max_wait_us } => (signed(cost), 0, max_wait_us),
             Spend::Adjust(delta) => {
                 self.refunds |= delta < 0;
@@ -191,7 +191,7 @@ impl Batch {
                 _ => marker,
             });
         }
-        match spend {
+        match *spend {
             Spend::Lease {
                 want,
                 life_us,
@@ -222,7 +222,7 @@ impl Batch {
             Spend::Report { id, .. } => self.args.push(signed(id)),
             _ => {}
         }
-        self.extra.push(match spend {
+        self.extra.push(match *spend {
             Spend::Lease { .. } => 2,
             Spend::Report { .. } => 1,
             _ => 0,
@@ -416,11 +416,11 @@ mod tests {
         let h = Quota::per_hour(100).unwrap();
         let both = Policy::new("both", [q, h]).unwrap();
         let mut batch = Batch::new(None);
-        batch.push(["a".to_owned()], &q.into(), Spend::check(1));
+        batch.push(["a".to_owned()], &q.into(), &Spend::check(1));
         batch.push(
             ["b".to_owned(), "c".to_owned()],
             &both,
-            Spend::Take {
+            &Spend::Take {
                 cost: 2,
                 max_wait_us: 1_000,
             },
@@ -461,18 +461,18 @@ mod tests {
             args[start..].to_vec()
         };
         let mut checks = Batch::new(None);
-        checks.push(["a".to_owned()], &q.into(), Spend::check(1));
-        checks.push(["b".to_owned()], &q.into(), Spend::check(3));
-        checks.push(["a".to_owned()], &q.into(), Spend::check(0));
+        checks.push(["a".to_owned()], &q.into(), &Spend::check(1));
+        checks.push(["b".to_owned()], &q.into(), &Spend::check(3));
+        checks.push(["a".to_owned()], &q.into(), &Spend::check(0));
         assert_eq!(decisions(&checks), ["-3", "1", "3", "0"]);
         // A reservation (debt), a second quota, or a decision over two
         // quotas: the long form, n, cost, then (index, debt) per quota.
         let mut reservation = Batch::new(None);
-        reservation.push(["a".to_owned()], &q.into(), Spend::check(1));
+        reservation.push(["a".to_owned()], &q.into(), &Spend::check(1));
         reservation.push(
             ["b".to_owned()],
             &q.into(),
-            Spend::Take {
+            &Spend::Take {
                 cost: 1,
                 max_wait_us: 1_000,
             },
@@ -483,8 +483,8 @@ mod tests {
             ["2", "1", "1", "1", "0", "1", "1", "1", debt.as_str()]
         );
         let mut two = Batch::new(None);
-        two.push(["a".to_owned()], &q.into(), Spend::check(1));
-        two.push(["b".to_owned()], &h.into(), Spend::check(1));
+        two.push(["a".to_owned()], &q.into(), &Spend::check(1));
+        two.push(["b".to_owned()], &h.into(), &Spend::check(1));
         assert_eq!(
             decisions(&two),
             ["2", "1", "1", "1", "0", "1", "1", "2", "0"]
@@ -493,7 +493,7 @@ mod tests {
         both.push(
             ["a".to_owned(), "b".to_owned()],
             &Policy::new("both", [q, h]).unwrap(),
-            Spend::check(2),
+            &Spend::check(2),
         );
         assert_eq!(decisions(&both), ["1", "2", "2", "1", "0", "2", "0"]);
         // The reply is read the same way in both forms.

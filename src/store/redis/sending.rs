@@ -139,7 +139,7 @@ impl RedisStore {
         let remembered = learns.then(|| keys.clone());
         let sent = Instant::now();
         let mut batch = Batch::new(clock);
-        batch.push(keys, policy, spend.clone());
+        batch.push(keys, policy, &spend);
         let outcome = match self.inner.breaker.admit() {
             Admit::Probe(probe) => self.send_probe(probe, Arc::new(batch), clock, once).await?,
             admit => {

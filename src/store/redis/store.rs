@@ -131,7 +131,7 @@ impl Drop for Inner {
                 for report in &reports {
                     let (keys, policy, spend) = report.spend();
                     let mut batch = super::encode::Batch::new(None);
-                    batch.push(keys, policy, spend);
+                    batch.push(keys, policy, &spend);
                     if let Ok(held) = link.get(false).await {
                         let mut conn = held.conn.clone();
                         let _ = batch.run(&mut conn, &script).await;

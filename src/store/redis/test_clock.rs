@@ -58,7 +58,7 @@ impl RedisStore {
                 .iter()
                 .map(|q| self.bucket_key(key, q))
                 .collect();
-            batch.push(keys, policy, Spend::check(*cost));
+            batch.push(keys, policy, &Spend::check(*cost));
         }
         let script = &self.inner.test_script;
         let call = &batch;

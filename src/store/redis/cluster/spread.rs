@@ -98,10 +98,10 @@ mod tests {
             batch.push(
                 ["{a}:1".to_owned(), "{a}:2".to_owned()],
                 &both,
-                Spend::check(1),
+                &Spend::check(1),
             );
-            batch.push(["{b}:1".to_owned()], &q.into(), Spend::check(1));
-            batch.push(["{u106810}:1".to_owned()], &q.into(), Spend::check(1));
+            batch.push(["{b}:1".to_owned()], &q.into(), &Spend::check(1));
+            batch.push(["{u106810}:1".to_owned()], &q.into(), &Spend::check(1));
         }
         let plain_args = args(&plain.command("EVALSHA", "sha", None));
         let spread_args = args(&spread.command("EVALSHA", "sha", None));

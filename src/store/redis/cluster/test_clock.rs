@@ -69,7 +69,7 @@ impl RedisStore {
                     .iter()
                     .map(|q| self.bucket_key(key, q))
                     .collect();
-                batch.push(keys, policy, Spend::check(cost));
+                batch.push(keys, policy, &Spend::check(cost));
             }
             let script = if spread {
                 spread_test_script
