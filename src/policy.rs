@@ -71,7 +71,8 @@ impl Policy {
     ///
     /// A [`ConfigError`] when the name is empty, too long or has other
     /// characters than `[A-Za-z0-9_-]`, or when `quotas` is empty or lists a
-    /// quota twice.
+    /// quota twice (two quotas that differ only in their lock-outs are one
+    /// bucket, and so the same quota twice).
     pub fn new(name: &str, quotas: impl IntoIterator<Item = Quota>) -> Result<Self, ConfigError> {
         check_name(name)?;
         let quotas: Vec<Quota> = quotas.into_iter().collect();
@@ -81,7 +82,7 @@ impl Policy {
             )));
         }
         for (i, q) in quotas.iter().enumerate() {
-            if quotas.iter().skip(i + 1).any(|other| other == q) {
+            if quotas.iter().skip(i + 1).any(|other| other.same_bucket(q)) {
                 return Err(ConfigError::policy(format!(
                     "policy {name:?} lists the quota {q} twice"
                 )));
@@ -240,6 +241,10 @@ mod tests {
         let empty = Policy::new("p", []).unwrap_err();
         assert!(empty.to_string().contains("at least one quota"), "{empty}");
         let twice = Policy::new("p", [q, q]).unwrap_err();
+        assert!(twice.to_string().contains("twice"), "{twice}");
+        // Lock-outs aside, the same bucket: refused as well.
+        let locked = q.lockout(std::time::Duration::from_secs(1)).unwrap();
+        let twice = Policy::new("p", [q, locked]).unwrap_err();
         assert!(twice.to_string().contains("twice"), "{twice}");
     }
 

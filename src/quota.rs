@@ -38,7 +38,7 @@ pub const MIN_PERIOD: Duration = Duration::from_millis(1);
 /// quota:
 ///
 /// ```text
-/// <tokens> "/" [<count>] <unit> [","] ["burst" <capacity>]
+/// <tokens> "/" [<count>] <unit> [","] ["burst" <capacity>] [","] ["lockout" [<count>] <unit>]
 /// ```
 ///
 /// | text | same as |
@@ -49,6 +49,7 @@ pub const MIN_PERIOD: Duration = Duration::from_millis(1);
 /// | `1/day` | `Quota::new(1, Duration::from_secs(86_400))` |
 /// | `10/s burst 50` | `Quota::per_second(10)?.burst(50)` |
 /// | `3/1500ms`, `2/15min` | `Quota::new(3, 1500 ms)`, `Quota::new(2, 15 min)` |
+/// | `5/15min lockout 15min` | `Quota::new(5, 15 min)?.lockout(15 min)` ([`lockout`](Quota::lockout)) |
 ///
 /// - **Units**: `us` (`µs`), `ms`, `s`, `min` (`m`), `h`, `d`, `w`, or their
 ///   names (`sec`, `second`, `seconds`, `minute`, `hour`, `day`, `week`...),
@@ -64,7 +65,8 @@ pub const MIN_PERIOD: Duration = Duration::from_millis(1);
 /// `Display` writes the shortest form: the count only when it is not 1, the
 /// largest of `d`, `h`, `min`, `s`, `ms`, `us` that divides the period, and
 /// the burst only when it differs from the tokens (`10/s`, `2/15min`,
-/// `10/s burst 50`). With the `serde` cargo feature a quota serializes as this
+/// `10/s burst 50`), and the lock-out when there is one, with its count
+/// (`5/15min lockout 15min`, `10/s lockout 1s`). With the `serde` cargo feature a quota serializes as this
 /// text and deserializes from it.
 ///
 /// Internally the rate is kept as the reduced fraction `num / den` tokens per
@@ -105,6 +107,9 @@ pub struct Quota {
     /// Refill per microsecond is `num / den` tokens (the reduced `tokens / period_us`).
     num: u64,
     den: u64,
+    /// How long a refusal keeps the key refused, in microseconds (0: no
+    /// lock-out). See [`Quota::lockout`].
+    lockout_us: u64,
 }
 
 impl Quota {
@@ -166,6 +171,7 @@ impl Quota {
             capacity,
             num,
             den,
+            lockout_us: 0,
         }
     }
 
@@ -190,7 +196,96 @@ impl Quota {
         if capacity == 0 {
             return Err(ConfigError::quota("burst capacity must be at least 1"));
         }
-        Self::checked(self.tokens, self.period_us, capacity, self.num, self.den)
+        Self::checked(self.tokens, self.period_us, capacity, self.num, self.den)?
+            .with_lockout(self.lockout_us)
+    }
+
+    /// The same quota with a lock-out: once a check of a key is refused by
+    /// this quota, the key stays refused for `time` from that refusal, and
+    /// then holds exactly the refused check's cost, refilling at the quota's
+    /// rate from there (it does not start full: a client that is refused
+    /// again at once is locked out again). `Duration::ZERO` removes the
+    /// lock-out.
+    ///
+    /// A refusal during a lock-out does not extend it: its end is fixed by
+    /// the refusal that began it. `Retry-After`, the `RateLimit` headers and
+    /// gRPC's `RetryInfo` tell its end, and the deny cache keeps refusing
+    /// until then without asking the store. The lock-out is part of the
+    /// bucket (stamped with the lock-out's end, it refills nothing before
+    /// it), so in Redis every instance sharing the key sees it at once; a policy with a lock-out quota takes
+    /// no leases (a hold's tokens would stay spendable by its holder), and
+    /// the fallback locks out per instance. This is the one case where a
+    /// refused check changes the bucket. In delay mode, a request that may
+    /// wait that long waits for the lock-out's end instead of being refused.
+    ///
+    /// The time must be a whole number of microseconds and at most
+    /// [`MAX_PERIOD`]. In the text form: `5/15min lockout 15min`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate::Quota;
+    ///
+    /// # fn main() -> Result<(), tollgate::ConfigError> {
+    /// // 5 attempts, then 15 minutes locked out.
+    /// let login = Quota::new(5, Duration::from_secs(900))?.lockout(Duration::from_secs(900))?;
+    /// assert_eq!(login, "5/15min lockout 15min".parse()?);
+    /// assert_eq!(login.lockout_time(), Some(Duration::from_secs(900)));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn lockout(self, time: Duration) -> Result<Self, ConfigError> {
+        if time > MAX_PERIOD {
+            return Err(ConfigError::quota(format!(
+                "lock-out {time:?} is longer than {MAX_PERIOD:?}"
+            )));
+        }
+        if !time.subsec_nanos().is_multiple_of(1_000) {
+            return Err(ConfigError::quota(format!(
+                "lock-out {time:?} is not a whole number of microseconds"
+            )));
+        }
+        // MAX_PERIOD bounds this well inside u64.
+        self.with_lockout(time.as_micros() as u64)
+    }
+
+    fn with_lockout(mut self, lockout_us: u64) -> Result<Self, ConfigError> {
+        let units = u128::from(lockout_us) * u128::from(self.num);
+        if units + u128::from(self.full()) > u128::from(MAX_EXACT) {
+            return Err(ConfigError::quota(format!(
+                "a lock-out of {:?} is too long to count exactly at {} per {:?}; \
+                 use a shorter lock-out or a smaller capacity",
+                Duration::from_micros(lockout_us),
+                self.tokens,
+                Duration::from_micros(self.period_us)
+            )));
+        }
+        self.lockout_us = lockout_us;
+        Ok(self)
+    }
+
+    /// How long a refusal keeps a key refused ([`lockout`](Self::lockout)),
+    /// or `None` without a lock-out.
+    pub fn lockout_time(&self) -> Option<Duration> {
+        (self.lockout_us > 0).then(|| Duration::from_micros(self.lockout_us))
+    }
+
+    /// Whether `other` keeps the same bucket: the same rate and burst,
+    /// whatever their lock-outs ([`id`](Self::id) is the same).
+    pub(crate) fn same_bucket(&self, other: &Quota) -> bool {
+        (self.tokens, self.period_us, self.capacity)
+            == (other.tokens, other.period_us, other.capacity)
+    }
+
+    /// The lock-out in microseconds (0: none).
+    #[inline]
+    pub(crate) fn lockout_us(&self) -> u64 {
+        self.lockout_us
+    }
+
+    /// The lock-out in level units: the refill of its time (0: none).
+    #[inline]
+    pub(crate) fn lockout_units(&self) -> u64 {
+        self.lockout_us * self.num
     }
 
     fn checked(
@@ -214,6 +309,7 @@ impl Quota {
             capacity,
             num,
             den,
+            lockout_us: 0,
         })
     }
 

@@ -1,5 +1,6 @@
 //! A quota's text form, as written in configuration files: `10/s`, `100/min`,
-//! `5000/h`, `1/day`, `10/s burst 50`, `3/1500ms`. `Display` writes it and
+//! `5000/h`, `1/day`, `10/s burst 50`, `3/1500ms`, `5/15min lockout 15min`.
+//! `Display` writes it and
 //! `FromStr` reads it back; see [`Quota`]'s docs for the grammar.
 
 use std::fmt;
@@ -35,7 +36,7 @@ const WRITTEN: [(u64, &str); 6] = [
 /// secret, but a message should stay a line.
 const QUOTED: usize = 80;
 
-const EXPECTED: &str = "expected <tokens>/<period> [burst <capacity>], such as \"10/s\", \"100/min\" or \"10/s burst 50\"";
+const EXPECTED: &str = "expected <tokens>/<period> [burst <capacity>] [lockout <time>], such as \"10/s\", \"100/min\" or \"10/s burst 50\"";
 
 /// The period part of the text form: `s`, `min`, `15min`, `1500ms`.
 pub(super) struct WrittenPeriod(pub(super) u64);
@@ -62,6 +63,14 @@ impl fmt::Display for Quota {
         write!(f, "{}/{}", self.tokens, WrittenPeriod(self.period_us))?;
         if self.capacity != self.tokens {
             write!(f, " burst {}", self.capacity)?;
+        }
+        if self.lockout_us > 0 {
+            let written = WrittenPeriod(self.lockout_us).to_string();
+            // Always with its count: `lockout 1s`, not `lockout s`.
+            match written.starts_with(|c: char| c.is_ascii_digit()) {
+                true => write!(f, " lockout {written}")?,
+                false => write!(f, " lockout 1{written}")?,
+            }
         }
         Ok(())
     }
@@ -183,14 +192,37 @@ fn parse(text: &str) -> Result<Quota, ConfigError> {
     if at.peek() == Some(&&Token::Comma) {
         at.next();
     }
-    let quota = match at.next() {
-        None => return Ok(quota),
-        Some(t) if is_word(Some(t), "burst") => match at.next() {
-            Some(Token::Number(b)) => quota.burst(number(b)?)?,
+    let mut quota = quota;
+    if is_word(at.peek().copied(), "burst") {
+        at.next();
+        match at.next() {
+            Some(Token::Number(b)) => quota = quota.burst(number(b)?)?,
             _ => return Err(expected()),
-        },
-        Some(_) => return Err(expected()),
-    };
+        }
+        if at.peek() == Some(&&Token::Comma) {
+            at.next();
+        }
+    }
+    if is_word(at.peek().copied(), "lockout") {
+        at.next();
+        let count = match at.peek() {
+            Some(Token::Number(c)) => {
+                at.next();
+                number(c)?
+            }
+            _ => 1,
+        };
+        let Some(Token::Word(u)) = at.next() else {
+            return Err(expected());
+        };
+        let lockout_us = count.checked_mul(unit(u)?).ok_or_else(|| {
+            ConfigError::quota(format!(
+                "lock-out {count}{u} is longer than {:?}",
+                super::MAX_PERIOD
+            ))
+        })?;
+        quota = quota.lockout(Duration::from_micros(lockout_us))?;
+    }
     match at.next() {
         None => Ok(quota),
         Some(_) => Err(expected()),
@@ -211,6 +243,30 @@ mod tests {
             Ok(quota) => panic!("{text:?} parsed as {quota}"),
             Err(e) => e.to_string(),
         }
+    }
+
+    #[test]
+    fn a_lockout_reads_and_writes_back() {
+        let base = Quota::new(5, Duration::from_secs(900)).unwrap();
+        let login = base.lockout(Duration::from_secs(900)).unwrap();
+        assert_eq!(q("5/15min lockout 15min"), login);
+        assert_eq!(q("5 per 15 minutes, lockout 900 seconds"), login);
+        assert_eq!(login.to_string(), "5/15min lockout 15min");
+        let burst = base
+            .burst(10)
+            .unwrap()
+            .lockout(Duration::from_secs(1))
+            .unwrap();
+        assert_eq!(burst.to_string(), "5/15min burst 10 lockout 1s");
+        assert_eq!(q("5/15min burst 10, lockout s"), burst);
+        // Without a lock-out, as before; a zero lock-out is none.
+        assert_eq!(q("5/15min lockout 0s"), base);
+        assert_eq!(base.lockout_time(), None);
+        // `burst` keeps the lock-out.
+        assert_eq!(
+            login.burst(7).unwrap().lockout_time(),
+            Some(Duration::from_secs(900))
+        );
     }
 
     #[test]
@@ -325,6 +381,11 @@ mod tests {
             );
         }
         assert!(err("10/fortnight").contains("unknown unit \"fortnight\""));
+        for garbage in ["10/s lockout", "10/s lockout 5", "10/s lockout 5m burst 3"] {
+            let e = err(garbage);
+            assert!(e.contains("expected"), "{garbage:?}: {e}");
+        }
+        assert!(err("10/s lockout 367d").contains("longer than"));
         // Long text is quoted shortened.
         let long = format!("10/{}", "x".repeat(10_000));
         assert!(err(&long).len() < 400);
@@ -336,6 +397,7 @@ mod tests {
             tokens in 1u64..2_000_000,
             period_us in prop_period(),
             burst in proptest::option::of(1u64..4_000_000),
+            lockout_us in proptest::option::of(1u64..40_000_000_000),
         ) {
             let Ok(base) = Quota::new(tokens, Duration::from_micros(period_us)) else {
                 return Ok(());
@@ -344,6 +406,11 @@ mod tests {
                 Some(Ok(q)) => q,
                 Some(Err(_)) => return Ok(()),
                 None => base,
+            };
+            let quota = match lockout_us.map(|us| quota.lockout(Duration::from_micros(us))) {
+                Some(Ok(q)) => q,
+                Some(Err(_)) => return Ok(()),
+                None => quota,
             };
             let text = quota.to_string();
             proptest::prop_assert_eq!(text.parse::<Quota>().ok(), Some(quota), "{}", text);
