@@ -14,12 +14,14 @@
 --             Redis TIME; only the variant that the `test-util` cargo feature
 --             builds for tests (another script, with its own SHA) reads a
 --             clock from here instead, and has no epoch.
--- ARGV[2]     Q, the number of quota descriptions that follow.
+-- ARGV[2]     Q, the number of quota descriptions that follow; -Q when some
+--             quota has a lock-out, and each description has a fourth number.
 -- ARGV[3..]   per quota: full (capacity x den), num, den. The refill is num/den
 --             tokens per microsecond; levels are kept in units of 1/den token, so
 --             every refill is an exact integer. Quota checks keep full and num at
 --             most 2^52, so every number below stays under 2^53, exact in Lua's
---             doubles.
+--             doubles. With -Q, then the lock-out in microseconds (0: none;
+--             its refill, lock-out x num, is at most 2^52 too). See "Lock-outs".
 -- then        D, the number of decisions, and per decision: n (its quotas), cost
 --             (tokens to spend from every bucket; 0 = peek, writes nothing), then
 --             per quota: its index in the quota list, and the debt the bucket may
@@ -46,6 +48,18 @@
 -- "<level>:<stamp>" (integers; the level is negative while reserved tokens are
 -- owed) with a TTL that lasts until it is full again, plus a margin of 1 ms, so
 -- an idle client's key disappears exactly when forgetting it changes nothing.
+--
+-- Lock-outs: a decision that a bucket of a quota with a lock-out refuses
+-- (not one refused by the other quotas alone) locks that bucket out, unless
+-- its stamp is ahead of the clock already (a lock-out under way is not
+-- extended): the stamp moves to the lock-out's end and the level to the
+-- refused cost, so nothing refills before the end and the cost is back
+-- exactly at it; only when that is later than the cost would have been back
+-- anyway. For such a quota the time a stamp is ahead counts as debt in full
+-- (nothing is admitted before it, but a reservation that may wait that long),
+-- and it is reported as waited and as nothing remaining. A refusal that
+-- locks a bucket out writes every bucket of its decision. Only the long form
+-- carries such quotas, and never a lease. As `spent` in src/store/bucket.rs.
 --
 -- Leases: a bucket may carry holds, each "id,h,e" (h units of the level set
 -- aside for one instance until e, a microsecond of this clock), stored after
@@ -221,8 +235,12 @@ local function epoch_reply()
 end
 local learning = now < learning_until
 
-local nq = ARGV[2] + 0
-local a = 3 + 3 * nq
+local nq, width = ARGV[2] + 0, 3
+if nq < 0 then
+  -- Quotas with lock-outs: four numbers each.
+  nq, width = -nq, 4
+end
+local a = 3 + width * nq
 local nd = ARGV[a] + 0
 a = a + 1
 
@@ -383,12 +401,13 @@ if rest <= (nd < 0 and -nd or nd) then
   -- no debt), and those are looked up instead of converted.
   local known = { ["0"] = 0, ["1"] = 1 }
 
-  -- Per quota: full (capacity x den), num, den.
-  local fulls, nums, dens = {}, {}, {}
+  -- Per quota: full (capacity x den), num, den, and the lock-out (0: none).
+  local fulls, nums, dens, locks = {}, {}, {}, {}
   local b = 3
   for q = 1, nq do
     fulls[q], nums[q], dens[q] = ARGV[b] + 0, ARGV[b + 1] + 0, ARGV[b + 2] + 0
-    b = b + 3
+    locks[q] = width == 4 and ARGV[b + 3] + 0 or 0
+    b = b + width
   end
 
   -- The holds written after a bucket's stamp ("id,h,e;..."), as a list of
@@ -481,18 +500,48 @@ if rest <= (nd < 0 and -nd or nd) then
     return full, now, false, stand_in(nil, full)
   end
 
-  -- The debt a reservation may take on in a bucket stamped at `stamp`: a clock
-  -- behind the stamp (failover) makes every wait start from the stamp, so the
-  -- time ahead comes off the debt, and the wait stays within max_wait.
-  local function debt_at(debt, stamp, num)
-    if debt > 0 and stamp > now then
-      local ahead = stamp - now
-      if ahead * num >= debt then
-        return 0
+  -- The debt a reservation may take on in a bucket of quota q stamped at
+  -- `stamp`: a clock behind the stamp (failover) makes every wait start from
+  -- the stamp, so the time ahead comes off the debt, and the wait stays
+  -- within max_wait. For a quota with a lock-out, whose stamp ahead may be a
+  -- lock-out's end, nothing is admitted before the stamp: only a reservation
+  -- that may wait that long and more (else no level is enough).
+  local function debt_at(q, debt, stamp)
+    if stamp > now then
+      local ahead = (stamp - now) * nums[q]
+      if locks[q] > 0 then
+        if ahead > debt then
+          return -math.huge
+        end
+        return debt - ahead
       end
-      return debt - ahead * num
+      if debt > 0 then
+        if ahead >= debt then
+          return 0
+        end
+        return debt - ahead
+      end
     end
     return debt
+  end
+
+  -- A refused decision's bucket of quota q, locked out if it refuses the
+  -- cost (need units, with debt) itself (see "Lock-outs"): the level, the
+  -- stamp and whether it was locked out.
+  local function lock_out(q, level, stamp, holds, need, debt)
+    local lock = locks[q]
+    if lock > 0 and need > 0 and stamp <= now then
+      local held = held_in(holds)
+      local free = level - held
+      if free - need < -debt and need - free < lock * nums[q] then
+        level = need + held
+        if level > fulls[q] then
+          level = fulls[q]
+        end
+        return level, now + lock, true
+      end
+    end
+    return level, stamp, false
   end
 
   -- Spends from one bucket of a decision (if it is admitted), writes it back
@@ -504,27 +553,35 @@ if rest <= (nd < 0 and -nd or nd) then
     -- A clock behind the stamp refills nothing until it reaches the stamp, so
     -- waits start from the stamp.
     local ahead = stamp - now
+    -- A lock-out quota's bucket stamped ahead holds nothing until the stamp.
+    local waits = ahead > 0 and locks[q] > 0
     local wait = 0
     if allowed then
       level = level - need
     end
     local free = level - held_in(holds)
     if allowed then
-      if free < 0 then
-        local t = floor(-free / num)
-        if t * num < -free then
-          t = t + 1
+      if free < 0 or waits then
+        local t = 0
+        if free < 0 then
+          t = floor(-free / num)
+          if t * num < -free then
+            t = t + 1
+          end
         end
         wait = ahead + t
         if wait > MAX_REPORTED then
           wait = MAX_REPORTED
         end
       end
-    elseif free < need then
+    elseif free < need or waits then
       local x = need - free
-      local t = floor(x / num)
-      if t * num < x then
-        t = t + 1
+      local t = 0
+      if x > 0 then
+        t = floor(x / num)
+        if t * num < x then
+          t = t + 1
+        end
       end
       wait = ahead + t
       if wait > MAX_REPORTED then
@@ -560,14 +617,14 @@ if rest <= (nd < 0 and -nd or nd) then
       end
       call("SET", key, value, "PX", format(INT, ttl + MARGIN_MS)) -- tollgate:set
     end
-    if reset > 0 then
+    if reset > 0 or waits then
       reset = reset + ahead
       if reset > MAX_REPORTED then
         reset = MAX_REPORTED
       end
     end
     local remaining = 0
-    if free > 0 then
+    if free > 0 and not waits then
       remaining = floor(free / den)
     end
     reply[r + 1], reply[r + 2], reply[r + 3] = remaining, wait, reset
@@ -673,7 +730,7 @@ if rest <= (nd < 0 and -nd or nd) then
     -- A decision over one quota (the common case) is decided at once; one over
     -- several reads all its buckets first, since it is admitted only if every
     -- bucket holds the cost. Per quota of such a decision: index, level, stamp.
-    local qs, lv, st, hs = {}, {}, {}, {}
+    local qs, lv, st, hs, ds = {}, {}, {}, {}, {}
     for _ = 1, nd do
       local n, cost = known[ARGV[a]] or ARGV[a] + 0, known[ARGV[a + 1]] or ARGV[a + 1] + 0
       local marker = known[ARGV[a + 3]] or ARGV[a + 3] + 0
@@ -686,10 +743,14 @@ if rest <= (nd < 0 and -nd or nd) then
         end
         local key = KEYS[k]
         local level, stamp, _, holds = stored_bucket(key, full, nums[q])
-        local allowed = level - held_in(holds) - need >= -debt_at(debt, stamp, nums[q])
+        local allowed = level - held_in(holds) - need >= -debt_at(q, debt, stamp)
+        local write = allowed and cost > 0
+        if not allowed then
+          level, stamp, write = lock_out(q, level, stamp, holds, need, debt)
+        end
         r = r + 1
         reply[r] = allowed and 1 or 0
-        finish(key, q, level, stamp, need, allowed, allowed and cost > 0, holds)
+        finish(key, q, level, stamp, need, allowed, write, holds)
         k = k + 1
       elseif marker == -1 then
         -- An adjustment: each bucket on its own.
@@ -839,16 +900,26 @@ if rest <= (nd < 0 and -nd or nd) then
             return redis.error_reply("ERR tollgate: cost exceeds capacity")
           end
           local level, stamp, _, holds = stored_bucket(KEYS[k + i - 1], full, nums[q])
-          qs[i], lv[i], st[i], hs[i] = q, level, stamp, holds
-          if level - held_in(holds) - need < -debt_at(debt, stamp, nums[q]) then
+          qs[i], lv[i], st[i], hs[i], ds[i] = q, level, stamp, holds, debt
+          if level - held_in(holds) - need < -debt_at(q, debt, stamp) then
             allowed = false
           end
         end
         r = r + 1
         reply[r] = allowed and 1 or 0
+        -- A refusal that locks a bucket out writes them all, each brought up
+        -- to now (as src/store/memory.rs stores a client's buckets together).
+        local write = allowed and cost > 0
+        if not allowed then
+          for i = 1, n do
+            local q, locked = qs[i], false
+            lv[i], st[i], locked = lock_out(q, lv[i], st[i], hs[i], cost * dens[q], ds[i])
+            write = write or locked
+          end
+        end
         for i = 1, n do
           local q = qs[i]
-          finish(KEYS[k + i - 1], q, lv[i], st[i], cost * dens[q], allowed, allowed and cost > 0, hs[i])
+          finish(KEYS[k + i - 1], q, lv[i], st[i], cost * dens[q], allowed, write, hs[i])
         end
         k = k + n
       end

@@ -332,7 +332,7 @@ fn scale_policy(policy: &Policy, instances: u32, floor: u64) -> Policy {
     let mut quotas: Vec<Quota> = Vec::with_capacity(policy.quotas().len());
     for q in policy.quotas() {
         let scaled = scale(*q, instances, floor);
-        if !quotas.contains(&scaled) {
+        if !quotas.iter().any(|q| q.same_bucket(&scaled)) {
             quotas.push(scaled);
         }
     }
@@ -392,9 +392,15 @@ fn scale(quota: Quota, instances: u32, floor: u64) -> Quota {
         .or_else(rounded)
         .or_else(|| Quota::new(1, MAX_PERIOD).ok());
     // A burst that cannot be made (too large to keep exact) leaves the
-    // share's default burst (its tokens), never the whole quota's.
+    // share's default burst (its tokens), never the whole quota's. The
+    // share locks out as the quota does (per instance), where its lock-out
+    // can be kept exact at the share's rate.
     share
         .map(|q| q.burst(capacity).unwrap_or(q))
+        .map(|q| match quota.lockout_time() {
+            Some(time) => q.lockout(time).unwrap_or(q),
+            None => q,
+        })
         .unwrap_or(quota)
 }
 
@@ -412,6 +418,11 @@ mod tests {
         assert_eq!(s.period(), Duration::from_secs(4));
         // 25 a second: 13 tokens refill in 0.52 s.
         assert_eq!(s.refill_time(), Duration::from_millis(520));
+        // A lock-out stays the quota's, on the share.
+        let locked = q.lockout(Duration::from_secs(60)).unwrap();
+        let s = scale(locked, 4, 1);
+        assert_eq!(s.lockout_time(), Some(Duration::from_secs(60)));
+        assert_eq!(s.capacity(), 13);
         // A yearly quota cannot take a longer period: fewer tokens instead.
         let yearly = Quota::new(10, MAX_PERIOD).unwrap();
         let s = scale(yearly, 3, 1);

@@ -7,7 +7,13 @@
 //! iff every quota holds at least `c`; admitting subtracts `c` from all of
 //! them, a denial or a peek changes nothing. A clock that goes back refills
 //! nothing: a check uses the later of its clock and `t0`, and the waits it
-//! reports count from that later time. The model keeps the level as a `u128`
+//! reports count from that later time. A quota may have a lock-out: a check
+//! it refuses itself (its bucket lacks the cost) while not locked out moves
+//! its bucket to hold exactly the cost at the lock-out's end, when that is
+//! later than the cost would refill, and until that end the bucket admits
+//! nothing, reports nothing remaining and counts its waits from the end (a
+//! bucket counted from a later time, by a clock that went back, is locked
+//! out the same way). The model keeps the level as a `u128`
 //! numerator over the period in microseconds (no reduction, no shared code
 //! with the engine), so any rounding in the engine shows up as a mismatch.
 //!
@@ -41,6 +47,8 @@ struct ModelQuota {
     tokens: u128,
     period_us: u128,
     capacity: u128,
+    /// The lock-out in microseconds (0: none).
+    lockout_us: u128,
 }
 
 /// One bucket: `scaled / period_us` tokens at the microsecond `stamp` (the last
@@ -100,21 +108,29 @@ impl ModelBucket {
     /// ceil((capacity - level) / rate); both plus `ahead`, the time from the
     /// check's clock to the time it counts from. The rate is tokens / period
     /// per µs, so `(x - level) / rate` is `(x * period - scaled) / tokens`.
+    ///
+    /// A locked-out bucket (counted from a later time, with a lock-out)
+    /// reports nothing remaining and, refused, waits at least until then.
     fn state(&self, level: i128, allowed: bool, cost: u128, ahead: u128) -> Expected {
         let q = self.q;
+        let locked = q.lockout_us > 0 && ahead > 0;
         let ahead = u64::try_from(ahead).expect("fits");
         let need = (cost * q.period_us) as i128;
-        let retry_after_us = if allowed || level >= need {
+        let retry_after_us = if allowed || (level >= need && !locked) {
             0
         } else {
-            (ahead + ceil((need - level) as u128, q.tokens)).min(MAX_REPORTED_US)
+            (ahead + ceil((need - level).max(0) as u128, q.tokens)).min(MAX_REPORTED_US)
         };
         let to_full = ceil((self.cap() - level) as u128, q.tokens);
+        let remaining = match locked {
+            true => 0,
+            false => u64::try_from(level.max(0) as u128 / q.period_us).expect("fits"),
+        };
         Expected {
             allowed,
-            remaining: u64::try_from(level.max(0) as u128 / q.period_us).expect("fits"),
+            remaining,
             retry_after_us,
-            reset_after_us: if to_full == 0 {
+            reset_after_us: if to_full == 0 && !locked {
                 0
             } else {
                 (ahead + to_full).min(MAX_REPORTED_US)
@@ -138,6 +154,7 @@ impl Model {
                     tokens: u128::from(q.tokens()),
                     period_us: q.period().as_micros(),
                     capacity: u128::from(q.capacity()),
+                    lockout_us: q.lockout_time().map_or(0, |t| t.as_micros()),
                 })
             })
             .collect();
@@ -145,10 +162,11 @@ impl Model {
     }
 
     /// Decides `cost` at the clock `now` against every quota, all or nothing;
-    /// an admission of a positive cost spends and moves the stamps.
+    /// an admission of a positive cost spends and moves the stamps, a
+    /// refusal locks out the buckets with a lock-out that refused it.
     fn check(&mut self, now: u64, cost: u64) -> Vec<Expected> {
         let (now, cost) = (u128::from(now), u128::from(cost));
-        let times: Vec<u128> = self.buckets.iter().map(|b| b.time(now)).collect();
+        let mut times: Vec<u128> = self.buckets.iter().map(|b| b.time(now)).collect();
         let mut levels: Vec<i128> = self
             .buckets
             .iter()
@@ -159,7 +177,32 @@ impl Model {
             .buckets
             .iter()
             .zip(&levels)
-            .all(|(b, &l)| l >= (cost * b.q.period_us) as i128);
+            .zip(&times)
+            .all(|((b, &l), &t)| {
+                l >= (cost * b.q.period_us) as i128 && !(b.q.lockout_us > 0 && t > now)
+            });
+        let mut locked = false;
+        if !allowed && cost > 0 {
+            for ((b, l), t) in self.buckets.iter_mut().zip(&mut levels).zip(&mut times) {
+                let need = (cost * b.q.period_us) as i128;
+                // Locked out until the cost is back at the end, if it would
+                // be back sooner without.
+                let sooner = ((need - *l).max(0) as u128) < b.q.lockout_us * b.q.tokens;
+                if b.q.lockout_us > 0 && *t == now && *l < need && sooner {
+                    *l = need.min(b.cap());
+                    *t = now + b.q.lockout_us;
+                    locked = true;
+                }
+            }
+        }
+        // A refusal that locks a bucket out stores every bucket as it is
+        // at the time it counts from.
+        if locked {
+            for ((b, &l), &t) in self.buckets.iter_mut().zip(&levels).zip(&times) {
+                b.scaled = l;
+                b.stamp = Some(t);
+            }
+        }
         if allowed {
             for (b, l) in self.buckets.iter().zip(levels.iter_mut()) {
                 *l -= (cost * b.q.period_us) as i128;
@@ -258,7 +301,16 @@ fn quota() -> impl Strategy<Value = Quota> {
                 .ok()
         },
     );
-    prop_oneof![3 => named, 3 => random, 1 => extreme]
+    // Some with a lock-out: short (microseconds to seconds) or 15 minutes.
+    let lockout = prop_oneof![
+        6 => Just(0u64),
+        1 => 1u64..5_000_000,
+        1 => Just(900_000_000u64),
+    ];
+    (prop_oneof![3 => named, 3 => random, 1 => extreme], lockout).prop_map(|(q, us)| match us {
+        0 => q,
+        us => q.lockout(Duration::from_micros(us)).unwrap_or(q),
+    })
 }
 
 fn gcd(mut a: u64, mut b: u64) -> u64 {
@@ -271,10 +323,12 @@ fn gcd(mut a: u64, mut b: u64) -> u64 {
 /// 1 to 3 distinct quotas.
 fn quotas() -> impl Strategy<Value = Vec<Quota>> {
     prop::collection::vec(quota(), 1..=3).prop_map(|mut qs| {
+        // Distinct buckets: quotas that differ only in lock-outs are one.
         let mut seen = Vec::new();
         qs.retain(|q| {
-            let fresh = !seen.contains(q);
-            seen.push(*q);
+            let bucket = (q.tokens(), q.period(), q.capacity());
+            let fresh = !seen.contains(&bucket);
+            seen.push(bucket);
             fresh
         });
         qs

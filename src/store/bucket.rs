@@ -73,9 +73,11 @@ impl Level {
 
     /// The first microsecond at which the bucket is full (0 if it is already),
     /// so forgetting it changes nothing.
+    /// A lock-out quota's bucket counts as full from its stamp at the
+    /// earliest: a full bucket locked out until then is not free to forget.
     pub(crate) fn full_at(&self, quota: &Quota) -> u64 {
         match self.until_full_us(quota) {
-            0 => 0,
+            0 if quota.lockout_units() == 0 => 0,
             wait => self.stamp + wait,
         }
     }
@@ -86,6 +88,26 @@ impl Level {
 /// `ceil(debt / num)` is at most `max_wait`. Capped to stay exact.
 pub(crate) fn debt_for(quota: &Quota, max_wait_us: u64) -> u64 {
     max_wait_us.saturating_mul(quota.num()).min(MAX_EXACT)
+}
+
+/// The debt (in level units, negative: a shortfall) a check may take on in
+/// bucket `l` of `q` at `now`, given the `debt` it was allowed
+/// ([`debt_for`]). A bucket stamped after `now` refills nothing until the
+/// clock reaches its stamp, so its waits start from the stamp and the time
+/// ahead comes off the debt. For a quota without a lock-out, that is a
+/// clock that went backwards (a failover), and the time ahead takes off at
+/// most the debt: a plain check spends what the bucket holds. For a quota
+/// with a lock-out, a stamp ahead is also a lock-out's end, so nothing is
+/// admitted before it: only a reservation that may wait that long and more,
+/// with the time ahead off its debt (else no level is enough).
+#[inline]
+fn room(q: &Quota, l: &Level, now: u64, debt: u64) -> i64 {
+    let ahead = l.stamp.saturating_sub(now).saturating_mul(q.num());
+    match q.lockout_units() {
+        0 => signed(debt.saturating_sub(ahead)),
+        _ if ahead > debt => i64::MIN / 2,
+        _ => signed(debt - ahead),
+    }
 }
 
 /// Decides `cost` against every quota at once: all or nothing. `levels` must be
@@ -112,11 +134,7 @@ pub(crate) fn spend(
     }
     // A bucket stamped ahead of `now` owes its wait from the stamp, so the
     // time ahead comes off the debt: the wait stays within `max_wait`.
-    let debt = |i: usize, q: &Quota, l: &Level| {
-        let debt = debts.get(i).copied().unwrap_or(0);
-        let ahead = l.stamp.saturating_sub(now);
-        signed(debt.saturating_sub(ahead.saturating_mul(q.num())))
-    };
+    let debt = |i: usize, q: &Quota, l: &Level| room(q, l, now, debts.get(i).copied().unwrap_or(0));
     let allowed = quotas
         .iter()
         .zip(levels.iter())
@@ -125,13 +143,18 @@ pub(crate) fn spend(
     let mut wait_us = 0;
     // One quota's state stays inline (no allocation); several are collected.
     if let ([q], [l]) = (quotas, &mut *levels) {
-        let state = spent(q, l, cost, now, allowed, &mut wait_us);
+        let debt = debt(0, q, l);
+        let state = spent(q, l, cost, now, allowed, debt, &mut wait_us);
         return (Decision::new(allowed, States::One(state)), wait_us);
     }
     let states: Vec<QuotaState> = quotas
         .iter()
         .zip(levels.iter_mut())
-        .map(|(q, l)| spent(q, l, cost, now, allowed, &mut wait_us))
+        .enumerate()
+        .map(|(i, (q, l))| {
+            let debt = debt(i, q, l);
+            spent(q, l, cost, now, allowed, debt, &mut wait_us)
+        })
         .collect();
     (Decision::new(allowed, states), wait_us)
 }
@@ -140,15 +163,28 @@ pub(crate) fn spend(
 /// never waits), the common case, without the slices.
 #[inline]
 pub(crate) fn spend_one(q: &Quota, l: &mut Level, cost: u64, now: u64) -> Decision {
-    let allowed = l.level - signed(cost * q.den()) >= 0;
+    let debt = match q.lockout_units() {
+        0 => 0,
+        _ => room(q, l, now, 0),
+    };
+    let allowed = l.level - signed(cost * q.den()) >= -debt;
     let mut wait_us = 0;
-    let state = spent(q, l, cost, now, allowed, &mut wait_us);
+    let state = spent(q, l, cost, now, allowed, debt, &mut wait_us);
     Decision::new(allowed, States::One(state))
 }
 
 /// One bucket of a check decided `allowed`: spends `cost` from it if so,
 /// and tells its state. An admitted reservation's wait grows to this
 /// bucket's debt, paid back from `now` (or from a stamp ahead of it).
+/// `debt` is what [`room`] gave.
+///
+/// A refused check that this bucket refuses locks it out if its quota has a
+/// lock-out ([`Quota::lockout`]) and it is not locked out already (its stamp
+/// is not ahead of `now`): the stamp moves to the lock-out's end and the
+/// level to the refused cost, so nothing refills before the end and the
+/// cost is back exactly at it. Only when the lock-out ends later than the
+/// cost would have been back anyway: a lock-out never gives tokens early.
+/// As `lock_out` in `lua/token_bucket.lua`.
 #[inline]
 fn spent(
     q: &Quota,
@@ -156,28 +192,45 @@ fn spent(
     cost: u64,
     now: u64,
     allowed: bool,
+    debt: i64,
     wait_us: &mut u64,
 ) -> QuotaState {
     let need = signed(cost * q.den());
+    let locks = q.lockout_units() > 0;
+    if locks
+        && !allowed
+        && need > 0
+        && l.stamp <= now
+        && l.level - need < -debt
+        && need - l.level < signed(q.lockout_units())
+    {
+        l.level = need.min(signed(q.full()));
+        l.stamp = now + q.lockout_us();
+    }
     let ahead = l.stamp.saturating_sub(now);
+    // A lock-out quota's bucket stamped ahead holds nothing until the stamp.
+    let waits = locks && ahead > 0;
     let mut retry_us = 0;
     if allowed {
         l.level -= need;
-        if l.level < 0 {
-            let due = ahead + ceil_div(l.level.unsigned_abs(), q.num());
+        if l.level < 0 || waits {
+            let due = ahead + ceil_div(l.level.min(0).unsigned_abs(), q.num());
             *wait_us = (*wait_us).max(due.min(MAX_REPORTED_US));
         }
-    } else if l.level < need {
-        retry_us =
-            (ahead + ceil_div((need - l.level).unsigned_abs(), q.num())).min(MAX_REPORTED_US);
+    } else if l.level < need || waits {
+        retry_us = (ahead + ceil_div((need - l.level).max(0).unsigned_abs(), q.num()))
+            .min(MAX_REPORTED_US);
     }
     // Waits and resets are reported up to `MAX_REPORTED_US`, as the script
     // reports them.
     let reset_us = match l.until_full_us(q) {
-        0 => 0,
+        0 if !waits => 0,
         to_full => (ahead + to_full).min(MAX_REPORTED_US),
     };
-    let units = l.level.max(0).unsigned_abs();
+    let units = match waits {
+        true => 0,
+        false => l.level.max(0).unsigned_abs(),
+    };
     // A quota of a token or more per microsecond counts whole tokens: no
     // division.
     let remaining = if q.den() == 1 { units } else { units / q.den() };
@@ -283,6 +336,138 @@ mod tests {
         assert!(!d.allowed());
         assert_eq!(d.retry_after(), Duration::from_millis(2_100));
         assert_eq!(d.reset_after(), Duration::from_secs(3));
+    }
+}
+
+#[cfg(test)]
+mod lockout_tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn login() -> Quota {
+        // 5 attempts per 15 minutes, then 15 minutes locked out.
+        Quota::new(5, Duration::from_secs(900))
+            .unwrap()
+            .lockout(Duration::from_secs(900))
+            .unwrap()
+    }
+
+    #[test]
+    fn a_refusal_locks_the_key_out_for_exactly_the_lockout() {
+        let q = login();
+        let mut l = [Level::full(&q, 0)];
+        for _ in 0..5 {
+            assert!(spend(&[q], &mut l, 1, 0, &[]).0.allowed());
+        }
+        // The sixth attempt, a minute later, is refused and locks the key
+        // out until 16 minutes (without the lock-out a token would be back
+        // at 3 minutes).
+        let t = 60_000_000;
+        l[0] = l[0].refilled(&q, t);
+        let (d, _) = spend(&[q], &mut l, 1, t, &[]);
+        assert!(!d.allowed());
+        assert_eq!(d.retry_after(), Duration::from_secs(900));
+        // Refused again 10 minutes on: the end stays where it was.
+        let t2 = t + 600_000_000;
+        l[0] = l[0].refilled(&q, t2);
+        let (d, _) = spend(&[q], &mut l, 1, t2, &[]);
+        assert!(!d.allowed());
+        assert_eq!(d.retry_after(), Duration::from_secs(300));
+        // A microsecond before the end: still refused; at the end, admitted,
+        // with nothing left over (the key does not come back full).
+        let end = t + 900_000_000;
+        let mut before = l;
+        before[0] = before[0].refilled(&q, end - 1);
+        let (d, _) = spend(&[q], &mut before, 1, end - 1, &[]);
+        assert!(!d.allowed());
+        assert_eq!(d.retry_after(), Duration::from_micros(1));
+        l[0] = l[0].refilled(&q, end);
+        let (d, _) = spend(&[q], &mut l, 1, end, &[]);
+        assert!(d.allowed());
+        assert_eq!(d.remaining(), 0);
+    }
+
+    #[test]
+    fn a_peek_and_an_admission_never_lock() {
+        let q = login();
+        let mut l = [Level::full(&q, 0)];
+        let before = l;
+        // A peek (cost 0) of an empty-or-not bucket changes nothing.
+        assert!(spend(&[q], &mut l, 0, 0, &[]).0.allowed());
+        assert_eq!(l, before);
+        // A reservation that may wait takes the debt instead of locking.
+        let (d, wait) = spend(&[q], &mut l, 6, 0, &[debt_for(&q, 180_000_000)]);
+        assert!(d.allowed());
+        assert_eq!(wait, 180_000_000);
+        assert_eq!(l[0].level, -signed(q.den()));
+    }
+
+    #[test]
+    fn a_reservation_waits_out_a_lockout_and_a_short_one_gives_nothing_early() {
+        let q = login();
+        let mut l = [Level::full(&q, 0)];
+        for _ in 0..5 {
+            assert!(spend(&[q], &mut l, 1, 0, &[]).0.allowed());
+        }
+        assert!(!spend(&[q], &mut l, 1, 0, &[]).0.allowed());
+        // Ten minutes in, a reservation that may wait 5 minutes is admitted
+        // for the lock-out's end; one that may wait 4 is refused.
+        let t = 600_000_000;
+        l[0] = l[0].refilled(&q, t);
+        let (d, _) = spend(&[q], &mut l, 1, t, &[debt_for(&q, 240_000_000)]);
+        assert!(!d.allowed());
+        assert_eq!(d.retry_after(), Duration::from_secs(300));
+        let (d, wait) = spend(&[q], &mut l, 1, t, &[debt_for(&q, 300_000_000)]);
+        assert!(d.allowed());
+        assert_eq!(wait, 300_000_000);
+        // A lock-out shorter than the refill: the refusal waits the refill.
+        let short = Quota::new(5, Duration::from_secs(900))
+            .unwrap()
+            .lockout(Duration::from_secs(60))
+            .unwrap();
+        let mut l = [Level::full(&short, 0)];
+        for _ in 0..5 {
+            assert!(spend(&[short], &mut l, 1, 0, &[]).0.allowed());
+        }
+        let before = l;
+        let (d, _) = spend(&[short], &mut l, 1, 0, &[]);
+        assert!(!d.allowed());
+        assert_eq!(d.retry_after(), Duration::from_secs(180));
+        assert_eq!(l, before);
+    }
+
+    #[test]
+    fn only_the_refusing_quota_locks() {
+        let q = login();
+        let plain = Quota::per_second(100).unwrap();
+        // After 3 of 5, a cost of 3: the plain quota has it, the lock-out
+        // quota does not and locks (3 tokens back at the end); the plain one
+        // is untouched.
+        let mut l = [Level::full(&plain, 0), Level::full(&q, 0)];
+        assert!(spend(&[plain, q], &mut l, 3, 0, &[]).0.allowed());
+        let before = l[0];
+        let (d, _) = spend(&[plain, q], &mut l, 3, 0, &[]);
+        assert!(!d.allowed());
+        assert_eq!(d.retry_after(), Duration::from_secs(900));
+        assert_eq!(l[0], before);
+        let end = 900_000_000;
+        assert_eq!(
+            l[1],
+            Level {
+                level: signed(3 * q.den()),
+                stamp: end
+            }
+        );
+        let mut at_end = l;
+        at_end[0] = at_end[0].refilled(&plain, end);
+        at_end[1] = at_end[1].refilled(&q, end);
+        assert!(spend(&[plain, q], &mut at_end, 3, end, &[]).0.allowed());
+        // A check the lock-out quota could pay, refused by the other quota
+        // alone, locks nothing.
+        let mut l = [Level::full(&q, 0), Level { level: 0, stamp: 0 }];
+        let (d, _) = spend(&[q, plain], &mut l, 1, 0, &[]);
+        assert!(!d.allowed());
+        assert_eq!(l[0], Level::full(&q, 0));
     }
 }
 

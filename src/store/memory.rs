@@ -160,6 +160,20 @@ fn unfile(order: &mut Order, at: u64, hash: u64) {
     }
 }
 
+/// Whether a check of `cost` decided `decision` changed its buckets: an
+/// admission of something, or a refusal that locked a bucket out (one more
+/// of `levels` stamped ahead of `now` than the `ahead` before it). A peek, or
+/// another refusal, changes nothing.
+fn writes(decision: &Decision, cost: u64, levels: &[Level], now: u64, ahead: usize) -> bool {
+    cost != 0 && (decision.allowed() || stamped_ahead(levels, now) > ahead)
+}
+
+/// How many of `levels` are stamped after `now`: locked out, or by a clock
+/// that went back.
+fn stamped_ahead(levels: &[Level], now: u64) -> usize {
+    levels.iter().filter(|l| l.stamp > now).count()
+}
+
 /// One shard's keys, also ordered by when they are full again (then by hash).
 ///
 /// Invariant: `order` counts one `(entry.filed_at, hash)` for every entry of
@@ -318,10 +332,11 @@ impl Shard {
         let filed_at = entry.filed_at;
         let stored = entry.held_level(known, quota)?;
         let mut level = stored.refilled(quota, now_us);
+        let ahead = usize::from(level.stamp > now_us);
         let decision = spend_one(quota, &mut level, cost, now_us);
-        if decision.allowed() && cost != 0 {
-            // An admission only moves the key's `full_at` later (see
-            // `Shard`): it stays where it is filed.
+        if writes(&decision, cost, std::slice::from_ref(&level), now_us, ahead) {
+            // An admission (or a lock-out) only moves the key's `full_at`
+            // later (see `Shard`): it stays where it is filed.
             debug_assert!(
                 level.full_at(quota) >= filed_at,
                 "an admission filed a key earlier"
@@ -580,8 +595,9 @@ impl MemoryStore {
         // A denial or a peek changes nothing, and a peek at an unknown key
         // stores nothing.
         Ok(self.update_at(key, policy, now_us, |quotas, levels, _| {
+            let ahead = stamped_ahead(levels, now_us);
             let (decision, wait) = spend(quotas, levels, cost, now_us, &debts);
-            let write = decision.allowed() && cost != 0;
+            let write = writes(&decision, cost, levels, now_us, ahead);
             ((decision, wait), write)
         }))
     }

@@ -228,6 +228,7 @@ impl Batch {
             _ => 0,
         });
         self.compact &= quotas.len() == 1
+            && quotas.iter().all(|q| q.lockout_us() == 0)
             && matches!(spend, Spend::Take { max_wait_us: 0, .. })
             && self.quotas.len() == 1;
         self.shapes.push(policy.clone());
@@ -317,7 +318,7 @@ impl Batch {
         // clock, the quota count, three numbers per quota, the decision
         // count, the decisions' numbers and a spread batch's key count (at
         // most 20 digits each).
-        let numbers = 5 + 3 * self.quotas.len() + self.args.len();
+        let numbers = 5 + 4 * self.quotas.len() + self.args.len();
         let copies = if self.spread.is_some() { 2 } else { 1 };
         let bytes = name.len()
             + script.len()
@@ -362,9 +363,21 @@ impl Batch {
             (None, Some((argument, _))) => cmd.arg(argument),
             (None, None) => cmd.arg(""),
         };
-        cmd.arg(self.quotas.len());
-        for q in &self.quotas {
-            cmd.arg(q.full()).arg(q.num()).arg(q.den());
+        // With a lock-out anywhere, -Q and four numbers per quota (see the
+        // script's header).
+        if self.quotas.iter().any(|q| q.lockout_us() > 0) {
+            cmd.arg(-(self.quotas.len() as i64));
+            for q in &self.quotas {
+                cmd.arg(q.full())
+                    .arg(q.num())
+                    .arg(q.den())
+                    .arg(q.lockout_us());
+            }
+        } else {
+            cmd.arg(self.quotas.len());
+            for q in &self.quotas {
+                cmd.arg(q.full()).arg(q.num()).arg(q.den());
+            }
         }
         if self.compact {
             // -D, then each decision's cost (see the script's header).

@@ -599,12 +599,16 @@ impl Leases {
     /// a large share of it from the other instances, and from this one's
     /// checks racing its lease (a burst at `5 per 15 minutes` would find
     /// tokens held that it could not spend): its checks go to Redis.
+    ///
+    /// A policy with a lock-out takes no leases either: a hold's tokens stay
+    /// spendable by its holder after another instance's refusal locked the
+    /// key out, and a lock-out must hold for every instance at once.
     pub(crate) fn pays_on(&self, policy: &Policy) -> bool {
         let period_us = self.config.period.as_micros();
-        policy
-            .quotas()
-            .iter()
-            .all(|q| u128::from(q.num()) * period_us >= u128::from(MIN_LEASE) * u128::from(q.den()))
+        policy.quotas().iter().all(|q| {
+            q.lockout_us() == 0
+                && u128::from(q.num()) * period_us >= u128::from(MIN_LEASE) * u128::from(q.den())
+        })
     }
 
     /// `start` (a safe key's) as [`check_held`](Self::check_held) takes it.
