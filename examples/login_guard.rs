@@ -4,7 +4,8 @@
 //! Two layers settle each request's cost by its response, so successful
 //! logins are free:
 //!
-//! - **per account**: 5 wrong passwords per 15 minutes, whoever sends them;
+//! - **per account**: 5 wrong passwords per 15 minutes, whoever sends them,
+//!   then the account is locked out for 15 minutes (`Quota::lockout`);
 //! - **per client address**: 20 wrong passwords per 15 minutes, whichever
 //!   accounts they are for (a client trying one password on many accounts).
 //!
@@ -63,7 +64,10 @@ async fn main() -> Result<(), Box<dyn Error + Send + Sync>> {
     });
     let per_account = RateLimitLayer::new(
         store.clone(),
-        Policy::new("login-account", [Quota::new(5, fifteen_minutes)?])?,
+        Policy::new(
+            "login-account",
+            [Quota::new(5, fifteen_minutes)?.lockout(fifteen_minutes)?],
+        )?,
     )
     .key(account)
     .count_only_statuses([401])?
@@ -126,6 +130,13 @@ async fn main() -> Result<(), Box<dyn Error + Send + Sync>> {
         retry.as_deref().unwrap_or("-")
     );
     expect(status == 429, "alice's account was not locked")?;
+    // Locked out for 15 minutes from the refusal that locked it (not the 3
+    // minutes a token takes to refill).
+    let retry: u64 = retry.as_deref().unwrap_or("0").parse()?;
+    expect(
+        retry > 890,
+        "alice's account was not locked out for 15 minutes",
+    )?;
 
     // One address trying many accounts: its 20 failures run out.
     let mut failures = wrong;
