@@ -251,3 +251,40 @@ async fn reservations_wait_out_a_lockout_on_redis() {
     let server = RedisServer::start();
     reservations_wait_out_a_lockout(server.store().into()).await;
 }
+
+/// A changed lock-out (a policy table swap, a deploy) keeps the buckets:
+/// a lock-out under way keeps its end, in both stores.
+async fn a_changed_lockout_keeps_the_lockout_under_way(store: AnyStore) {
+    let before: Quota = "5/15min lockout 15min".parse().unwrap();
+    let after: Quota = "5/15min lockout 30min".parse().unwrap();
+    let old = RateLimiter::new(store.clone(), Policy::new("swap", [before]).unwrap());
+    let new = RateLimiter::new(store, Policy::new("swap", [after]).unwrap());
+    for _ in 0..5 {
+        assert!(old.check("dave", 1).await.unwrap().allowed());
+    }
+    let locked = old.check("dave", 1).await.unwrap();
+    assert_eq!(locked.retry_after(), Duration::from_secs(900));
+    let d = new.check("dave", 1).await.unwrap();
+    assert!(!d.allowed(), "the changed lock-out let the key in");
+    assert!(
+        d.retry_after() <= Duration::from_secs(900),
+        "{:?}",
+        d.retry_after()
+    );
+    assert!(
+        d.retry_after() > Duration::from_secs(800),
+        "{:?}",
+        d.retry_after()
+    );
+}
+
+#[tokio::test]
+async fn a_changed_lockout_keeps_the_lockout_under_way_in_memory() {
+    a_changed_lockout_keeps_the_lockout_under_way(MemoryStore::new().into()).await;
+}
+
+#[tokio::test]
+async fn a_changed_lockout_keeps_the_lockout_under_way_on_redis() {
+    let server = RedisServer::start();
+    a_changed_lockout_keeps_the_lockout_under_way(server.store().into()).await;
+}

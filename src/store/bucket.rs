@@ -71,15 +71,12 @@ impl Level {
         ceil_div(missing, quota.num())
     }
 
-    /// The first microsecond at which the bucket is full (0 if it is already),
-    /// so forgetting it changes nothing.
-    /// A lock-out quota's bucket counts as full from its stamp at the
-    /// earliest: a full bucket locked out until then is not free to forget.
+    /// The first microsecond at which the bucket is full, so forgetting it
+    /// changes nothing: counted from its stamp, so a full bucket stamped
+    /// ahead (locked out until then, [`Quota::lockout`]) is not free to
+    /// forget before its stamp, whatever lock-out `quota` has.
     pub(crate) fn full_at(&self, quota: &Quota) -> u64 {
-        match self.until_full_us(quota) {
-            0 if quota.lockout_units() == 0 => 0,
-            wait => self.stamp + wait,
-        }
+        self.stamp + self.until_full_us(quota)
     }
 }
 
@@ -182,8 +179,10 @@ pub(crate) fn spend_one(q: &Quota, l: &mut Level, cost: u64, now: u64) -> Decisi
 /// lock-out ([`Quota::lockout`]) and it is not locked out already (its stamp
 /// is not ahead of `now`): the stamp moves to the lock-out's end and the
 /// level to the refused cost, so nothing refills before the end and the
-/// cost is back exactly at it. Only when the lock-out ends later than the
-/// cost would have been back anyway: a lock-out never gives tokens early.
+/// cost is back exactly at it. Only when the lock-out ends no sooner than
+/// the cost would have been back anyway: a lock-out never gives tokens
+/// early. (So a refusal whose wait is longer than the lock-out did not
+/// lock; the deny cache relies on it.)
 /// As `lock_out` in `lua/token_bucket.lua`.
 #[inline]
 fn spent(
@@ -202,7 +201,7 @@ fn spent(
         && need > 0
         && l.stamp <= now
         && l.level - need < -debt
-        && need - l.level < signed(q.lockout_units())
+        && need - l.level <= signed(q.lockout_units())
     {
         l.level = need.min(signed(q.full()));
         l.stamp = now + q.lockout_us();

@@ -53,7 +53,7 @@ impl Known {
 
     /// `quota`'s number, given now if it has none and there is room.
     fn number(&mut self, quota: &Quota) -> Option<u8> {
-        let at = match self.quotas.iter().position(|q| q == quota) {
+        let at = match self.quotas.iter().position(|q| q.same_bucket(quota)) {
             Some(at) => at,
             None if self.quotas.len() < MAX_KNOWN => {
                 self.quotas.push(*quota);
@@ -230,9 +230,12 @@ impl Entry {
             (Body::Many(many), _) => many
                 .buckets
                 .iter()
-                .find(|(q, _)| q == quota)
+                .find(|(q, _)| q.same_bucket(quota))
                 .map(|(_, l)| l),
-            (_, Some(number)) => (known.quota(number) == Some(quota)).then_some(&self.level),
+            (_, Some(number)) => known
+                .quota(number)
+                .is_some_and(|q| q.same_bucket(quota))
+                .then_some(&self.level),
             (_, None) => None,
         }
     }
@@ -242,7 +245,10 @@ impl Entry {
     #[inline]
     pub(super) fn held_level(&mut self, known: &Known, quota: &Quota) -> Option<&mut Level> {
         let number = self.single()?;
-        (known.quota(number) == Some(quota)).then_some(&mut self.level)
+        known
+            .quota(number)
+            .is_some_and(|q| q.same_bucket(quota))
+            .then_some(&mut self.level)
     }
 
     /// The levels of `quotas` at `now_us`: this key's buckets brought up to
@@ -267,14 +273,14 @@ impl Entry {
     pub(super) fn set(&mut self, known: &Known, quotas: &[Quota], levels: &[Level]) {
         for (q, &level) in quotas.iter().zip(levels) {
             if let Body::Many(many) = &mut self.body {
-                match many.buckets.iter_mut().find(|(bq, _)| bq == q) {
+                match many.buckets.iter_mut().find(|(bq, _)| bq.same_bucket(q)) {
                     Some(slot) => slot.1 = level,
                     None => many.buckets.push((*q, level)),
                 }
                 continue;
             }
             let first = self.single().and_then(|n| known.quota(n)).copied();
-            if first.as_ref() == Some(q) {
+            if first.is_some_and(|f| f.same_bucket(q)) {
                 self.level = level;
                 continue;
             }
@@ -293,12 +299,15 @@ impl Entry {
     pub(super) fn remove(&mut self, known: &Known, quotas: &[Quota]) -> bool {
         match &mut self.body {
             Body::Many(many) => {
-                many.buckets.retain(|(q, _)| !quotas.contains(q));
+                many.buckets
+                    .retain(|(q, _)| !quotas.iter().any(|r| r.same_bucket(q)));
                 many.buckets.is_empty()
             }
             _ => {
                 let quota = self.single().and_then(|n| known.quota(n));
-                quotas.iter().any(|q| Some(q) == quota)
+                quotas
+                    .iter()
+                    .any(|q| quota.is_some_and(|k| k.same_bucket(q)))
             }
         }
     }
