@@ -54,8 +54,9 @@
 -- its stamp is ahead of the clock already (a lock-out under way is not
 -- extended): the stamp moves to the lock-out's end and the level to the
 -- refused cost, so nothing refills before the end and the cost is back
--- exactly at it; only when that is later than the cost would have been back
--- anyway. For such a quota the time a stamp is ahead counts as debt in full
+-- exactly at it; only when that is no sooner than the cost would have been
+-- back anyway, and not while learning (see "Epochs": the stand-in hold may
+-- be what refused). For such a quota the time a stamp is ahead counts as debt in full
 -- (nothing is admitted before it, but a reservation that may wait that long),
 -- and it is reported as waited and as nothing remaining. A refusal that
 -- locks a bucket out writes every bucket of its decision. Only the long form
@@ -530,10 +531,11 @@ if rest <= (nd < 0 and -nd or nd) then
   -- stamp and whether it was locked out.
   local function lock_out(q, level, stamp, holds, need, debt)
     local lock = locks[q]
-    if lock > 0 and need > 0 and stamp <= now then
+    -- Not while learning: a refusal then may be the stand-in hold's.
+    if lock > 0 and need > 0 and stamp <= now and not learning then
       local held = held_in(holds)
       local free = level - held
-      if free - need < -debt and need - free < lock * nums[q] then
+      if free - need < -debt and need - free <= lock * nums[q] then
         level = need + held
         if level > fulls[q] then
           level = fulls[q]

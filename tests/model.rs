@@ -187,7 +187,7 @@ impl Model {
                 let need = (cost * b.q.period_us) as i128;
                 // Locked out until the cost is back at the end, if it would
                 // be back sooner without.
-                let sooner = ((need - *l).max(0) as u128) < b.q.lockout_us * b.q.tokens;
+                let sooner = ((need - *l).max(0) as u128) <= b.q.lockout_us * b.q.tokens;
                 if b.q.lockout_us > 0 && *t == now && *l < need && sooner {
                     *l = need.min(b.cap());
                     *t = now + b.q.lockout_us;

@@ -264,7 +264,7 @@ impl DenyCache {
     /// Remembers that the store denied `cost` on these buckets with `decision`,
     /// for a check sent at `sent`.
     pub(crate) fn insert(&self, keys: Vec<String>, cost: u64, decision: &Decision, sent: Instant) {
-        let wait = decision.retry_after();
+        let wait = exact_for(decision);
         if wait.is_zero() || cost == 0 {
             return;
         }
@@ -421,6 +421,23 @@ fn for_larger_cost(decision: &Decision, extra: u64, cost: u64) -> Option<Decisio
     }
 }
 
+/// How long the store would deny as `decision` did: its wait, but for a
+/// bucket of a quota with a lock-out that refused without locking out (its
+/// wait is longer than the lock-out, see `spent` in `bucket.rs`), only until
+/// its wait is down to the lock-out: a check the store refuses from then on
+/// locks the key out, which a denial answered here would not.
+fn exact_for(decision: &Decision) -> Duration {
+    decision
+        .states()
+        .iter()
+        .fold(decision.retry_after(), |wait, s| {
+            match s.quota().lockout_time() {
+                Some(lockout) if s.retry_after() > lockout => wait.min(s.retry_after() - lockout),
+                _ => wait,
+            }
+        })
+}
+
 /// `decision`, `elapsed` later: every wait shorter by `elapsed`, and each
 /// bucket's remaining tokens at least what its shorter time to full implies.
 fn counted_down(decision: &Decision, elapsed: Duration) -> Decision {
@@ -429,10 +446,15 @@ fn counted_down(decision: &Decision, elapsed: Duration) -> Decision {
         let retry = s.retry_after().saturating_sub(elapsed);
         let reset = s.reset_after().saturating_sub(elapsed);
         let reset_us = crate::quota::micros(reset);
-        // The level is at least full - reset x num (reset was rounded up).
+        // The level is at least full - reset x num (reset was rounded up),
+        // but a bucket locked out refills nothing until its end: nothing is
+        // implied for a quota with a lock-out.
         let missing = u128::from(reset_us) * u128::from(q.num());
         let level = u128::from(q.full()).saturating_sub(missing);
-        let implied = u64::try_from(level / u128::from(q.den())).unwrap_or(u64::MAX);
+        let implied = match q.lockout_time() {
+            Some(_) => 0,
+            None => u64::try_from(level / u128::from(q.den())).unwrap_or(u64::MAX),
+        };
         QuotaState::new(
             q,
             s.remaining().max(implied),
@@ -500,6 +522,39 @@ mod tests {
         );
         cache.insert(shared.clone(), 1, &denied(&policy), sent);
         assert!(cache.lookup(&shared, 1).is_none());
+    }
+
+    /// A lock-out's denial is cached until its end, with nothing
+    /// remaining; a refusal by a lock-out quota that did not lock (its wait
+    /// longer than the lock-out) only until its wait is down to the
+    /// lock-out, when the store would lock the key out.
+    #[tokio::test(start_paused = true)]
+    async fn lockout_denials_are_cached_only_while_the_store_would_answer_alike() {
+        let cache = DenyCache::new(100);
+        let keys = vec!["a".to_owned()];
+        // 5 per 15 minutes, 15 minutes out: the refusal locks.
+        let locked = Policy::from("5/15min lockout 15min".parse::<Quota>().unwrap());
+        let d = denied(&locked);
+        assert_eq!(d.retry_after(), Duration::from_secs(900));
+        cache.insert(keys.clone(), 1, &d, Instant::now());
+        tokio::time::advance(Duration::from_secs(800)).await;
+        let cached = cache.lookup(&keys, 1).expect("cached until the end");
+        assert_eq!(cached.remaining(), 0);
+        assert_eq!(cached.retry_after(), Duration::from_secs(100));
+        // 2 minutes out, a token every 3: the refusal waits 3 minutes and
+        // does not lock; from 1 minute on, a refusal would.
+        let short = Policy::from("5/15min lockout 2min".parse::<Quota>().unwrap());
+        let d = denied(&short);
+        assert_eq!(d.retry_after(), Duration::from_secs(180));
+        let keys = vec!["b".to_owned()];
+        cache.insert(keys.clone(), 1, &d, Instant::now());
+        tokio::time::advance(Duration::from_secs(50)).await;
+        assert!(cache.lookup(&keys, 1).is_some());
+        tokio::time::advance(Duration::from_secs(10)).await;
+        assert!(
+            cache.lookup(&keys, 1).is_none(),
+            "cached past the lock's start"
+        );
     }
 
     #[tokio::test(start_paused = true)]
