@@ -66,7 +66,9 @@ impl BucketState {
     }
 
     /// Whole tokens a check may spend now: the level less what every
-    /// instance holds, as a check's `remaining` counts them.
+    /// instance holds, as a check's `remaining` counts them; none while the
+    /// bucket is stamped ahead of the server's clock (locked out,
+    /// [`Quota::lockout`]).
     pub fn remaining(&self) -> u64 {
         self.remaining
     }
@@ -301,16 +303,23 @@ fn state_of(key: &str, client: &str, quota: Quota, text: &str, now: u64) -> Opti
         level: level.level - signed(held_units),
         stamp: level.stamp,
     };
+    // A bucket stamped ahead (locked out until then, `Quota::lockout`, or
+    // written by a clock ahead of this one) refills nothing before its stamp:
+    // it is shown with nothing remaining, full only after it. (Keys do not
+    // name lock-outs, so a clock's step cannot be told from a lock-out.)
     let ahead = free.stamp.saturating_sub(now);
     let reset_us = match free.until_full_us(&quota) {
-        0 => 0,
+        0 if ahead == 0 => 0,
         to_full => (ahead + to_full).min(MAX_REPORTED_US),
     };
     Some(BucketState {
         key: key.to_owned(),
         client: client.to_owned(),
         quota,
-        remaining: free.level.max(0).unsigned_abs() / quota.den(),
+        remaining: match ahead {
+            0 => free.level.max(0).unsigned_abs() / quota.den(),
+            _ => 0,
+        },
         held: held_units / quota.den(),
         reset_after: Duration::from_micros(reset_us),
         holds,
