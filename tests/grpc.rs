@@ -132,6 +132,39 @@ async fn details_carry_retry_info_and_quota_failure() {
     }
 }
 
+/// A lock-out (`Quota::lockout`): the refusal that locks tells its end in
+/// the pushback, `RetryInfo` and the `RateLimit` item, exactly (the script
+/// sets it from the same clock); a call during it is refused until then.
+#[cfg(feature = "tonic")]
+#[tokio::test]
+async fn a_lockout_tells_its_end_in_retry_info() {
+    use tonic_types::StatusExt;
+
+    let redis = RedisServer::start();
+    // 2 a minute (a token every 30 s), then 10 minutes locked out.
+    let quota = per_minute(2)
+        .lockout(std::time::Duration::from_secs(600))
+        .unwrap();
+    let layer = layer(&redis, named("guarded", [quota])).key(Global);
+    let server = GrpcServer::start(layer).await;
+    let mut client = server.client().await;
+    for _ in 0..2 {
+        within(client.check(check(&[]))).await.expect("admitted");
+    }
+    let status = within(client.check(check(&[]))).await.unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted);
+    assert_eq!(pushback(&status), Some(600_000));
+    let retry = status.get_details_retry_info().expect("RetryInfo");
+    assert_eq!(retry.retry_delay, Some(std::time::Duration::from_secs(600)));
+    assert_eq!(t_of(meta(status.metadata(), "ratelimit").unwrap()), 600);
+    // Refused again a few milliseconds on: the end stays where it was (a
+    // refusal during the lock-out does not start it again).
+    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    let again = within(client.check(check(&[]))).await.unwrap_err();
+    let ms = pushback(&again).unwrap();
+    assert!(ms < 600_000, "{ms}");
+}
+
 #[tokio::test]
 async fn limited_answer_is_http_200_trailers_only() {
     let redis = RedisServer::start();
