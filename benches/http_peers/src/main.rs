@@ -112,7 +112,9 @@ mod tollgate_limiter {
         } else {
             HeaderStyle::Ietf
         };
-        let key = Header::new(KEY_HEADER).expect("a valid header name").verbatim();
+        let key = Header::new(KEY_HEADER)
+            .expect("a valid header name")
+            .verbatim();
         let quota = quota(case)?;
         Ok(match redis_url {
             None => router.layer(
@@ -150,7 +152,11 @@ mod tollgate_limiter {
         };
         let store = RedisStore::builder().url(redis_url).leases(true).build()?;
         let layer = RateLimitLayer::new(store.clone(), quota(case)?)
-            .key(Header::new(KEY_HEADER).expect("a valid header name").verbatim())
+            .key(
+                Header::new(KEY_HEADER)
+                    .expect("a valid header name")
+                    .verbatim(),
+            )
             .headers(headers)
             .on_store_error(OnStoreError::Deny)
             .axum_body();
@@ -206,7 +212,10 @@ mod tollgate_limiter {
         redis_url: &str,
         on_error: &str,
     ) -> Result<(Router, Option<LeaseProbe>), BoxError> {
-        #[allow(deprecated, reason = "the variant set_on_store_error takes, as `.fallback` sets it")]
+        #[allow(
+            deprecated,
+            reason = "the variant set_on_store_error takes, as `.fallback` sets it"
+        )]
         let on_error = match on_error {
             "allow" => Some(OnStoreError::Allow),
             "deny" => Some(OnStoreError::Deny),
@@ -274,7 +283,9 @@ mod tollgate_limiter {
             "peer-server: Redis at {} answered PING in {rtt:?}",
             store.host()
         );
-        let key = Header::new(KEY_HEADER).expect("a valid header name").verbatim();
+        let key = Header::new(KEY_HEADER)
+            .expect("a valid header name")
+            .verbatim();
         // `decided_by` reads the decision in the response extensions.
         let layer = RateLimitLayer::new(store, quota(case)?)
             .key(key)

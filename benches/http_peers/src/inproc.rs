@@ -1,0 +1,437 @@
+//! `inproc-peers`: tollgate against governor in process, without sockets, in
+//! alternating rounds, printing medians and ratios of the same run.
+//!
+//! ```sh
+//! cargo run --release --manifest-path benches/http_peers/Cargo.toml --bin inproc-peers
+//! ROUNDS=5 OPS=1000000 KEYS="1 10000 1000000" cargo run --release ... --bin inproc-peers
+//! ```
+//!
+//! For each key count (`KEYS`, default `1 10000 1000000`), one thread, every
+//! decision admitted (10^9 a second per key, burst 10^9), keys
+//! `c0`..`c{K-1}` taken in turn (each one seen before, after a first pass):
+//!
+//! - **engine**: governor's keyed limiter (`RateLimiter::keyed`,
+//!   `check_key`) against tollgate's `RateLimiter::check` on a
+//!   `MemoryStore`, in one `block_on` (no runtime cost per call);
+//! - **layer**: a trivial service answering at once, bare, behind
+//!   tower_governor (keyed by the `x-client` header) and behind
+//!   `RateLimitLayer` (the same header, verbatim), with and without rate
+//!   limit headers; the layer's cost is the variant's time less the bare
+//!   service's of the same round;
+//! - **two threads**: the engines again, two threads on one limiter, each
+//!   its half of the keys; nanoseconds of wall time a decision;
+//! - **Redis with leases** (with `REDIS_URL` set, up to 100 000 keys): the
+//!   engine and the layer (no headers) on a `RedisStore` with leases on
+//!   (a tenth of `OPS` each round, after two passes over every key);
+//! - **bytes a key**: the resident memory a limiter takes for `K` keys
+//!   (only for the largest `K`), each in a fresh process of this binary.
+//!
+//! Rounds alternate the variants (`ROUNDS`, default 5, `OPS` decisions each,
+//! default 1 000 000); the medians of the rounds are printed, then the ratios
+//! tollgate / governor. Run it on an otherwise idle machine.
+
+use std::convert::Infallible;
+use std::num::NonZeroU32;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::http::{Request, Response};
+use tower::{Layer, Service, ServiceExt};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+const KEY_HEADER: &str = "x-client";
+
+fn env(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn keys(k: usize) -> Vec<String> {
+    (0..k).map(|i| format!("c{i}")).collect()
+}
+
+/// governor's quota and tollgate's: 10^9 a second, burst 10^9, so that
+/// every decision of a run is admitted however fast it goes.
+fn governor_quota() -> governor::Quota {
+    let n = NonZeroU32::new(1_000_000_000).expect("nonzero");
+    governor::Quota::per_second(n).allow_burst(n)
+}
+
+fn tollgate_quota() -> tollgate::Quota {
+    tollgate::Quota::per_second(1_000_000_000).expect("quota")
+}
+
+/// A memory store with room for `k` keys (the default holds 100 000; governor
+/// has no bound), so no key is forgotten during a run.
+fn store(k: usize) -> Result<tollgate::MemoryStore, BoxError> {
+    Ok(tollgate::MemoryStore::with_max_keys(
+        k.max(tollgate::store::DEFAULT_MAX_KEYS),
+    )?)
+}
+
+/// Nanoseconds per call of `f` over `ops` calls.
+fn per_op(ops: usize, mut f: impl FnMut(usize)) -> f64 {
+    let start = Instant::now();
+    for i in 0..ops {
+        f(i);
+    }
+    start.elapsed().as_nanos() as f64 / ops as f64
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn request(key: &str) -> Request<Body> {
+    Request::get("/")
+        .header(KEY_HEADER, key)
+        .body(Body::empty())
+        .expect("request")
+}
+
+#[derive(Clone)]
+struct ClientHeader;
+
+impl tower_governor::key_extractor::KeyExtractor for ClientHeader {
+    type Key = String;
+
+    fn extract<T>(&self, req: &Request<T>) -> Result<String, tower_governor::GovernorError> {
+        req.headers()
+            .get(KEY_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+            .ok_or(tower_governor::GovernorError::UnableToExtractKey)
+    }
+}
+
+/// The service every layer wraps: answers at once.
+fn bare() -> impl Service<Request<Body>, Response = Response<Body>, Error = Infallible> + Clone {
+    tower::service_fn(|_: Request<Body>| async {
+        Ok::<_, Infallible>(Response::new(Body::empty()))
+    })
+}
+
+/// Runs `ops` requests through `svc`, keys in turn; nanoseconds a request.
+async fn drive<S>(svc: &mut S, keys: &[String], ops: usize) -> f64
+where
+    S: Service<Request<Body>, Response = Response<Body>>,
+    S::Error: std::fmt::Debug,
+{
+    let start = Instant::now();
+    for i in 0..ops {
+        let res = svc
+            .ready()
+            .await
+            .expect("ready")
+            .call(request(&keys[i % keys.len()]))
+            .await
+            .expect("answer");
+        assert!(res.status().is_success(), "refused: {}", res.status());
+    }
+    start.elapsed().as_nanos() as f64 / ops as f64
+}
+
+fn main() -> Result<(), BoxError> {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("bytes") {
+        return bytes_mode(&args[2], args[3].parse()?);
+    }
+    let rounds = env("ROUNDS", 5);
+    let ops = env("OPS", 1_000_000);
+    let counts: Vec<usize> = std::env::var("KEYS")
+        .unwrap_or_else(|_| "1 10000 1000000".into())
+        .split_whitespace()
+        .map(|k| k.parse().expect("a key count"))
+        .collect();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    println!("in-process peers: {rounds} rounds x {ops} decisions, one thread, medians in ns");
+    for &k in &counts {
+        let keys = keys(k);
+        let gov = governor::RateLimiter::keyed(governor_quota());
+        let toll = tollgate::RateLimiter::new(store(k)?, tollgate_quota());
+        let gov_cfg = tower_governor::governor::GovernorConfigBuilder::default()
+            .period(Duration::from_nanos(1))
+            .burst_size(1_000_000_000)
+            .key_extractor(ClientHeader)
+            .finish()
+            .ok_or("governor config")?;
+        let gov_hdr_cfg = tower_governor::governor::GovernorConfigBuilder::default()
+            .period(Duration::from_nanos(1))
+            .burst_size(1_000_000_000)
+            .key_extractor(ClientHeader)
+            .use_headers()
+            .finish()
+            .ok_or("governor config")?;
+        let mut plain = bare();
+        let mut gov_layer = tower_governor::GovernorLayer::new(gov_cfg).layer(bare());
+        let mut gov_headers = tower_governor::GovernorLayer::new(gov_hdr_cfg).layer(bare());
+        let header = tollgate::key::Header::new(KEY_HEADER)?.verbatim();
+        let mut toll_layer = tollgate::layer::RateLimitLayer::new(
+            store(k)?,
+            tollgate::Policy::new("bare", [tollgate_quota()])?,
+        )
+        .key(header.clone())
+        .headers(tollgate::layer::HeaderStyle::None)
+        .axum_body()
+        .layer(bare());
+        let mut toll_headers = tollgate::layer::RateLimitLayer::new(
+            store(k)?,
+            tollgate::Policy::new("headers", [tollgate_quota()])?,
+        )
+        .key(header)
+        .axum_body()
+        .layer(bare());
+        // A first pass over every key (not measured): keys seen before.
+        let warm = k.max(10_000);
+        per_op(warm, |i| {
+            let _ = gov.check_key(&keys[i % k]);
+        });
+        rt.block_on(async {
+            for i in 0..warm {
+                let key = &keys[i % k];
+                assert!(toll.check(key, 1).await.expect("decision").allowed());
+            }
+            drive(&mut gov_layer, &keys, warm).await;
+            drive(&mut gov_headers, &keys, warm).await;
+            drive(&mut toll_layer, &keys, warm).await;
+            drive(&mut toll_headers, &keys, warm).await;
+        });
+        // With REDIS_URL: the engine and the layer on Redis with leases.
+        let redis = match std::env::var("REDIS_URL") {
+            Ok(url) if k <= 100_000 => Some(url),
+            _ => None,
+        };
+        let leased = match &redis {
+            Some(url) => Some(rt.block_on(async {
+                // A generous timeout: a first pass takes a lease per key.
+                let store = tollgate::RedisStore::builder()
+                    .url(url.as_str())
+                    .leases(true)
+                    .timeout(Duration::from_secs(2))
+                    .build()?;
+                let limiter = tollgate::RateLimiter::new(
+                    store.clone(),
+                    tollgate::Policy::new("leased", [tollgate_quota()])?,
+                );
+                let layer = tollgate::layer::RateLimitLayer::new(
+                    store,
+                    tollgate::Policy::new("leased-layer", [tollgate_quota()])?,
+                )
+                .key(tollgate::key::Header::new(KEY_HEADER)?.verbatim())
+                .headers(tollgate::layer::HeaderStyle::None)
+                .axum_body()
+                .layer(bare());
+                Ok::<_, BoxError>((limiter, layer))
+            })?),
+            None => None,
+        };
+        let mut rows: Vec<(&str, Vec<f64>)> = [
+            "engine governor",
+            "engine tollgate",
+            "bare service",
+            "layer governor",
+            "layer tollgate",
+            "layer governor, headers",
+            "layer tollgate, headers",
+            "engine governor, 2 threads",
+            "engine tollgate, 2 threads",
+            "engine tollgate, Redis",
+            "layer tollgate, Redis",
+        ]
+        .into_iter()
+        .map(|n| (n, Vec::new()))
+        .collect();
+        let mut leased = leased;
+        // A first pass (two) over every key: leases taken.
+        if let Some((limiter, layer)) = leased.as_mut() {
+            rt.block_on(async {
+                for _ in 0..2 {
+                    for key in &keys {
+                        assert!(limiter.check(key, 1).await.expect("decision").allowed());
+                    }
+                    drive(layer, &keys, k).await;
+                }
+            });
+        }
+        for _ in 0..rounds {
+            rows[0].1.push(per_op(ops, |i| {
+                assert!(gov.check_key(&keys[i % k]).is_ok());
+            }));
+            rows[1].1.push(rt.block_on(async {
+                let start = Instant::now();
+                for i in 0..ops {
+                    let d = toll.check(&keys[i % k], 1).await.expect("decision");
+                    assert!(d.allowed());
+                }
+                start.elapsed().as_nanos() as f64 / ops as f64
+            }));
+            let (b, g, t, gh, th) = rt.block_on(async {
+                let b = drive(&mut plain, &keys, ops).await;
+                let g = drive(&mut gov_layer, &keys, ops).await;
+                let t = drive(&mut toll_layer, &keys, ops).await;
+                let gh = drive(&mut gov_headers, &keys, ops).await;
+                let th = drive(&mut toll_headers, &keys, ops).await;
+                (b, g, t, gh, th)
+            });
+            rows[2].1.push(b);
+            // The layers' own cost: less the bare service of the same round.
+            rows[3].1.push(g - b);
+            rows[4].1.push(t - b);
+            rows[5].1.push(gh - b);
+            rows[6].1.push(th - b);
+            rows[7].1.push(two_threads(ops, k, |i| {
+                assert!(gov.check_key(&keys[i]).is_ok());
+            }));
+            rows[8].1.push(two_threads_async(ops, k, &toll, &keys));
+            if let Some((limiter, layer)) = leased.as_mut() {
+                // A tenth of the decisions: a check that goes to Redis takes
+                // tens of microseconds.
+                let ops = (ops / 10).max(1);
+                let (e, l) = rt.block_on(async {
+                    let start = Instant::now();
+                    for i in 0..ops {
+                        let d = limiter.check(&keys[i % k], 1).await.expect("decision");
+                        assert!(d.allowed());
+                    }
+                    let e = start.elapsed().as_nanos() as f64 / ops as f64;
+                    (e, drive(layer, &keys, ops).await - b)
+                });
+                rows[9].1.push(e);
+                rows[10].1.push(l);
+            }
+        }
+        rows.retain(|(_, v)| !v.is_empty());
+        let m: Vec<f64> = rows.iter().map(|(_, v)| median(v.clone())).collect();
+        println!("\n{k} keys");
+        for ((name, _), v) in rows.iter().zip(&m) {
+            println!("  {name:<26} {v:>8.0}");
+        }
+        println!(
+            "  ratio engine tollgate / governor          {:.2}x",
+            m[1] / m[0]
+        );
+        println!(
+            "  ratio layer tollgate / governor           {:.2}x",
+            m[4] / m[3]
+        );
+        println!(
+            "  ratio layer tollgate / governor, headers  {:.2}x",
+            m[6] / m[5]
+        );
+        println!(
+            "  ratio engine tollgate / governor, 2 threads {:.2}x",
+            m[8] / m[7]
+        );
+        if m.len() > 10 {
+            println!(
+                "  ratio engine Redis leases / memory        {:.2}x",
+                m[9] / m[1]
+            );
+            println!(
+                "  ratio layer Redis leases / memory         {:.2}x",
+                m[10] / m[4]
+            );
+        }
+    }
+    if let Some(&k) = counts.iter().max() {
+        let exe = std::env::current_exe()?;
+        let mut bytes = Vec::new();
+        for which in ["governor", "tollgate"] {
+            let out = std::process::Command::new(&exe)
+                .args(["bytes", which, &k.to_string()])
+                .output()?;
+            let text = String::from_utf8(out.stdout)?;
+            bytes.push(text.trim().parse::<f64>()?);
+        }
+        println!("\nresident bytes a key, {k} keys (fresh processes)");
+        println!("  governor {:>8.0}\n  tollgate {:>8.0}", bytes[0], bytes[1]);
+        println!("  ratio tollgate / governor {:.2}x", bytes[1] / bytes[0]);
+    }
+    Ok(())
+}
+
+/// Two threads deciding `ops` in all, thread `t` on the keys `i` with
+/// `i % 2 == t` (of `k`; both on key 0 when there is one): nanoseconds of
+/// wall time a decision.
+fn two_threads(ops: usize, k: usize, f: impl Fn(usize) + Sync) -> f64 {
+    let start = Instant::now();
+    std::thread::scope(|scope| {
+        for t in 0..2 {
+            let f = &f;
+            scope.spawn(move || {
+                for i in 0..ops / 2 {
+                    f(if k == 1 { 0 } else { (2 * i + t) % k });
+                }
+            });
+        }
+    });
+    start.elapsed().as_nanos() as f64 / ops as f64
+}
+
+/// [`two_threads`] for tollgate's engine: each thread runs its checks in one
+/// `block_on` of its own runtime.
+fn two_threads_async(ops: usize, k: usize, toll: &tollgate::RateLimiter, keys: &[String]) -> f64 {
+    let start = Instant::now();
+    std::thread::scope(|scope| {
+        for t in 0..2 {
+            scope.spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .build()
+                    .expect("runtime");
+                rt.block_on(async {
+                    for i in 0..ops / 2 {
+                        let key = &keys[if k == 1 { 0 } else { (2 * i + t) % k }];
+                        assert!(toll.check(key, 1).await.expect("decision").allowed());
+                    }
+                });
+            });
+        }
+    });
+    start.elapsed().as_nanos() as f64 / ops as f64
+}
+
+/// Resident bytes (`/proc/self/statm`).
+fn resident() -> Result<f64, BoxError> {
+    let statm = std::fs::read_to_string("/proc/self/statm")?;
+    let pages: f64 = statm.split_whitespace().nth(1).ok_or("statm")?.parse()?;
+    Ok(pages * 4096.0)
+}
+
+/// Prints the resident bytes a key that `which` takes for `k` keys.
+fn bytes_mode(which: &str, k: usize) -> Result<(), BoxError> {
+    let keys = keys(k);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let before = resident()?;
+    let after = match which {
+        "governor" => {
+            let gov = governor::RateLimiter::keyed(governor_quota());
+            for key in &keys {
+                let _ = gov.check_key(key);
+            }
+            let after = resident()?;
+            std::hint::black_box(&gov);
+            after
+        }
+        _ => {
+            let toll = tollgate::RateLimiter::new(store(k)?, tollgate_quota());
+            rt.block_on(async {
+                for key in &keys {
+                    let _ = toll.check(key, 1).await;
+                }
+            });
+            let after = resident()?;
+            std::hint::black_box(&toll);
+            after
+        }
+    };
+    println!("{}", (after - before) / k as f64);
+    Ok(())
+}
