@@ -332,8 +332,12 @@ fn scale_policy(policy: &Policy, instances: u32, floor: u64) -> Policy {
     let mut quotas: Vec<Quota> = Vec::with_capacity(policy.quotas().len());
     for q in policy.quotas() {
         let scaled = scale(*q, instances, floor);
-        if !quotas.iter().any(|q| q.same_bucket(&scaled)) {
-            quotas.push(scaled);
+        // Shares that coincide are one bucket: kept once, with the longest
+        // of their lock-outs.
+        match quotas.iter_mut().find(|q| q.same_bucket(&scaled)) {
+            Some(kept) if scaled.lockout_time() > kept.lockout_time() => *kept = scaled,
+            Some(_) => {}
+            None => quotas.push(scaled),
         }
     }
     // Distinct scaled quotas and a checked name: this cannot fail. If it ever
@@ -418,11 +422,25 @@ mod tests {
         assert_eq!(s.period(), Duration::from_secs(4));
         // 25 a second: 13 tokens refill in 0.52 s.
         assert_eq!(s.refill_time(), Duration::from_millis(520));
-        // A lock-out stays the quota's, on the share.
+        // A lock-out stays the quota's, on the share; shares that coincide
+        // (one bucket) keep the longest lock-out of theirs.
         let locked = q.lockout(Duration::from_secs(60)).unwrap();
         let s = scale(locked, 4, 1);
         assert_eq!(s.lockout_time(), Some(Duration::from_secs(60)));
         assert_eq!(s.capacity(), 13);
+        let plain = Quota::per_second(10).unwrap().burst(20).unwrap();
+        let other = Quota::per_second(10)
+            .unwrap()
+            .burst(21)
+            .unwrap()
+            .lockout(Duration::from_secs(60))
+            .unwrap();
+        let shared = scale_policy(&Policy::new("p", [plain, other]).unwrap(), 100, 1);
+        assert_eq!(shared.quotas().len(), 1, "{shared:?}");
+        assert_eq!(
+            shared.quotas()[0].lockout_time(),
+            Some(Duration::from_secs(60))
+        );
         // A yearly quota cannot take a longer period: fewer tokens instead.
         let yearly = Quota::new(10, MAX_PERIOD).unwrap();
         let s = scale(yearly, 3, 1);

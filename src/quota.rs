@@ -209,8 +209,9 @@ impl Quota {
     ///
     /// A refusal during a lock-out does not extend it: its end is fixed by
     /// the refusal that began it. `Retry-After`, the `RateLimit` headers and
-    /// gRPC's `RetryInfo` tell its end, and the deny cache keeps refusing
-    /// until then without asking the store. The lock-out is part of the
+    /// gRPC's `RetryInfo` tell its end. (A deny cache does not answer for a
+    /// locked-out key: whether a refusal after the end locks again depends on
+    /// what a decision does not tell, so every check of it asks the store.) The lock-out is part of the
     /// bucket (stamped with the lock-out's end, it refills nothing before
     /// it), so in Redis every instance sharing the key sees it at once; a policy with a lock-out quota takes
     /// no leases (a hold's tokens would stay spendable by its holder), and

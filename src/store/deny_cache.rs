@@ -75,7 +75,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::decision::{Decision, QuotaState, States};
-use crate::quota::micros;
+use crate::quota::{Quota, micros};
 
 /// Default number of denials a store keeps.
 pub const DEFAULT_DENY_CACHE: usize = 10_000;
@@ -228,8 +228,10 @@ impl DenyCache {
     /// The denial of `cost` on these buckets, if one is cached and still holds:
     /// the cached decision (for a larger cost than the cached one, with its
     /// waits made longer, see `for_larger_cost`) with its waits counted down
-    /// to now.
-    pub(crate) fn lookup(&self, keys: &[String], cost: u64) -> Option<Decision> {
+    /// to now. Only a decision made for `quotas` themselves: the buckets of
+    /// quotas that differ only in their lock-outs have the same keys, and a
+    /// denial under one lock-out is not the store's answer under another.
+    pub(crate) fn lookup(&self, keys: &[String], quotas: &[Quota], cost: u64) -> Option<Decision> {
         let now = Instant::now();
         if micros(now.saturating_duration_since(self.base)) >= self.latest.load(Ordering::Relaxed) {
             return None;
@@ -237,7 +239,14 @@ impl DenyCache {
         let hash = self.hash(keys);
         let mut shard = self.shard(hash);
         let entry = shard.entries.get(&hash)?;
-        if *entry.keys != *keys {
+        if *entry.keys != *keys
+            || !entry
+                .decision
+                .states()
+                .iter()
+                .map(QuotaState::quota)
+                .eq(quotas.iter())
+        {
             return None;
         }
         // Read again under the lock: this entry may have been cached after
@@ -421,11 +430,14 @@ fn for_larger_cost(decision: &Decision, extra: u64, cost: u64) -> Option<Decisio
     }
 }
 
-/// How long the store would deny as `decision` did: its wait, but for a
-/// bucket of a quota with a lock-out that refused without locking out (its
-/// wait is longer than the lock-out, see `spent` in `bucket.rs`), only until
-/// its wait is down to the lock-out: a check the store refuses from then on
-/// locks the key out, which a denial answered here would not.
+/// How long the store would deny as `decision` did, as far as the decision
+/// tells: its wait, but for a bucket of a quota with a lock-out that refused
+/// without locking out (its wait is longer than the lock-out, see `spent` in
+/// `bucket.rs`), only until its wait is down to the lock-out, when a check the
+/// store refuses locks the key out. A bucket of such a quota that waits no
+/// longer than the lock-out is locked out until a time the decision does not
+/// tell (its wait may include a shortfall to refill after the end, when a
+/// refusal locks again): such a denial is not kept at all.
 fn exact_for(decision: &Decision) -> Duration {
     decision
         .states()
@@ -433,6 +445,7 @@ fn exact_for(decision: &Decision) -> Duration {
         .fold(decision.retry_after(), |wait, s| {
             match s.quota().lockout_time() {
                 Some(lockout) if s.retry_after() > lockout => wait.min(s.retry_after() - lockout),
+                Some(_) if !s.retry_after().is_zero() => Duration::ZERO,
                 _ => wait,
             }
         })
@@ -473,7 +486,6 @@ fn counted_down(decision: &Decision, elapsed: Duration) -> Decision {
 mod tests {
     use super::*;
     use crate::policy::Policy;
-    use crate::quota::Quota;
     use crate::store::MemoryStore;
     fn denied(policy: &Policy) -> Decision {
         let store = MemoryStore::new();
@@ -492,42 +504,47 @@ mod tests {
         let keys = vec!["a".to_owned()];
         let before = Instant::now();
         cache.insert(keys.clone(), 1, &denied(&policy), before);
-        assert!(cache.lookup(&keys, 1).is_some());
+        assert!(cache.lookup(&keys, policy.quotas(), 1).is_some());
         tokio::time::advance(Duration::from_millis(1)).await;
         cache.fence(&keys);
-        assert!(cache.lookup(&keys, 1).is_none(), "the reset forgot it");
+        assert!(
+            cache.lookup(&keys, policy.quotas(), 1).is_none(),
+            "the reset forgot it"
+        );
         cache.insert(keys.clone(), 1, &denied(&policy), before);
         assert!(
-            cache.lookup(&keys, 1).is_none(),
+            cache.lookup(&keys, policy.quotas(), 1).is_none(),
             "a late answer of the old bucket"
         );
         // Other keys are not fenced; checks sent after the reset are cached.
         let other = vec!["b".to_owned()];
         cache.insert(other.clone(), 1, &denied(&policy), before);
-        assert!(cache.lookup(&other, 1).is_some());
+        assert!(cache.lookup(&other, policy.quotas(), 1).is_some());
         tokio::time::advance(Duration::from_millis(1)).await;
         cache.insert(keys.clone(), 1, &denied(&policy), Instant::now());
-        assert!(cache.lookup(&keys, 1).is_some());
+        assert!(cache.lookup(&keys, policy.quotas(), 1).is_some());
         // Another policy's denial on a reset bucket (with one of its own):
         // forgotten, and fenced off, too.
         let shared = vec!["a".to_owned(), "c".to_owned()];
         let sent = Instant::now();
         cache.insert(shared.clone(), 1, &denied(&policy), sent);
-        assert!(cache.lookup(&shared, 1).is_some());
+        assert!(cache.lookup(&shared, policy.quotas(), 1).is_some());
         tokio::time::advance(Duration::from_millis(1)).await;
         cache.fence(&keys);
         assert!(
-            cache.lookup(&shared, 1).is_none(),
+            cache.lookup(&shared, policy.quotas(), 1).is_none(),
             "a reset bucket's denial stayed"
         );
         cache.insert(shared.clone(), 1, &denied(&policy), sent);
-        assert!(cache.lookup(&shared, 1).is_none());
+        assert!(cache.lookup(&shared, policy.quotas(), 1).is_none());
     }
 
-    /// A lock-out's denial is cached until its end, with nothing
-    /// remaining; a refusal by a lock-out quota that did not lock (its wait
-    /// longer than the lock-out) only until its wait is down to the
-    /// lock-out, when the store would lock the key out.
+    /// A lock-out's denial is not cached: its end, and whether a refusal
+    /// after it locks again, depend on what the decision does not tell. A
+    /// refusal by a lock-out quota that did not lock (its wait longer than
+    /// the lock-out) is cached only until its wait is down to the lock-out,
+    /// when the store would lock the key out. And a denial answers only
+    /// checks of the quotas it was made for, lock-outs included.
     #[tokio::test(start_paused = true)]
     async fn lockout_denials_are_cached_only_while_the_store_would_answer_alike() {
         let cache = DenyCache::new(100);
@@ -537,10 +554,7 @@ mod tests {
         let d = denied(&locked);
         assert_eq!(d.retry_after(), Duration::from_secs(900));
         cache.insert(keys.clone(), 1, &d, Instant::now());
-        tokio::time::advance(Duration::from_secs(800)).await;
-        let cached = cache.lookup(&keys, 1).expect("cached until the end");
-        assert_eq!(cached.remaining(), 0);
-        assert_eq!(cached.retry_after(), Duration::from_secs(100));
+        assert!(cache.lookup(&keys, locked.quotas(), 1).is_none());
         // 2 minutes out, a token every 3: the refusal waits 3 minutes and
         // does not lock; from 1 minute on, a refusal would.
         let short = Policy::from("5/15min lockout 2min".parse::<Quota>().unwrap());
@@ -549,12 +563,21 @@ mod tests {
         let keys = vec!["b".to_owned()];
         cache.insert(keys.clone(), 1, &d, Instant::now());
         tokio::time::advance(Duration::from_secs(50)).await;
-        assert!(cache.lookup(&keys, 1).is_some());
+        let cached = cache.lookup(&keys, short.quotas(), 1).expect("cached");
+        assert_eq!(cached.remaining(), 0);
+        assert_eq!(cached.retry_after(), Duration::from_secs(130));
         tokio::time::advance(Duration::from_secs(10)).await;
         assert!(
-            cache.lookup(&keys, 1).is_none(),
+            cache.lookup(&keys, short.quotas(), 1).is_none(),
             "cached past the lock's start"
         );
+        // A plain quota's denial does not answer the same buckets' checks
+        // under a lock-out (the store would lock), nor the other way round.
+        let plain = Policy::from("5/15min".parse::<Quota>().unwrap());
+        let keys = vec!["c".to_owned()];
+        cache.insert(keys.clone(), 1, &denied(&plain), Instant::now());
+        assert!(cache.lookup(&keys, plain.quotas(), 1).is_some());
+        assert!(cache.lookup(&keys, locked.quotas(), 1).is_none());
     }
 
     #[tokio::test(start_paused = true)]
@@ -564,24 +587,40 @@ mod tests {
         let cache = DenyCache::new(100);
         let keys = vec!["a".to_owned()];
         cache.insert(keys.clone(), 1, &denied(&policy), Instant::now());
-        let d = cache.lookup(&keys, 1).unwrap();
+        let d = cache.lookup(&keys, policy.quotas(), 1).unwrap();
         assert_eq!(d.retry_after(), Duration::from_secs(1));
         // A larger cost is denied too, and told the wait for its tokens.
-        let d = cache.lookup(&keys, 2).unwrap();
+        let d = cache.lookup(&keys, policy.quotas(), 2).unwrap();
         assert_eq!(d.retry_after(), Duration::from_secs(2));
-        assert!(cache.lookup(&keys, 0).is_none(), "a peek asks the store");
-        assert!(cache.lookup(&["b".to_owned()], 1).is_none());
+        assert!(
+            cache.lookup(&keys, policy.quotas(), 0).is_none(),
+            "a peek asks the store"
+        );
+        assert!(
+            cache
+                .lookup(&["b".to_owned()], policy.quotas(), 1)
+                .is_none()
+        );
         tokio::time::advance(Duration::from_millis(600)).await;
-        let d = cache.lookup(&keys, 1).unwrap();
+        let d = cache.lookup(&keys, policy.quotas(), 1).unwrap();
         assert_eq!(d.retry_after(), Duration::from_millis(400));
         assert_eq!(d.reset_after(), Duration::from_millis(1_400));
         assert_eq!(
-            cache.lookup(&keys, 2).unwrap().retry_after(),
+            cache
+                .lookup(&keys, policy.quotas(), 2)
+                .unwrap()
+                .retry_after(),
             Duration::from_millis(1_400)
         );
         tokio::time::advance(Duration::from_millis(400)).await;
-        assert!(cache.lookup(&keys, 1).is_none(), "due: ask the store");
-        assert!(cache.lookup(&keys, 2).is_none(), "ask the store");
+        assert!(
+            cache.lookup(&keys, policy.quotas(), 1).is_none(),
+            "due: ask the store"
+        );
+        assert!(
+            cache.lookup(&keys, policy.quotas(), 2).is_none(),
+            "ask the store"
+        );
     }
 
     /// The store's wait, less the drift allowed for: when the cache stops
@@ -603,21 +642,27 @@ mod tests {
         tokio::time::advance(Duration::from_millis(100)).await;
         cache.insert(keys.clone(), 1, &denied(&policy), sent);
         assert_eq!(
-            cache.lookup(&keys, 1).unwrap().retry_after(),
+            cache
+                .lookup(&keys, policy.quotas(), 1)
+                .unwrap()
+                .retry_after(),
             Duration::from_secs(1)
         );
         assert_eq!(
-            cache.lookup(&keys, 2).unwrap().retry_after(),
+            cache
+                .lookup(&keys, policy.quotas(), 2)
+                .unwrap()
+                .retry_after(),
             Duration::from_secs(2)
         );
-        let d = cache.lookup(&keys, 1).unwrap();
+        let d = cache.lookup(&keys, policy.quotas(), 1).unwrap();
         assert_eq!(d.reset_after(), Duration::from_secs(2));
         tokio::time::advance(deadline(Duration::from_secs(1)) - Duration::from_millis(101)).await;
         // 998 ms after the check, 898 ms after the answer.
-        let d = cache.lookup(&keys, 1).unwrap();
+        let d = cache.lookup(&keys, policy.quotas(), 1).unwrap();
         assert_eq!(d.retry_after(), Duration::from_millis(102));
         tokio::time::advance(Duration::from_millis(1)).await;
-        assert!(cache.lookup(&keys, 1).is_none());
+        assert!(cache.lookup(&keys, policy.quotas(), 1).is_none());
     }
 
     #[tokio::test(start_paused = true)]
@@ -630,14 +675,14 @@ mod tests {
         cache.insert(keys.clone(), 1, &denied(&policy), Instant::now());
         assert_eq!(deadline(Duration::from_secs(1)), Duration::from_millis(999));
         tokio::time::advance(Duration::from_micros(998_999)).await;
-        assert!(cache.lookup(&keys, 1).is_some());
-        assert!(cache.lookup(&keys, 2).is_some());
+        assert!(cache.lookup(&keys, policy.quotas(), 1).is_some());
+        assert!(cache.lookup(&keys, policy.quotas(), 2).is_some());
         tokio::time::advance(Duration::from_micros(1)).await;
         assert!(
-            cache.lookup(&keys, 1).is_none(),
+            cache.lookup(&keys, policy.quotas(), 1).is_none(),
             "a fast store clock admits now"
         );
-        assert!(cache.lookup(&keys, 2).is_none());
+        assert!(cache.lookup(&keys, policy.quotas(), 2).is_none());
     }
 
     /// `policy`'s buckets after `spent`, then the denial of `cost`, and the
@@ -690,7 +735,10 @@ mod tests {
                     let keys = vec![format!("{quota:?}")];
                     cache.insert(keys.clone(), cost, &denial, Instant::now());
                     for (c, truth) in larger.iter().zip(&truths) {
-                        let told = cache.lookup(&keys, *c).unwrap().retry_after();
+                        let told = cache
+                            .lookup(&keys, policy.quotas(), *c)
+                            .unwrap()
+                            .retry_after();
                         let exact = truth.retry_after();
                         assert!(
                             exact <= told && told <= exact + Duration::from_micros(1),
@@ -715,18 +763,24 @@ mod tests {
         let keys = vec!["a".to_owned(), "b".to_owned()];
         cache.insert(keys.clone(), 1, &denial, Instant::now());
         assert_eq!(
-            cache.lookup(&keys, 1).unwrap().retry_after(),
+            cache
+                .lookup(&keys, policy.quotas(), 1)
+                .unwrap()
+                .retry_after(),
             Duration::from_secs(1)
         );
         // B lacks 2 for 15 minutes, which nothing cached tells: the store
         // answers, not A's 2 s.
         assert_eq!(truths[0].retry_after(), Duration::from_secs(900));
-        assert!(cache.lookup(&keys, 2).is_none());
+        assert!(cache.lookup(&keys, policy.quotas(), 2).is_none());
         // With B holding 3, a check of 2 waits for A alone, 2 s.
         let policy = Policy::new("ab", [a, Quota::per_hour(6).unwrap()]).unwrap();
         let (denial, truths) = denial_and_truths(&policy, 3, 1, &[2]);
         cache.insert(keys.clone(), 1, &denial, Instant::now());
-        let told = cache.lookup(&keys, 2).unwrap().retry_after();
+        let told = cache
+            .lookup(&keys, policy.quotas(), 2)
+            .unwrap()
+            .retry_after();
         assert_eq!(told, truths[0].retry_after());
         assert_eq!(told, Duration::from_secs(2));
     }
@@ -737,25 +791,25 @@ mod tests {
         let cache = DenyCache::new(100);
         let (a, b) = (vec!["a".to_owned()], vec!["b".to_owned()]);
         // Nothing cached yet: nothing to find.
-        assert!(cache.lookup(&a, 1).is_none());
+        assert!(cache.lookup(&a, policy.quotas(), 1).is_none());
         cache.insert(a.clone(), 1, &denied(&policy), Instant::now());
         tokio::time::advance(Duration::from_millis(500)).await;
         cache.insert(b.clone(), 1, &denied(&policy), Instant::now());
         // At 1 s, a is due and b is not: the cache is read, and a's expired
         // entry dropped.
         tokio::time::advance(Duration::from_millis(500)).await;
-        assert!(cache.lookup(&a, 1).is_none());
+        assert!(cache.lookup(&a, policy.quotas(), 1).is_none());
         assert_eq!(cache.len(), 1);
-        assert!(cache.lookup(&b, 1).is_some());
+        assert!(cache.lookup(&b, policy.quotas(), 1).is_some());
         // One microsecond short of b's deadline (its 1 s wait less the drift
         // allowed for) b still holds; at it, every denial has expired and
         // lookups no longer read the shards (b's entry stays until an insert
         // needs the room).
         let left = deadline(Duration::from_secs(1)) - Duration::from_millis(500);
         tokio::time::advance(left - Duration::from_micros(1)).await;
-        assert!(cache.lookup(&b, 1).is_some());
+        assert!(cache.lookup(&b, policy.quotas(), 1).is_some());
         tokio::time::advance(Duration::from_micros(1)).await;
-        assert!(cache.lookup(&b, 1).is_none());
+        assert!(cache.lookup(&b, policy.quotas(), 1).is_none());
         assert_eq!(cache.len(), 1);
     }
 
@@ -771,8 +825,8 @@ mod tests {
         cache.insert(a.clone(), 2, &denied(&policy), Instant::now());
         cache.insert(b.clone(), 2, &denied(&policy), Instant::now());
         cache.spent(&a);
-        assert!(cache.lookup(&a, 2).is_none());
-        assert!(cache.lookup(&b, 2).is_some());
+        assert!(cache.lookup(&a, policy.quotas(), 2).is_none());
+        assert!(cache.lookup(&b, policy.quotas(), 2).is_some());
     }
 
     #[tokio::test(start_paused = true)]
@@ -786,10 +840,18 @@ mod tests {
         assert!(cache.len() <= SHARDS, "{}", cache.len());
         tokio::time::advance(Duration::from_secs(2)).await;
         cache.insert(vec!["late".to_owned()], 1, &d, Instant::now());
-        assert!(cache.lookup(&["late".to_owned()], 1).is_some());
+        assert!(
+            cache
+                .lookup(&["late".to_owned()], policy.quotas(), 1)
+                .is_some()
+        );
         let held = cache.len();
         cache.forget(&["late".to_owned()]);
-        assert!(cache.lookup(&["late".to_owned()], 1).is_none());
+        assert!(
+            cache
+                .lookup(&["late".to_owned()], policy.quotas(), 1)
+                .is_none()
+        );
         assert_eq!(cache.len(), held - 1);
     }
 }

@@ -322,7 +322,7 @@ impl RedisStore {
             return Ok((decision, 0));
         }
         let keys = self.keys_of(key, policy);
-        if cacheable && let Some(decision) = self.cached_denial(&keys, cost) {
+        if cacheable && let Some(decision) = self.cached_denial(&keys, policy, cost) {
             return Ok((decision, 0));
         }
         self.send(keys, policy, Spend::Take { cost, max_wait_us }, clock)
@@ -381,9 +381,14 @@ impl RedisStore {
             .collect()
     }
 
-    /// A denial of `cost` the deny cache still holds for `keys`.
-    fn cached_denial(&self, keys: &[String], cost: u64) -> Option<Decision> {
-        let decision = self.inner.denials.as_ref()?.lookup(keys, cost)?;
+    /// A denial of `cost` the deny cache still holds for `keys`, made for
+    /// `policy`'s quotas.
+    fn cached_denial(&self, keys: &[String], policy: &Policy, cost: u64) -> Option<Decision> {
+        let decision = self
+            .inner
+            .denials
+            .as_ref()?
+            .lookup(keys, policy.quotas(), cost)?;
         observe::deny_cache_hit(STORE);
         Some(decision)
     }
@@ -405,7 +410,7 @@ impl RedisStore {
         }
         let keys = self.keys_of(key, policy);
         if cost > 0
-            && let Some(decision) = self.cached_denial(&keys, cost)
+            && let Some(decision) = self.cached_denial(&keys, policy, cost)
         {
             return Ok(Ok(decision));
         }
