@@ -286,5 +286,62 @@ async fn a_changed_lockout_keeps_the_lockout_under_way_in_memory() {
 #[tokio::test]
 async fn a_changed_lockout_keeps_the_lockout_under_way_on_redis() {
     let server = RedisServer::start();
-    a_changed_lockout_keeps_the_lockout_under_way(server.store().into()).await;
+    let store = server.store();
+    a_changed_lockout_keeps_the_lockout_under_way(store.clone().into()).await;
+    // Read without a check (`read_buckets`, `tollgate peek`): the locked
+    // bucket holds the refused token, but shows nothing remaining, and full
+    // only after the end.
+    let quota: Quota = "5/15min".parse().unwrap();
+    let key = store.bucket_key("swap:dave", &quota);
+    let states = store
+        .read_buckets(std::slice::from_ref(&key))
+        .await
+        .unwrap();
+    let state = states[0].as_ref().expect("the bucket");
+    assert_eq!(state.remaining(), 0);
+    assert!(state.reset_after() > Duration::from_secs(900), "{state:?}");
+}
+
+/// For two seconds after a loss of Redis data ("learning"), every bucket
+/// read carries a stand-in hold of half its capacity, standing in for holds
+/// the loss took: a refusal then may be the stand-in's, and does not lock
+/// the key out.
+#[tokio::test]
+async fn a_refusal_while_learning_after_a_loss_of_data_does_not_lock() {
+    use tollgate::Store;
+
+    let server = RedisServer::start();
+    // Leases on, as in production: a hold granted gives the server an epoch.
+    let store = RedisStore::builder()
+        .pool(server.pool())
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let leasable = Policy::from(Quota::new(200, Duration::from_secs(10)).unwrap());
+    let started = Instant::now();
+    while store.lease_stats().outstanding == 0 {
+        let _ = store.check("warm", &leasable, 1).await;
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "no hold granted"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let _: String = server.cmd(&["FLUSHALL"]);
+    // 4 an hour (a token every 15 minutes), an hour locked out. Learning,
+    // the stand-in holds 2 of the 4: two checks are admitted, the third is
+    // refused by the stand-in, and waits for a token's refill (15 minutes),
+    // not for a lock-out (an hour).
+    let guard = Policy::new("guard", ["4/h lockout 1h".parse::<Quota>().unwrap()]).unwrap();
+    for i in 0..2 {
+        assert!(
+            store.check("erin", &guard, 1).await.unwrap().allowed(),
+            "check {i}"
+        );
+    }
+    let refused = store.check("erin", &guard, 1).await.unwrap();
+    assert!(!refused.allowed());
+    // (Counted from the admissions' stamp, a moment earlier.)
+    let wait = refused.retry_after();
+    assert!(wait <= Duration::from_secs(900), "locked out: {wait:?}");
 }
