@@ -159,6 +159,30 @@ fn is_word(token: Option<&Token<'_>>, word: &str) -> bool {
     matches!(token, Some(Token::Word(w)) if w.eq_ignore_ascii_case(word))
 }
 
+/// A time written `[<count>] <unit>` (the period, the lock-out), in
+/// microseconds; `what` names it in the error of one past `u64`.
+fn span<'a>(
+    at: &mut std::iter::Peekable<std::slice::Iter<'a, Token<'a>>>,
+    what: &str,
+) -> Result<u64, ConfigError> {
+    let count = match at.peek() {
+        Some(Token::Number(c)) => {
+            at.next();
+            number(c)?
+        }
+        _ => 1,
+    };
+    let Some(Token::Word(u)) = at.next() else {
+        return Err(ConfigError::quota(EXPECTED));
+    };
+    count.checked_mul(unit(u)?).ok_or_else(|| {
+        ConfigError::quota(format!(
+            "{what} {count}{u} is longer than {:?}",
+            super::MAX_PERIOD
+        ))
+    })
+}
+
 fn parse(text: &str) -> Result<Quota, ConfigError> {
     let tokens = tokens(text)?;
     let mut at = tokens.iter().peekable();
@@ -172,22 +196,7 @@ fn parse(text: &str) -> Result<Quota, ConfigError> {
         Some(Token::Word(_)) if per_word => {}
         _ => return Err(expected()),
     }
-    let count = match at.peek() {
-        Some(Token::Number(c)) => {
-            at.next();
-            number(c)?
-        }
-        _ => 1,
-    };
-    let Some(Token::Word(u)) = at.next() else {
-        return Err(expected());
-    };
-    let period_us = count.checked_mul(unit(u)?).ok_or_else(|| {
-        ConfigError::quota(format!(
-            "period {count}{u} is longer than {:?}",
-            super::MAX_PERIOD
-        ))
-    })?;
+    let period_us = span(&mut at, "period")?;
     let quota = Quota::new(number(n)?, Duration::from_micros(period_us))?;
     if at.peek() == Some(&&Token::Comma) {
         at.next();
@@ -205,22 +214,7 @@ fn parse(text: &str) -> Result<Quota, ConfigError> {
     }
     if is_word(at.peek().copied(), "lockout") {
         at.next();
-        let count = match at.peek() {
-            Some(Token::Number(c)) => {
-                at.next();
-                number(c)?
-            }
-            _ => 1,
-        };
-        let Some(Token::Word(u)) = at.next() else {
-            return Err(expected());
-        };
-        let lockout_us = count.checked_mul(unit(u)?).ok_or_else(|| {
-            ConfigError::quota(format!(
-                "lock-out {count}{u} is longer than {:?}",
-                super::MAX_PERIOD
-            ))
-        })?;
+        let lockout_us = span(&mut at, "lock-out")?;
         quota = quota.lockout(Duration::from_micros(lockout_us))?;
     }
     match at.next() {
