@@ -92,12 +92,12 @@ async fn main() -> Result<(), Box<dyn Error>> {
         send(&client, &base, method, path).await?;
     }
 
-    // A reload: the same file with logins at 6 a minute. Only the changed
-    // quota starts fresh buckets; the others keep theirs.
+    // A reload: the same file with logins at 6 a minute. The changed quota
+    // carries each bucket over by the share spent; the others keep theirs.
     let reloaded = read(&text.replace("\"3/min\"", "\"6/min\""))?;
     table.swap(reloaded);
     println!(
-        "\n-- reloaded: login is 6/min now (a fresh bucket: the old one's spending is forgotten)"
+        "\n-- reloaded: login is 6/min now (the bucket carried over: 3 of 3 spent is 6 of 6 spent, no free burst)"
     );
     for _ in 0..3 {
         send(&client, &base, "POST", "/login").await?;

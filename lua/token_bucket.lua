@@ -45,9 +45,24 @@
 --
 -- Decisions are made in order, each seeing the buckets as the ones before it
 -- left them; a denied decision changes nothing. A bucket is stored as
--- "<level>:<stamp>" (integers; the level is negative while reserved tokens are
--- owed) with a TTL that lasts until it is full again, plus a margin of 1 ms, so
--- an idle client's key disappears exactly when forgetting it changes nothing.
+-- "<level>:<stamp>:<full>,<num>" (integers; the level is negative while
+-- reserved tokens are owed; full and num are those of the quota it was
+-- written under) with a TTL that lasts until it is full again, plus a margin
+-- of 1 ms, so an idle client's key disappears exactly when forgetting it
+-- changes nothing.
+--
+-- Changed quotas: the key of a named policy's bucket names its quota's
+-- period, not its figures (src/policy.rs, `carries`), so a quota changed to
+-- other figures over the same period (a reload, a deploy, instances of both
+-- during a rolling deploy) reads the buckets kept under the old ones. A bucket written under other figures is refilled
+-- under them up to now (so it is full when its key would have expired), its
+-- holds debited whole (their holders counted under the old figures), and
+-- carried into the quota's (`carry`): the same share of the capacity, so a
+-- client that had spent its burst has none of the new one. Every check
+-- (never a peek) writes a carried bucket back under its own figures,
+-- admitted or refused, so the old rate stops at the first; an adjustment
+-- carries it back and keeps it under its figures (see `adjust`). A value
+-- without figures (two fields) is taken as the quota's own.
 --
 -- Lock-outs: a decision that a bucket of a quota with a lock-out refuses
 -- (not one refused by the other quotas alone) locks that bucket out, unless
@@ -64,7 +79,7 @@
 --
 -- Leases: a bucket may carry holds, each "id,h,e" (h units of the level set
 -- aside for one instance until e, a microsecond of this clock), stored after
--- the stamp: "<level>:<stamp>:<id,h,e>;<id,h,e>". The level refills as ever,
+-- the figures: "<level>:<stamp>:<full>,<num>:<id,h,e>;<id,h,e>". The level refills as ever,
 -- capped at full with the holds inside it; a check may spend only what is
 -- not held (level - held). A lease spends its cost like a check and, if
 -- admitted, sets aside a hold of at most half of what is then left, and at
@@ -145,6 +160,44 @@ local MAX_REPORTED = 9007199254740992
 -- The most holds one bucket carries (leases of several instances, and an
 -- instance's next lease asked for before its current one runs out).
 local MAX_HOLDS = 16
+
+-- A level (units) of a bucket kept under a quota whose full bucket is
+-- `from` units, carried into one of `to` units (see "Changed quotas"): the
+-- same share of the capacity, rounded down to a unit. Exact (floor of
+-- level x n / d, n / d the ratio in lowest terms) while level x n is within
+-- 2^52 of zero; else the double arithmetic less two units, more than its
+-- rounding can add. As `Level::carried` in src/store/bucket.rs, number for
+-- number.
+local EXACT = 4503599627370496
+local function carry(level, from, to)
+  if from == to then
+    return level
+  end
+  if level > from then
+    level = from
+  end
+  local g, r = from, to
+  while r > 0 do
+    g, r = r, math.fmod(g, r)
+  end
+  local n, d = to / g, from / g
+  local p = level * n
+  local c
+  if p <= EXACT and p >= -EXACT then
+    c = floor(p / d)
+    if c * d > p then
+      c = c - 1
+    end
+  else
+    c = floor(level * n / d) - 2
+  end
+  if c > to then
+    c = to
+  elseif c < -EXACT then
+    c = -EXACT
+  end
+  return c
+end
 
 -- Integers (all below 2^53) are written with %d where a C long holds them
 -- (every 64-bit build: exact, and much cheaper than %.0f), else with %.0f.
@@ -260,6 +313,9 @@ if nd < 0 and not learning then
   -- tests/redis_store.rs (the_compact_form_decides_as_the_long_form) compares
   -- the two forms on random calls.
   local full, num, den = ARGV[3] + 0, ARGV[4] + 0, ARGV[5] + 0
+  -- A bucket is written with the quota's figures, "full,num" as they came.
+  local figures_1 = ARGV[3] .. "," .. ARGV[4]
+  local value_form = VALUE .. ":" .. figures_1
   -- Stored values and TTLs as text, by level (for buckets stamped now) and by
   -- TTL: under load most checks of a call leave their bucket at the same
   -- level with the same TTL, and formatting numbers is a large part of what
@@ -284,12 +340,16 @@ if nd < 0 and not learning then
     end
     local key = KEYS[i]
     -- stored_bucket
-    local level, stamp, leased = full, now, false
+    local level, stamp, general = full, now, false
     local stored = call("GET", key) -- tollgate:compact-get
     if stored then
       local sep = find(stored, ":", 1, true)
-      local l = sep and tonumber(sub(stored, 1, sep - 1))
-      local s = sep and tonumber(sub(stored, sep + 1))
+      local sep2 = sep and find(stored, ":", sep + 1, true)
+      local l, s
+      if sep and (not sep2 or sub(stored, sep2 + 1) == figures_1) then
+        l = tonumber(sub(stored, 1, sep - 1))
+        s = tonumber(sub(stored, sep + 1, sep2 and sep2 - 1))
+      end
       if l and s and l - l == 0 and s - s == 0 then
         level, stamp = l, s
         if level > full then
@@ -308,13 +368,14 @@ if nd < 0 and not learning then
           end
           stamp = now
         end
-      elseif sep and find(stored, ":", sep + 1, true) then
-        leased = true
+      elseif sep2 then
+        general = true
       end
     end
-    if leased then
-      -- A bucket with holds (leases): this check and the ones after it
-      -- go to the general steps.
+    if general then
+      -- A bucket with holds (leases), or kept under other figures (a
+      -- changed quota): this check and the ones after it go to the general
+      -- steps.
       rest = i
       break
     else
@@ -349,11 +410,11 @@ if nd < 0 and not learning then
         if at_now and stamp == now then
           value = at_now[level]
           if not value then
-            value = format(VALUE, level, stamp)
+            value = format(value_form, level, stamp)
             at_now[level] = value
           end
         else
-          value = format(VALUE, level, stamp)
+          value = format(value_form, level, stamp)
         end
         local px
         if ttls then
@@ -402,11 +463,13 @@ if rest <= (nd < 0 and -nd or nd) then
   -- no debt), and those are looked up instead of converted.
   local known = { ["0"] = 0, ["1"] = 1 }
 
-  -- Per quota: full (capacity x den), num, den, and the lock-out (0: none).
-  local fulls, nums, dens, locks = {}, {}, {}, {}
+  -- Per quota: full (capacity x den), num, den, the lock-out (0: none),
+  -- and "full,num" as written after a bucket's stamp (see "Changed quotas").
+  local fulls, nums, dens, locks, figures = {}, {}, {}, {}, {}
   local b = 3
   for q = 1, nq do
     fulls[q], nums[q], dens[q] = ARGV[b] + 0, ARGV[b + 1] + 0, ARGV[b + 2] + 0
+    figures[q] = ARGV[b] .. "," .. ARGV[b + 1]
     locks[q] = width == 4 and ARGV[b + 3] + 0 or 0
     b = b + width
   end
@@ -450,55 +513,116 @@ if rest <= (nd < 0 and -nd or nd) then
     return holds
   end
 
-  -- The bucket stored at key, refilled up to now: level, stamp, whether it
-  -- was stored (a missing or unreadable value is a full bucket) and its holds
-  -- (nil when it has none), every hold whose expiry has passed debited whole.
-  local function stored_bucket(key, full, num)
+  -- Refilled from stamp up to now, for a bucket whose full is `full`
+  -- units, refilling `num` a microsecond: the level and the stamp. A clock
+  -- behind the stamp (failover) refills nothing and keeps it.
+  local function refilled(level, stamp, full, num)
+    if level > full then
+      level = full
+    end
+    if now > stamp then
+      -- Compare before multiplying so the product stays below 2^53:
+      -- refilled to full once the gap covers ceil((full - level) / num).
+      local missing = full - level
+      local t = floor(missing / num)
+      if t * num < missing then
+        t = t + 1
+      end
+      if now - stamp >= t then
+        level = full
+      else
+        level = level + (now - stamp) * num
+      end
+      stamp = now
+    end
+    return level, stamp
+  end
+
+  -- The bucket stored at key, for quota q, refilled up to now: level,
+  -- stamp, whether it was stored (a missing or unreadable value is a full
+  -- bucket), its holds (nil when it has none), every hold whose expiry has
+  -- passed debited whole, and whether it was carried: kept under other
+  -- figures of q's period (a changed quota, see "Changed quotas"), it is
+  -- refilled under them, its holds debited whole, and carried into q's.
+  local function stored_bucket(key, q)
+    local full, num = fulls[q], nums[q]
     local stored = call("GET", key) -- tollgate:get
     if stored then
       local sep = find(stored, ":", 1, true)
       local level = sep and tonumber(sub(stored, 1, sep - 1))
       local sep2 = sep and find(stored, ":", sep + 1, true)
       local stamp = sep and tonumber(sub(stored, sep + 1, sep2 and sep2 - 1))
+      local sep3 = sep2 and find(stored, ":", sep2 + 1, true)
+      local kept = sep2 and sub(stored, sep2 + 1, sep3 and sep3 - 1)
+      local kept_full, kept_num
+      if kept and kept ~= figures[q] then
+        local comma = find(kept, ",", 1, true)
+        kept_full = comma and tonumber(sub(kept, 1, comma - 1))
+        kept_num = comma and tonumber(sub(kept, comma + 1))
+        if not (kept_full and kept_num and kept_full - kept_full == 0
+            and kept_num - kept_num == 0 and kept_full > 0 and kept_num > 0) then
+          level = nil
+        end
+      end
       -- tonumber also reads "nan" and "inf": x - x is 0 only for a finite x.
       if level and stamp and level - level == 0 and stamp - stamp == 0 then
-        if level > full then
-          level = full
-        end
-        if now > stamp then
-          -- Compare before multiplying so the product stays below 2^53:
-          -- refilled to full once the gap covers ceil((full - level) / num).
-          local missing = full - level
-          local t = floor(missing / num)
-          if t * num < missing then
-            t = t + 1
-          end
-          if now - stamp >= t then
-            level = full
-          else
-            level = level + (now - stamp) * num
-          end
-          stamp = now
-        end
         local holds
-        if sep2 then
-          holds = {}
-          for _, hold in ipairs(read_holds(sub(stored, sep2 + 1))) do
+        if sep3 then
+          holds = read_holds(sub(stored, sep3 + 1))
+        end
+        if kept_full then
+          level, stamp = refilled(level, stamp, kept_full, kept_num)
+          level = carry(level - held_in(holds), kept_full, full)
+          holds = nil
+        end
+        level, stamp = refilled(level, stamp, full, num)
+        if holds then
+          local live = {}
+          for _, hold in ipairs(holds) do
             if hold[3] <= now then
               level = level - hold[2]
             else
-              holds[#holds + 1] = hold
+              live[#live + 1] = hold
             end
           end
+          holds = live
           if #holds == 0 then
             holds = nil
           end
         end
-        -- A clock behind the stamp (failover) refills nothing and keeps it.
-        return level, stamp, true, stand_in(holds, full)
+        return level, stamp, true, stand_in(holds, full), kept_full ~= nil, kept_full, kept_num, kept
       end
     end
-    return full, now, false, stand_in(nil, full)
+    return full, now, false, stand_in(nil, full), false
+  end
+
+  -- Stores a bucket's value for ttl milliseconds and the margin.
+  local function put(key, value, ttl)
+    call("SET", key, value, "PX", format(INT, ttl + MARGIN_MS)) -- tollgate:set
+  end
+
+  -- Writes a bucket under figures other than a quota's: `full` and `num`,
+  -- `figures` their text (see `adjust`), with the stand-in hold while
+  -- learning (see "Epochs"), as `finish` writes holds.
+  local function write_under(key, level, stamp, full, num, figures)
+    local holds = stand_in(nil, full)
+    local missing = full - level + held_in(holds)
+    local reset = floor(missing / num)
+    if reset * num < missing then
+      reset = reset + 1
+    end
+    local ms = reset + (stamp - now)
+    local value = format(VALUE, level, stamp) .. ":" .. figures
+    if holds then
+      local hold = holds[1]
+      value = value .. ":" .. hold[1] .. "," .. format(INT, hold[2]) .. "," .. format(INT, hold[3])
+      ms = ms + (hold[3] - now)
+    end
+    local ttl = floor(ms / 1000)
+    if ttl * 1000 < ms then
+      ttl = ttl + 1
+    end
+    put(key, value, ttl)
   end
 
   -- The debt a reservation may take on in a bucket of quota q stamped at
@@ -600,7 +724,7 @@ if rest <= (nd < 0 and -nd or nd) then
     end
     if write then
       local ms = reset + ahead
-      local value = format(VALUE, level, stamp)
+      local value = format(VALUE, level, stamp) .. ":" .. figures[q]
       if holds then
         local last, parts = now, {}
         for i = 1, #holds do
@@ -617,7 +741,7 @@ if rest <= (nd < 0 and -nd or nd) then
       if ttl * 1000 < ms then
         ttl = ttl + 1
       end
-      call("SET", key, value, "PX", format(INT, ttl + MARGIN_MS)) -- tollgate:set
+      put(key, value, ttl)
     end
     if reset > 0 or waits then
       reset = reset + ahead
@@ -644,10 +768,14 @@ if rest <= (nd < 0 and -nd or nd) then
   -- adjustment: a bucket deeper in debt than -full (reservations) keeps its
   -- debt through a charge, and a refund never lowers one above full. Always
   -- applied; the reply is that of an admitted check of nothing. A bucket
-  -- not stored that ends full is not written: it stays as it was.
+  -- not stored that ends full is not written: it stays as it was. A bucket
+  -- kept under other figures (the adjustment's policy changed since its
+  -- request was decided, see "Changed quotas") is adjusted in the
+  -- adjustment's figures, then carried back and written under its own: a
+  -- stale policy's rate never comes back.
   local function adjust(key, q, cost)
     local full, num, den = fulls[q], nums[q], dens[q]
-    local level, stamp, stored, holds = stored_bucket(key, full, num)
+    local level, stamp, stored, holds, carried, kept_full, kept_num, kept = stored_bucket(key, q)
     -- Exact wherever the clamps do not apply: both operands are below 2^53.
     local moved = level - cost * den
     if cost > 0 then
@@ -669,7 +797,12 @@ if rest <= (nd < 0 and -nd or nd) then
       end
     end
     level = moved
-    finish(key, q, level, stamp, 0, true, stored or level < full, holds)
+    if carried then
+      finish(key, q, level, stamp, 0, true, false, holds)
+      write_under(key, carry(level, full, kept_full), stamp, kept_full, kept_num, kept)
+    else
+      finish(key, q, level, stamp, 0, true, stored or level < full, holds)
+    end
   end
 
   -- The hold of `holds` (nil: none) whose id is `id`, and its place.
@@ -722,11 +855,11 @@ if rest <= (nd < 0 and -nd or nd) then
         return redis.error_reply("ERR tollgate: cost exceeds capacity")
       end
       local key = KEYS[i]
-      local level, stamp, _, holds = stored_bucket(key, full, nums[1])
+      local level, stamp, _, holds, carried = stored_bucket(key, 1)
       local allowed = level - held_in(holds) >= need
       r = r + 1
       reply[r] = allowed and 1 or 0
-      finish(key, 1, level, stamp, need, allowed, allowed and cost > 0, holds)
+      finish(key, 1, level, stamp, need, allowed, (allowed or carried) and cost > 0, holds)
     end
   else
     -- A decision over one quota (the common case) is decided at once; one over
@@ -744,11 +877,15 @@ if rest <= (nd < 0 and -nd or nd) then
           return redis.error_reply("ERR tollgate: cost exceeds capacity")
         end
         local key = KEYS[k]
-        local level, stamp, _, holds = stored_bucket(key, full, nums[q])
+        local level, stamp, _, holds, carried = stored_bucket(key, q)
         local allowed = level - held_in(holds) - need >= -debt_at(q, debt, stamp)
-        local write = allowed and cost > 0
+        -- A bucket carried into changed figures is written under them by
+        -- its first check, refused or not (see "Changed quotas").
+        local write = (allowed or carried) and cost > 0
         if not allowed then
-          level, stamp, write = lock_out(q, level, stamp, holds, need, debt)
+          local locked
+          level, stamp, locked = lock_out(q, level, stamp, holds, need, debt)
+          write = write or locked
         end
         r = r + 1
         reply[r] = allowed and 1 or 0
@@ -775,6 +912,7 @@ if rest <= (nd < 0 and -nd or nd) then
         -- (the first report's, without one); released_any: either released
         -- something (the buckets change).
         local allowed, grant, again, found, released_any = true, nil, nil, 0, false
+        local carried_any = false
         local roomy = rwant > 0
         for i = 1, n do
           local q = known[ARGV[a]] or ARGV[a] + 0
@@ -784,7 +922,8 @@ if rest <= (nd < 0 and -nd or nd) then
           if need > full then
             return redis.error_reply("ERR tollgate: cost exceeds capacity")
           end
-          local level, stamp, _, holds = stored_bucket(KEYS[k + i - 1], full, num)
+          local level, stamp, _, holds, carried = stored_bucket(KEYS[k + i - 1], q)
+          carried_any = carried_any or carried
           -- The reports it carries (rid, pid "0": none), unless the lease
           -- ran before and was granted a hold. (A lease sent again after a
           -- first run that granted nothing debits its partial report twice:
@@ -842,7 +981,7 @@ if rest <= (nd < 0 and -nd or nd) then
           -- nothing spent again.
           reply[r] = 1
           for i = 1, n do
-            finish(KEYS[k + i - 1], qs[i], lv[i], st[i], 0, true, released_any, hs[i])
+            finish(KEYS[k + i - 1], qs[i], lv[i], st[i], 0, true, released_any or carried_any, hs[i])
           end
           grant, roomy = again, false
         else
@@ -857,7 +996,7 @@ if rest <= (nd < 0 and -nd or nd) then
               holds = holds or {}
               holds[#holds + 1] = { id, grant * dens[q], now + life }
             end
-            local write = (allowed and (cost > 0 or grant > 0)) or released_any
+            local write = (allowed and (cost > 0 or grant > 0)) or released_any or carried_any
             finish(KEYS[k + i - 1], q, lv[i], st[i], cost * dens[q], allowed, write, holds)
           end
         end
@@ -879,7 +1018,11 @@ if rest <= (nd < 0 and -nd or nd) then
           a = a + 2
           local full, den = fulls[q], dens[q]
           local key = KEYS[k + i - 1]
-          local level, stamp, _, holds = stored_bucket(key, full, nums[q])
+          -- A bucket carried from other figures has no holds of these
+          -- (debited whole): nothing to release, and it is not written back
+          -- under the figures of a report that may be stale (a lease of a
+          -- policy since changed).
+          local level, stamp, _, holds = stored_bucket(key, q)
           local released
           level, holds, released = release(level, holds, id, cost * den)
           if released then
@@ -893,7 +1036,7 @@ if rest <= (nd < 0 and -nd or nd) then
         k = k + n
       else
         a = a + 2
-        local allowed = true
+        local allowed, carried_any = true, false
         for i = 1, n do
           local q, debt = known[ARGV[a]] or ARGV[a] + 0, known[ARGV[a + 1]] or ARGV[a + 1] + 0
           a = a + 2
@@ -901,7 +1044,8 @@ if rest <= (nd < 0 and -nd or nd) then
           if need > full then
             return redis.error_reply("ERR tollgate: cost exceeds capacity")
           end
-          local level, stamp, _, holds = stored_bucket(KEYS[k + i - 1], full, nums[q])
+          local level, stamp, _, holds, carried = stored_bucket(KEYS[k + i - 1], q)
+          carried_any = carried_any or carried
           qs[i], lv[i], st[i], hs[i], ds[i] = q, level, stamp, holds, debt
           if level - held_in(holds) - need < -debt_at(q, debt, stamp) then
             allowed = false
@@ -910,8 +1054,9 @@ if rest <= (nd < 0 and -nd or nd) then
         r = r + 1
         reply[r] = allowed and 1 or 0
         -- A refusal that locks a bucket out writes them all, each brought up
-        -- to now (as src/store/memory.rs stores a client's buckets together).
-        local write = allowed and cost > 0
+        -- to now (as src/store/memory.rs stores a client's buckets together),
+        -- and so does a check that carried one into changed figures.
+        local write = (allowed or carried_any) and cost > 0
         if not allowed then
           for i = 1, n do
             local q, locked = qs[i], false

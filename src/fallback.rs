@@ -332,17 +332,33 @@ fn scale_policy(policy: &Policy, instances: u32, floor: u64) -> Policy {
     let mut quotas: Vec<Quota> = Vec::with_capacity(policy.quotas().len());
     for q in policy.quotas() {
         let scaled = scale(*q, instances, floor);
-        // Shares that coincide are one bucket: kept once, with the longest
-        // of their lock-outs.
-        match quotas.iter_mut().find(|q| q.same_bucket(&scaled)) {
-            Some(kept) if scaled.lockout_time() > kept.lockout_time() => *kept = scaled,
-            Some(_) => {}
+        // Shares of one period (only the longest period, where shares of
+        // long quotas end) would be one bucket: kept once, with the fewer
+        // tokens, the smaller burst and the longest lock-out of the two.
+        match quotas.iter_mut().find(|q| q.same_period(&scaled)) {
+            Some(kept) => *kept = stricter(*kept, scaled),
             None => quotas.push(scaled),
         }
     }
     // Distinct scaled quotas and a checked name: this cannot fail. If it ever
     // did, the whole quota per instance still limits.
     Policy::new(policy.name(), quotas).unwrap_or_else(|_| policy.clone())
+}
+
+/// A quota of `a`'s period (that of `b`) admitting no more than either:
+/// the fewer tokens, the smaller burst, the longer lock-out.
+fn stricter(a: Quota, b: Quota) -> Quota {
+    let tokens = a.tokens().min(b.tokens());
+    let lockout = a.lockout_time().max(b.lockout_time());
+    let made = Quota::new(tokens, a.period())
+        .and_then(|q| q.burst(a.capacity().min(b.capacity())))
+        .and_then(|q| match lockout {
+            Some(time) => q.lockout(time),
+            None => Ok(q),
+        });
+    // Figures no larger than a quota's that was made: this cannot fail. If
+    // it ever did, the share with fewer tokens still limits.
+    made.unwrap_or(if a.tokens() <= b.tokens() { a } else { b })
 }
 
 /// `quota` at `1 / instances` of its rate and burst (see [`Fallback::share`]),
@@ -428,19 +444,22 @@ mod tests {
         let s = scale(locked, 4, 1);
         assert_eq!(s.lockout_time(), Some(Duration::from_secs(60)));
         assert_eq!(s.capacity(), 13);
-        let plain = Quota::per_second(10).unwrap().burst(20).unwrap();
-        let other = Quota::per_second(10)
-            .unwrap()
-            .burst(21)
+        // Shares of one period (the longest, where long quotas' shares end)
+        // are one bucket: the fewer tokens, the smaller burst, the longest
+        // lock-out. 3 a week and 13 in 30 days, shared by 60: 3 and 8 a year.
+        let weekly = Quota::new(3, Duration::from_secs(7 * 86_400))
             .unwrap()
             .lockout(Duration::from_secs(60))
             .unwrap();
-        let shared = scale_policy(&Policy::new("p", [plain, other]).unwrap(), 100, 1);
+        let monthly = Quota::new(13, Duration::from_secs(30 * 86_400))
+            .unwrap()
+            .burst(2)
+            .unwrap();
+        let shared = scale_policy(&Policy::new("p", [weekly, monthly]).unwrap(), 60, 1);
         assert_eq!(shared.quotas().len(), 1, "{shared:?}");
-        assert_eq!(
-            shared.quotas()[0].lockout_time(),
-            Some(Duration::from_secs(60))
-        );
+        let q = shared.quotas()[0];
+        assert_eq!((q.period(), q.tokens(), q.capacity()), (MAX_PERIOD, 3, 1));
+        assert_eq!(q.lockout_time(), Some(Duration::from_secs(60)));
         // A yearly quota cannot take a longer period: fewer tokens instead.
         let yearly = Quota::new(10, MAX_PERIOD).unwrap();
         let s = scale(yearly, 3, 1);
@@ -562,30 +581,6 @@ mod tests {
         let (d, scaled) = fallback.check("client", &hot, 1, &error).unwrap();
         assert_eq!(scaled.max_cost(), 40);
         assert_eq!(d.remaining(), 28);
-    }
-
-    #[test]
-    fn quotas_whose_shares_coincide_are_one_quota_of_the_share() {
-        let policy = Policy::new(
-            "p",
-            [
-                Quota::per_second(10).unwrap().burst(7).unwrap(),
-                Quota::per_second(10).unwrap().burst(8).unwrap(),
-            ],
-        )
-        .unwrap();
-        let fallback = Fallback::memory().share(NonZeroU32::new(2).unwrap());
-        let error = Error::Timeout(Duration::from_millis(1));
-        let (_, scaled) = fallback.check("k", &policy, 1, &error).unwrap();
-        assert_eq!(scaled.quotas().len(), 1);
-        assert_eq!(scaled.quotas()[0].capacity(), 4);
-        assert_eq!(scaled.name(), "p");
-        let admitted = (0..10)
-            .filter(|_| fallback.check("k", &policy, 1, &error).unwrap().0.allowed())
-            .count();
-        // One was spent above: 3 of the share's 4 are left, not the 7 of the
-        // whole quota.
-        assert_eq!(admitted, 3);
     }
 
     #[tokio::test]

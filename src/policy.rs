@@ -23,8 +23,10 @@ pub const DEFAULT_POLICY_NAME: &str = "default";
 ///
 /// A policy is checked when it is built: the name must be 1 to
 /// [`MAX_POLICY_NAME_LEN`] bytes of `[A-Za-z0-9_-]`, and the quota list non-empty
-/// without duplicates. Build policies once at start-up; clones are cheap (one
-/// reference count) and nothing is validated per request.
+/// with one quota per period (a key's buckets are told apart by period, so
+/// a quota changed to other figures of its period carries them over). Build
+/// policies once at start-up; clones are cheap (one reference count) and
+/// nothing is validated per request.
 ///
 /// # Example
 ///
@@ -42,6 +44,8 @@ pub const DEFAULT_POLICY_NAME: &str = "default";
 /// assert_eq!(search.max_cost(), 2);
 /// assert!(Policy::new("bad name", [Quota::per_second(2)?]).is_err());
 /// assert!(Policy::new("empty", []).is_err());
+/// // Two quotas of one period: write one over another (2/s is 120/min).
+/// assert!(Policy::new("twice", [Quota::per_second(2)?, Quota::per_second(5)?]).is_err());
 /// # Ok(())
 /// # }
 /// ```
@@ -55,8 +59,9 @@ struct Inner {
     name: Box<str>,
     quotas: Box<[Quota]>,
     smallest: u64,
-    /// Per quota, the end of its buckets' storage keys: `}:` and the quota
-    /// id (`}:10/1s:10`), written once instead of per check.
+    /// Per quota, the end of its buckets' storage keys: `}:` and the quota's
+    /// period (`}:1s`), or its figures (`}:10/s:b20`) in a policy that does
+    /// not carry buckets over, written once instead of per check.
     #[cfg(feature = "redis")]
     key_tails: Box<[Box<str>]>,
     /// Values derived once per policy by the HTTP layer (its header values), so
@@ -70,9 +75,12 @@ impl Policy {
     /// # Errors
     ///
     /// A [`ConfigError`] when the name is empty, too long or has other
-    /// characters than `[A-Za-z0-9_-]`, or when `quotas` is empty or lists a
-    /// quota twice (two quotas that differ only in their lock-outs are one
-    /// bucket, and so the same quota twice).
+    /// characters than `[A-Za-z0-9_-]`, or when `quotas` is empty or has two
+    /// quotas of one period. A policy's buckets are told apart by their
+    /// quotas' periods: a quota changed to other figures over the same period
+    /// carries its buckets over (see [`PolicyTable::swap`](crate::layer::PolicyTable::swap)),
+    /// so two quotas of one period would be one bucket. Any rate can be
+    /// written over another period (`10/s` is `600/min`).
     pub fn new(name: &str, quotas: impl IntoIterator<Item = Quota>) -> Result<Self, ConfigError> {
         check_name(name)?;
         let quotas: Vec<Quota> = quotas.into_iter().collect();
@@ -82,10 +90,17 @@ impl Policy {
             )));
         }
         for (i, q) in quotas.iter().enumerate() {
-            if quotas.iter().skip(i + 1).any(|other| other.same_bucket(q)) {
-                return Err(ConfigError::policy(format!(
-                    "policy {name:?} lists the quota {q} twice"
-                )));
+            if let Some(other) = quotas.iter().skip(i + 1).find(|o| o.same_period(q)) {
+                let what = if other.same_bucket(q) {
+                    format!("lists the quota {q} twice")
+                } else {
+                    format!(
+                        "has two quotas over one period ({q} and {other}): a policy's \
+                         quotas are told apart by their periods, so write one over \
+                         another (10/s is also 600/min)"
+                    )
+                };
+                return Err(ConfigError::policy(format!("policy {name:?} {what}")));
             }
         }
         Ok(Self::build(name, quotas.into()))
@@ -96,7 +111,11 @@ impl Policy {
         #[cfg(feature = "redis")]
         let key_tails = quotas
             .iter()
-            .map(|q| format!("}}:{}", q.id()).into_boxed_str())
+            .map(|q| match carries(name) {
+                true => format!("}}:{}", q.slot()),
+                false => format!("}}:{}", q.figures()),
+            })
+            .map(String::into_boxed_str)
             .collect();
         Policy {
             inner: Arc::new(Inner {
@@ -148,22 +167,43 @@ impl Policy {
         &self.inner.name
     }
 
+    /// Whether a quota of this policy changed to other figures over its
+    /// period carries its buckets over (see
+    /// [`PolicyTable::swap`](crate::layer::PolicyTable::swap)): true for a
+    /// named policy, whose name is the limit's identity as its figures
+    /// change; false for [`DEFAULT_POLICY_NAME`] (a policy made from a bare
+    /// [`Quota`], which has no identity but its figures: two of them on one
+    /// store keep buckets of their own, and a changed quota starts fresh
+    /// ones).
+    pub fn carries(&self) -> bool {
+        carries(self.name())
+    }
+
     /// The quotas, in the order given.
     pub fn quotas(&self) -> &[Quota] {
         &self.inner.quotas
     }
 
-    /// Per quota, in order, the end of its storage keys: `}:` and its id.
+    /// Per quota, in order, the end of its storage keys: `}:` and its
+    /// period (or figures, see [`carries`](Self::carries)).
     #[cfg(feature = "redis")]
     pub(crate) fn key_tails(&self) -> &[Box<str>] {
         &self.inner.key_tails
     }
 
-    /// Whether `other` has the same key tails (names the same buckets of a
-    /// key): compared by address first.
+    /// Whether `other` counts a key's buckets as this one does: the same
+    /// buckets (key tails) under the same rates and bursts, so that what one
+    /// holds of them in process the other may spend. Compared by address
+    /// first.
     #[cfg(feature = "redis")]
-    pub(crate) fn same_tails(&self, other: &Policy) -> bool {
-        Arc::ptr_eq(&self.inner, &other.inner) || self.key_tails() == other.key_tails()
+    pub(crate) fn same_counting(&self, other: &Policy) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+            || (self.key_tails() == other.key_tails()
+                && self
+                    .quotas()
+                    .iter()
+                    .zip(other.quotas())
+                    .all(|(a, b)| a.same_bucket(b)))
     }
 
     /// The smallest capacity: the largest cost a check may ever be admitted with.
@@ -181,6 +221,10 @@ impl Policy {
             None => unreachable!("policy values derived as two different types"),
         }
     }
+}
+
+fn carries(name: &str) -> bool {
+    name != DEFAULT_POLICY_NAME
 }
 
 impl From<Quota> for Policy {
@@ -246,6 +290,17 @@ mod tests {
         let locked = q.lockout(std::time::Duration::from_secs(1)).unwrap();
         let twice = Policy::new("p", [q, locked]).unwrap_err();
         assert!(twice.to_string().contains("twice"), "{twice}");
+        // Two quotas of one period would be one bucket: refused, saying how
+        // to write them.
+        let burst = Quota::per_second(5).unwrap().burst(50).unwrap();
+        let period = Policy::new("p", [q, burst]).unwrap_err();
+        let text = period.to_string();
+        assert!(
+            text.contains("over one period (1/s and 5/s burst 50)"),
+            "{text}"
+        );
+        assert!(text.contains("600/min"), "{text}");
+        assert!(Policy::new("p", [q, Quota::per_minute(300).unwrap().burst(50).unwrap()]).is_ok());
     }
 
     #[test]

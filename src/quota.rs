@@ -270,11 +270,20 @@ impl Quota {
         (self.lockout_us > 0).then(|| Duration::from_micros(self.lockout_us))
     }
 
-    /// Whether `other` keeps the same bucket: the same rate and burst,
-    /// whatever their lock-outs ([`id`](Self::id) is the same).
+    /// Whether `other` counts the same way: the same rate and burst,
+    /// whatever their lock-outs (a bucket kept under one needs no carrying
+    /// over into the other).
     pub(crate) fn same_bucket(&self, other: &Quota) -> bool {
         (self.tokens, self.period_us, self.capacity)
             == (other.tokens, other.period_us, other.capacity)
+    }
+
+    /// Whether `other` has the same period, and so the same buckets: a
+    /// policy's quotas are told apart by their periods, and a bucket kept
+    /// under one quota is carried into another of its period
+    /// ([`Level::carried`](crate::store::bucket::Level::carried)).
+    pub(crate) fn same_period(&self, other: &Quota) -> bool {
+        self.period_us == other.period_us
     }
 
     /// The lock-out in microseconds (0: none).
@@ -349,12 +358,22 @@ impl Quota {
         self.capacity * self.den
     }
 
-    /// A short stable name for storage keys, e.g. `10/1s:20`: two different quotas
-    /// never share a bucket, and changing a quota starts fresh buckets instead of
-    /// reinterpreting old ones.
+    /// The end of its buckets' storage keys, its period (`1s`, `15m`): the
+    /// quotas of one policy have distinct periods, and a quota changed to
+    /// other figures of the same period finds the same buckets and carries
+    /// what they hold into its own figures.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    pub(crate) fn id(&self) -> QuotaId {
-        QuotaId(*self)
+    pub(crate) fn slot(&self) -> QuotaSlot {
+        QuotaSlot(self.period_us)
+    }
+
+    /// The end of its buckets' storage keys in a policy that does not carry
+    /// buckets over (an unnamed one, see `Policy::carries`): its figures,
+    /// `10/s:b20`, so that quotas of other figures never share a bucket (and
+    /// not `10/1s:20`, the keys of builds whose values held no figures).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn figures(&self) -> QuotaFigures {
+        QuotaFigures(*self)
     }
 }
 
@@ -364,14 +383,29 @@ impl fmt::Debug for Quota {
     }
 }
 
-/// [`Quota::id`], written straight into the storage key being built: no
-/// separate allocation per check.
-pub(crate) struct QuotaId(Quota);
+/// [`Quota::slot`]: a period, as storage keys name it.
+pub(crate) struct QuotaSlot(u64);
 
-impl fmt::Display for QuotaId {
+impl fmt::Display for QuotaSlot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        PeriodName(self.0).fmt(f)
+    }
+}
+
+/// [`Quota::figures`]: rate and burst, as storage keys name them.
+pub(crate) struct QuotaFigures(Quota);
+
+impl fmt::Display for QuotaFigures {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let q = &self.0;
-        write!(f, "{}/{}:{}", q.tokens, PeriodName(q.period_us), q.capacity)
+        // `10/s:b20`: a period of one unit without its 1, as the text form
+        // writes it (and keys as long as the earlier `10/1s:20`).
+        let period = PeriodName(q.period_us).to_string();
+        let period = match period.strip_prefix('1') {
+            Some(unit) if unit.starts_with(|c: char| c.is_ascii_alphabetic()) => unit,
+            _ => &period,
+        };
+        write!(f, "{}/{period}:b{}", q.tokens, q.capacity)
     }
 }
 
@@ -517,16 +551,28 @@ mod tests {
     }
 
     #[test]
-    fn ids_name_the_whole_quota() {
+    fn figures_name_the_whole_quota() {
         let a = Quota::per_second(10).unwrap();
-        assert_eq!(a.id().to_string(), "10/1s:10");
-        assert_eq!(a.burst(20).unwrap().id().to_string(), "10/1s:20");
+        assert_eq!(a.figures().to_string(), "10/s:b10");
+        assert_eq!(a.burst(20).unwrap().figures().to_string(), "10/s:b20");
+        let odd = Quota::new(3, Duration::from_millis(1500)).unwrap();
+        assert_eq!(odd.figures().to_string(), "3/1500ms:b3");
+        let quarter = Quota::new(2, Duration::from_secs(15 * 60)).unwrap();
+        assert_eq!(quarter.figures().to_string(), "2/15m:b2");
+    }
+
+    #[test]
+    fn slots_name_the_period_alone() {
+        let a = Quota::per_second(10).unwrap();
+        assert_eq!(a.slot().to_string(), "1s");
+        assert_eq!(a.burst(20).unwrap().slot().to_string(), "1s");
+        assert_eq!(Quota::per_minute(5).unwrap().slot().to_string(), "1m");
         assert_eq!(
             Quota::new(3, Duration::from_millis(1500))
                 .unwrap()
-                .id()
+                .slot()
                 .to_string(),
-            "3/1500ms:3"
+            "1500ms"
         );
         // Storage keys keep their own form: changing how quotas are written
         // must not start fresh buckets.

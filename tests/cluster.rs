@@ -332,9 +332,13 @@ async fn script_flush_on_every_node_between_calls(cluster: &RedisCluster) {
 async fn several_quotas_are_all_or_nothing_on_every_node(cluster: &RedisCluster) {
     // Refills of under a token an hour: the counts below are exact.
     let day = Duration::from_secs(24 * 3600);
+    let half_day = Duration::from_secs(12 * 3600);
     let policy = Policy::new(
         "pair",
-        [Quota::new(1000, day).unwrap(), Quota::new(3, day).unwrap()],
+        [
+            Quota::new(1000, day).unwrap(),
+            Quota::new(3, half_day).unwrap(),
+        ],
     )
     .unwrap();
     let store = cluster.store("pair:");

@@ -578,13 +578,17 @@ async fn cluster_batches_of_1024_keep_every_key_until_its_bucket_is_full(cluster
         .build()
         .expect("cluster store");
     // The units of each quota, by the tail of its bucket keys.
-    let tail = |q: &Quota| {
-        let key = store.bucket_key("c", q);
-        key[key.find('}').unwrap()..].to_string()
-    };
-    let units: Vec<(String, u64, u64)> = quotas
-        .iter()
-        .map(|(q, den)| (tail(q), q.capacity() * den, *den))
+    let units: Vec<(String, u64, u64)> = store
+        .bucket_keys("c", &policy)
+        .into_iter()
+        .zip(&quotas)
+        .map(|(key, (q, den))| {
+            (
+                key[key.find('}').unwrap()..].to_string(),
+                q.capacity() * den,
+                *den,
+            )
+        })
         .collect();
     let _ = store.check("warm-up", &policy, 0).await.unwrap();
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -639,7 +643,8 @@ async fn cluster_batches_of_1024_keep_every_key_until_its_bucket_is_full(cluster
                 .query(&mut conn)
                 .unwrap();
             let Some(value) = value else { continue };
-            let (level, stamp) = value.split_once(':').unwrap();
+            let mut fields = value.split(':');
+            let (level, stamp) = (fields.next().unwrap(), fields.next().unwrap());
             let (level, stamp): (u64, u64) = (level.parse().unwrap(), stamp.parse().unwrap());
             assert_eq!(*full - level, *den, "{key}: one token spent");
             let full_at = stamp + (full - level);

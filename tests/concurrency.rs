@@ -122,10 +122,11 @@ fn assert_accounting(store: &str, tally: &Tally, s0: u64, s1: u64, level: u64) {
     );
 }
 
-/// The stored `level:stamp` of a Redis bucket.
+/// The stored `level:stamp` of a Redis bucket (`level:stamp:full,num`).
 fn stored(server: &RedisServer, key: &str) -> (u64, u64) {
     let value: String = server.cmd(&["GET", key]);
-    let (level, stamp) = value.split_once(':').expect("level:stamp");
+    let mut fields = value.split(':');
+    let (level, stamp) = (fields.next().unwrap(), fields.next().expect("level:stamp"));
     (level.parse().unwrap(), stamp.parse().unwrap())
 }
 

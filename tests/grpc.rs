@@ -426,7 +426,7 @@ async fn the_default_key_is_the_peer_from_tcp_connect_info() {
     let failure = status.get_details_quota_failure().unwrap();
     assert_eq!(failure.violations[0].subject, "ip");
     let keys: Vec<String> = redis.cmd(&["KEYS", "*"]);
-    assert_eq!(keys, ["tollgate:{default:ip:127.0.0.1}:1/1m:1"]);
+    assert_eq!(keys, ["tollgate:{default:ip:127.0.0.1}:1/m:b1"]);
 }
 
 #[cfg(feature = "tonic")]
@@ -464,8 +464,8 @@ async fn the_default_key_is_the_peer_on_a_tls_server_too() {
         assert_eq!(
             keys,
             [
-                "tollgate:{default:client-ip:203.0.113.7}:1/1m:1",
-                "tollgate:{default:ip:127.0.0.1}:1/1m:1",
+                "tollgate:{default:client-ip:203.0.113.7}:1/m:b1",
+                "tollgate:{default:ip:127.0.0.1}:1/m:b1",
             ],
             "own TLS: {own_tls}"
         );
@@ -497,8 +497,8 @@ async fn client_ip_believes_metadata_only_from_trusted_peers() {
     assert_eq!(
         keys,
         [
-            "tollgate:{default:client-ip:127.0.0.1}:1/1m:1",
-            "tollgate:{default:client-ip:203.0.113.7}:1/1m:1",
+            "tollgate:{default:client-ip:127.0.0.1}:1/m:b1",
+            "tollgate:{default:client-ip:203.0.113.7}:1/m:b1",
         ]
     );
 }

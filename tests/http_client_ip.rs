@@ -57,7 +57,7 @@ async fn forged_forwarded_for_from_an_untrusted_peer_is_ignored() {
     assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(
         keys(&redis),
-        ["tollgate:{default:client-ip:127.0.0.1}:3/1m:3"]
+        ["tollgate:{default:client-ip:127.0.0.1}:3/m:b3"]
     );
 }
 
@@ -87,8 +87,8 @@ async fn forwarded_for_from_a_trusted_peer_is_honoured() {
     assert_eq!(
         keys(&redis),
         [
-            "tollgate:{default:client-ip:203.0.113.7}:3/1m:3",
-            "tollgate:{default:client-ip:203.0.113.8}:3/1m:3",
+            "tollgate:{default:client-ip:203.0.113.7}:3/m:b3",
+            "tollgate:{default:client-ip:203.0.113.8}:3/m:b3",
         ]
     );
 }
@@ -118,7 +118,7 @@ async fn a_single_address_header_is_believed_only_from_the_trusted_proxy() {
     }
     assert_eq!(
         keys(&redis),
-        ["tollgate:{default:client-ip:127.0.0.1}:3/1m:3"]
+        ["tollgate:{default:client-ip:127.0.0.1}:3/m:b3"]
     );
 
     // What trust_any_peer warns about: from any peer, every invented address
@@ -163,8 +163,8 @@ async fn ipv6_clients_in_one_64_share_a_bucket() {
     assert_eq!(
         keys(&redis),
         [
-            "tollgate:{default:client-ip:2001:db8:1:2::/64}:3/1m:3",
-            "tollgate:{default:client-ip:2001:db8:1:3::/64}:3/1m:3",
+            "tollgate:{default:client-ip:2001:db8:1:2::/64}:3/m:b3",
+            "tollgate:{default:client-ip:2001:db8:1:3::/64}:3/m:b3",
         ]
     );
 }
@@ -193,8 +193,8 @@ async fn api_key_or_client_ip_keeps_the_two_apart() {
     assert_eq!(
         keys(&redis),
         [
-            "tollgate:{default:header:x-api-key/ip:0:k-1}:3/1m:3",
-            "tollgate:{default:header:x-api-key/ip:1:127.0.0.1}:3/1m:3",
+            "tollgate:{default:header:x-api-key/ip:0:k-1}:3/m:b3",
+            "tollgate:{default:header:x-api-key/ip:1:127.0.0.1}:3/m:b3",
         ]
     );
 }
@@ -210,5 +210,5 @@ async fn the_default_key_is_the_peer_address_from_connect_info() {
     // Forwarding headers mean nothing to PeerIp.
     let r = client.get_with(&server.url("/"), &xff("203.0.113.9")).await;
     assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(keys(&redis), ["tollgate:{default:ip:127.0.0.1}:3/1m:3"]);
+    assert_eq!(keys(&redis), ["tollgate:{default:ip:127.0.0.1}:3/m:b3"]);
 }

@@ -36,10 +36,11 @@ fn plain(server: &RedisServer) -> RedisStore {
         .unwrap()
 }
 
-/// The holds written in `key`'s bucket (the part after the stamp), if any.
+/// The holds written in `key`'s bucket (`level:stamp:full,num:holds`), if
+/// any.
 fn holds(server: &RedisServer, key: &str) -> Option<String> {
     let value: Option<String> = server.cmd(&["GET", key]);
-    value?.splitn(3, ':').nth(2).map(str::to_owned)
+    value?.splitn(4, ':').nth(3).map(str::to_owned)
 }
 
 /// How the bucket is lost.

@@ -19,13 +19,14 @@ use support::http::{Client, TestServer};
 use tollgate::layer::RateLimitLayer;
 use tollgate::{AnyStore, MemoryStore, Policy, Quota, RateLimiter, RedisStore, key};
 
-/// The stamp stored in a bucket (`level:stamp`): a locked-out bucket's is
+/// The stamp stored in a bucket (`level:stamp:full,num`): a locked-out bucket's is
 /// the lock-out's end, in microseconds of Redis `TIME`.
 fn stamp(server: &RedisServer, key: &str) -> u64 {
     let value: String = server.cmd(&["GET", key]);
     let mut parts = value.split(':');
     let _level = parts.next();
     let stamp = parts.next().expect("level:stamp").parse().expect("a stamp");
+    assert!(parts.next().is_some(), "the quota's figures: {value}");
     assert_eq!(
         parts.next(),
         None,
@@ -100,7 +101,10 @@ async fn a_lockout_holds_across_two_instances_until_its_end() {
         }
         assert!(!refused.allowed());
         assert_eq!(refused.retry_after(), Duration::from_millis(400), "{who}");
-        let end = stamp(&server, &store.bucket_key(&format!("guard:{who}"), &quota));
+        let key = store
+            .bucket_keys(&format!("guard:{who}"), &policy)
+            .remove(0);
+        let end = stamp(&server, &key);
         let calls = poll_until_admitted(&server, watcher, who).await;
         let (&(before, after, admitted), refusals) = calls.split_last().unwrap();
         assert!(admitted, "{who}: never admitted: {calls:?}");
@@ -292,9 +296,10 @@ async fn a_changed_lockout_keeps_the_lockout_under_way_on_redis() {
     // bucket holds the refused token, but shows nothing remaining, and full
     // only after the end.
     let quota: Quota = "5/15min".parse().unwrap();
-    let key = store.bucket_key("swap:dave", &quota);
+    let policy = Policy::new("swap", [quota]).unwrap();
+    let key = store.bucket_keys("swap:dave", &policy).remove(0);
     let states = store
-        .read_buckets(std::slice::from_ref(&key))
+        .read_buckets(&policy, std::slice::from_ref(&key))
         .await
         .unwrap();
     let state = states[0].as_ref().expect("the bucket");

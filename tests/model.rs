@@ -59,6 +59,10 @@ struct ModelBucket {
     q: ModelQuota,
     scaled: i128,
     stamp: Option<u128>,
+    /// The quota the bucket was last written under: `q` until the quota
+    /// changes to other figures of its period; the first check after that
+    /// carries the bucket into `q`.
+    kept: ModelQuota,
 }
 
 /// The longest wait or reset the stores report (2^53 µs, about 285 years):
@@ -75,7 +79,23 @@ impl ModelBucket {
             q,
             scaled: (q.capacity * q.period_us) as i128,
             stamp: None,
+            kept: q,
         }
+    }
+
+    /// The time a check at `now` counts from and the level then, in `q`'s
+    /// terms: a bucket kept under other figures is refilled under them up
+    /// to that time, then carried into `q` (see [`carry`]).
+    fn read(&self, now: u128) -> (u128, i128) {
+        let t = self.time(now);
+        if self.stamp.is_none() || same_figures(self.kept, self.q) {
+            return (t, self.level(t));
+        }
+        let kept = ModelBucket {
+            q: self.kept,
+            ..*self
+        };
+        (t, carry(kept.level(t), self.kept, self.q))
     }
 
     fn cap(&self) -> i128 {
@@ -139,6 +159,42 @@ impl ModelBucket {
     }
 }
 
+fn model_quota(q: &Quota) -> ModelQuota {
+    ModelQuota {
+        tokens: u128::from(q.tokens()),
+        period_us: q.period().as_micros(),
+        capacity: u128::from(q.capacity()),
+        lockout_us: q.lockout_time().map_or(0, |t| t.as_micros()),
+    }
+}
+
+fn same_figures(a: ModelQuota, b: ModelQuota) -> bool {
+    (a.tokens, a.period_us, a.capacity) == (b.tokens, b.period_us, b.capacity)
+}
+
+/// A level (in 1/period tokens) of a bucket of `from` carried into `to`, a
+/// quota of the same period: the same share of the capacity, floored to
+/// the unit the stores count `to` in (1/den token, den = period / gcd(tokens,
+/// period)): exactly while the product of the level in `from`'s units and
+/// the ratio's numerator (in lowest terms) is within 2^52 of zero, else by
+/// the double arithmetic the script does, less two units; never below
+/// -2^52 units.
+fn carry(scaled: i128, from: ModelQuota, to: ModelQuota) -> i128 {
+    let unit = |q: ModelQuota| gcd(q.tokens as u64, q.period_us as u64) as i128;
+    let full = |q: ModelQuota| q.capacity as i128 * q.period_us as i128 / unit(q);
+    let (full_from, full_to) = (full(from), full(to));
+    let level = scaled.min(from.capacity as i128 * from.period_us as i128) / unit(from);
+    let g = gcd(full_from as u64, full_to as u64) as i128;
+    let (n, d) = (full_to / g, full_from / g);
+    let exact = 1i128 << 52;
+    let units = if (level * n).abs() <= exact {
+        (level * n).div_euclid(d)
+    } else {
+        ((level as f64) * (n as f64) / (d as f64)).floor() as i128 - 2
+    };
+    units.clamp(-exact, full_to) * unit(to)
+}
+
 /// The model of one client's buckets over several quotas.
 #[derive(Clone, Debug)]
 struct Model {
@@ -149,14 +205,7 @@ impl Model {
     fn new(quotas: &[Quota]) -> Self {
         let buckets = quotas
             .iter()
-            .map(|q| {
-                ModelBucket::full(ModelQuota {
-                    tokens: u128::from(q.tokens()),
-                    period_us: q.period().as_micros(),
-                    capacity: u128::from(q.capacity()),
-                    lockout_us: q.lockout_time().map_or(0, |t| t.as_micros()),
-                })
-            })
+            .map(|q| ModelBucket::full(model_quota(q)))
             .collect();
         Model { buckets }
     }
@@ -166,13 +215,15 @@ impl Model {
     /// refusal locks out the buckets with a lock-out that refused it.
     fn check(&mut self, now: u64, cost: u64) -> Vec<Expected> {
         let (now, cost) = (u128::from(now), u128::from(cost));
-        let mut times: Vec<u128> = self.buckets.iter().map(|b| b.time(now)).collect();
-        let mut levels: Vec<i128> = self
-            .buckets
-            .iter()
-            .zip(&times)
-            .map(|(b, &t)| b.level(t))
-            .collect();
+        let read: Vec<(u128, i128)> = self.buckets.iter().map(|b| b.read(now)).collect();
+        let mut times: Vec<u128> = read.iter().map(|&(t, _)| t).collect();
+        let mut levels: Vec<i128> = read.iter().map(|&(_, l)| l).collect();
+        // A check (not a peek) writes buckets carried into changed figures.
+        let carried = cost > 0
+            && self
+                .buckets
+                .iter()
+                .any(|b| b.stamp.is_some() && !same_figures(b.kept, b.q));
         let allowed = self
             .buckets
             .iter()
@@ -196,11 +247,12 @@ impl Model {
             }
         }
         // A refusal that locks a bucket out stores every bucket as it is
-        // at the time it counts from.
-        if locked {
+        // at the time it counts from, and so does one that carried a bucket.
+        if locked || (carried && !allowed) {
             for ((b, &l), &t) in self.buckets.iter_mut().zip(&levels).zip(&times) {
                 b.scaled = l;
                 b.stamp = Some(t);
+                b.kept = b.q;
             }
         }
         if allowed {
@@ -211,6 +263,7 @@ impl Model {
                 for ((b, &l), &t) in self.buckets.iter_mut().zip(&levels).zip(&times) {
                     b.scaled = l;
                     b.stamp = Some(t);
+                    b.kept = b.q;
                 }
             }
         }
@@ -235,21 +288,48 @@ impl Model {
         }
         let now = u128::from(now);
         for b in &mut self.buckets {
-            let t = b.time(now);
-            let level = b.level(t) - i128::from(delta) * b.q.period_us as i128;
-            let level = level.clamp(-b.cap(), b.cap());
+            let (t, level) = b.read(now);
+            let carried = b.stamp.is_some() && !same_figures(b.kept, b.q);
+            let moved = level - i128::from(delta) * b.q.period_us as i128;
+            // Clamped, never against the adjustment (a debt deeper than the
+            // capacity, carried from a smaller one, stays through a charge).
+            let level = if delta > 0 {
+                moved.max(-b.cap()).min(level)
+            } else {
+                moved.min(b.cap()).max(level)
+            };
             // A bucket never spent from that ends full stays as it was.
             if b.stamp.is_none() && level == b.cap() {
                 continue;
             }
+            // A bucket kept under other figures is carried back into them
+            // and stays under them: an adjustment is not a check.
+            if carried {
+                b.scaled = carry(level, b.q, b.kept);
+                b.stamp = Some(t);
+                continue;
+            }
             b.scaled = level;
             b.stamp = Some(t);
+            b.kept = b.q;
         }
     }
 
     /// What the check at `now` would answer, without changing the model.
     fn peek(&self, now: u64, cost: u64) -> Vec<Expected> {
         self.clone().check(now, cost)
+    }
+
+    /// Changes every quota to `quotas` (the same periods, in order): the
+    /// buckets are carried at their next check.
+    #[cfg_attr(not(feature = "test-util"), allow(dead_code))]
+    fn change(&mut self, quotas: &[Quota]) {
+        for (b, q) in self.buckets.iter_mut().zip(quotas) {
+            b.q = model_quota(q);
+            if b.stamp.is_none() {
+                b.kept = b.q;
+            }
+        }
     }
 
     /// Forgets bucket `i` (its store key expired): it is full again.
@@ -320,15 +400,14 @@ fn gcd(mut a: u64, mut b: u64) -> u64 {
     a
 }
 
-/// 1 to 3 distinct quotas.
+/// 1 to 3 quotas of distinct periods (a policy's quotas are told apart by
+/// their periods).
 fn quotas() -> impl Strategy<Value = Vec<Quota>> {
     prop::collection::vec(quota(), 1..=3).prop_map(|mut qs| {
-        // Distinct buckets: quotas that differ only in lock-outs are one.
         let mut seen = Vec::new();
         qs.retain(|q| {
-            let bucket = (q.tokens(), q.period(), q.capacity());
-            let fresh = !seen.contains(&bucket);
-            seen.push(bucket);
+            let fresh = !seen.contains(&q.period());
+            seen.push(q.period());
             fresh
         });
         qs
@@ -369,6 +448,64 @@ fn case() -> impl Strategy<Value = (Vec<Quota>, Vec<(i64, u64)>)> {
 enum Step {
     Check(u64),
     Adjust(i64),
+    /// Every quota changed to other figures of its period, drawn from the
+    /// seed (see [`changed`]).
+    Change(u64),
+}
+
+/// `quotas` changed to other figures of their periods, drawn from `seed`:
+/// tokens and burst as people change them, sometimes a capacity at the top
+/// of the exact range (so carrying meets its inexact path); a quota whose
+/// draw cannot be made stays as it was. Lock-outs stay.
+#[cfg_attr(not(feature = "test-util"), allow(dead_code))]
+fn changed(quotas: &[Quota], seed: u64) -> Vec<Quota> {
+    let mut x = seed;
+    let mut next = || {
+        // splitmix64
+        x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = x;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    };
+    quotas
+        .iter()
+        .map(|q| {
+            let (a, b) = (next(), next());
+            let tokens = 1 + a % 1_000;
+            let period = q.period();
+            let made = Quota::new(tokens, period).ok().and_then(|new| match b % 4 {
+                0 => Some(new),
+                1 | 2 => new.burst(1 + b / 4 % 2_000).ok(),
+                _ => {
+                    let us = u64::try_from(period.as_micros()).ok()?;
+                    let den = us / gcd(tokens, us);
+                    new.burst(((1u64 << 52) / den).checked_sub(b / 4 % 1_000)?)
+                        .ok()
+                }
+            });
+            let made = made.unwrap_or(*q);
+            match q.lockout_time() {
+                Some(time) => made.lockout(time).unwrap_or(*q),
+                None => made,
+            }
+        })
+        .collect()
+}
+
+/// As [`adjusted_case`], with quota changes (raised, lowered, back).
+#[cfg_attr(not(feature = "test-util"), allow(dead_code))]
+fn changed_case() -> impl Strategy<Value = (Vec<Quota>, Vec<(i64, Step)>)> {
+    quotas().prop_flat_map(|qs| {
+        // Costs within every figure a change may draw: 1 token at least.
+        let step = prop_oneof![
+            4 => (0..=1u64).prop_map(Step::Check),
+            1 => (-1i64..=2).prop_map(Step::Adjust),
+            2 => any::<u64>().prop_map(Step::Change),
+        ];
+        let steps = prop::collection::vec((elapsed(), step), 1..40);
+        (Just(qs), steps)
+    })
 }
 
 /// As [`case`], with refunds of up to the largest cost and charges of up to
@@ -502,6 +639,14 @@ mod explicit_clock {
     /// `RateLimiter::refund` and `charge`): after every adjustment both
     /// stores' buckets, peeked, are the model's, and every check after it is
     /// decided as the model decides, debt included.
+    /// Quotas raised, lowered and changed back while a client spends: each
+    /// bucket is carried into the new figures (the share spent stays spent)
+    /// alike by both stores and the model.
+    #[test]
+    fn both_stores_agree_with_the_model_across_quota_changes() {
+        run_cases(changed_case());
+    }
+
     #[test]
     fn both_stores_agree_with_the_model_through_refunds_and_charges() {
         run_cases(adjusted_case());
@@ -538,7 +683,7 @@ mod explicit_clock {
         quotas: &[Quota],
         steps: &[(i64, Step)],
     ) -> Result<(), String> {
-        let policy = Policy::new("model", quotas.iter().copied()).map_err(|e| e.to_string())?;
+        let mut policy = Policy::new("model", quotas.iter().copied()).map_err(|e| e.to_string())?;
         let id = stores.next_key.fetch_add(1, Ordering::Relaxed);
         let key = format!("model:{id}");
         let memory = MemoryStore::new();
@@ -548,6 +693,12 @@ mod explicit_clock {
             now = now.checked_add_signed(elapsed).expect("clock in range");
             let cost = match op {
                 Step::Check(cost) => cost,
+                Step::Change(seed) => {
+                    let quotas = changed(policy.quotas(), seed);
+                    model.change(&quotas);
+                    policy = Policy::new("model", quotas).map_err(|e| e.to_string())?;
+                    0
+                }
                 Step::Adjust(delta) => {
                     model.adjust(now, delta);
                     memory.adjust_at(&key, &policy, delta, now);
@@ -669,11 +820,12 @@ fn live_quota() -> impl Strategy<Value = Quota> {
     ]
 }
 
-/// 1 or 2 distinct live quotas and up to 20 (sleep µs, cost) steps.
+/// 1 or 2 live quotas of distinct periods and up to 20 (sleep µs, cost)
+/// steps.
 fn live_case() -> impl Strategy<Value = (Vec<Quota>, Vec<(u64, u64)>)> {
     prop::collection::vec(live_quota(), 1..=2)
         .prop_map(|mut qs| {
-            qs.dedup();
+            qs.dedup_by_key(|q| q.period());
             qs
         })
         .prop_flat_map(|qs| {
@@ -684,11 +836,11 @@ fn live_case() -> impl Strategy<Value = (Vec<Quota>, Vec<(u64, u64)>)> {
         })
 }
 
-/// The stored `level:stamp` of a bucket key, if the key exists.
+/// The stamp of a bucket key (`level:stamp:full,num`), if the key exists.
 fn stored_stamp(server: &RedisServer, key: &str) -> Option<u64> {
     let value: Option<String> = server.cmd(&["GET", key]);
     value.map(|v| {
-        let (_, stamp) = v.split_once(':').expect("level:stamp");
+        let stamp = v.split(':').nth(1).expect("level:stamp");
         stamp.parse().expect("integer stamp")
     })
 }
@@ -717,7 +869,7 @@ fn live_case_run(
     steps: &[(u64, u64)],
 ) -> Result<(), String> {
     let policy = Policy::new("live", quotas.iter().copied()).map_err(|e| e.to_string())?;
-    let keys: Vec<String> = quotas.iter().map(|q| store.bucket_key(key, q)).collect();
+    let keys: Vec<String> = store.bucket_keys(key, &policy);
     let mut model = Model::new(quotas);
     // The longest Redis call so far, in Redis time: a cached wait is counted
     // down from when its answer arrived, after Redis decided, so it may

@@ -116,11 +116,11 @@ async fn rules_choose_by_route_and_a_swap_applies_while_serving() {
         ])
         .unwrap(),
     );
-    // The changed quota has fresh buckets: the client spent 2 under the old
-    // one and gets the new one's 4 on top (one burst of double-dipping),
-    // then is limited.
-    let login = statuses(&client, "POST", &url("/login"), 5).await;
-    assert_eq!(login, [200, 200, 200, 200, 429]);
+    // The changed quota carries the bucket over: the client had spent all
+    // of the old one's 2, so it has none of the new one's 4 (a per-minute
+    // refill gives nothing during the test).
+    let login = statuses(&client, "POST", &url("/login"), 3).await;
+    assert_eq!(login, [429, 429, 429]);
     let reply = client.send("POST", &url("/login"), &[]).await;
     assert_eq!(policy_of(&reply), Some("\"login\";q=4;w=60"));
     // The unchanged one kept its bucket: still limited.
@@ -139,8 +139,8 @@ async fn rules_choose_by_route_and_a_swap_applies_while_serving() {
         Some("\"api\";q=100;w=60")
     );
 
-    // Back to the first table: login's 2/min bucket is still in Redis (it
-    // expires only when full again), so it carries on where it was.
+    // Back to the first table: login's bucket is still in Redis (it expires
+    // only when full again), carried back into 2/min: still spent.
     table.swap(first_table());
     assert_eq!(client.send("POST", &url("/login"), &[]).await.status, 429);
 }
@@ -228,13 +228,13 @@ async fn rules_choose_grpc_methods_on_a_tonic_server() {
     .await
     .expect("exempt");
     assert_eq!(meta(watch.metadata(), "ratelimit-policy"), None);
-    // A reload with a larger quota: fresh buckets, admitted again.
+    // A reload with a larger quota: the spent bucket is carried over (2 of
+    // 2 spent is 3 of 3 spent), so no free burst, under the new policy.
     table.swap(rules("3/min"));
-    let ok = within(client.check(check(&[])))
-        .await
-        .expect("admitted after the swap");
+    let status = within(client.check(check(&[]))).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted);
     assert_eq!(
-        meta(ok.metadata(), "ratelimit-policy"),
+        meta(status.metadata(), "ratelimit-policy"),
         Some("\"checks\";q=3;w=60")
     );
 }

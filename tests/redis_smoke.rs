@@ -15,7 +15,7 @@ async fn a_check_creates_one_key_with_a_ttl() {
     assert_eq!(d.remaining(), 2);
     let keys: Vec<String> = server.cmd(&["KEYS", "*"]);
     // Behind the policy's name (a bare quota's policy is `default`).
-    assert_eq!(keys, vec!["tollgate:{default:smoke}:3/1s:3".to_string()]);
+    assert_eq!(keys, vec!["tollgate:{default:smoke}:3/s:b3".to_string()]);
     let ttl: i64 = server.cmd(&["PTTL", &keys[0]]);
     // Full again in 333.4 ms: a TTL of 334 ms, plus a margin of 1 ms.
     assert!(ttl > 0 && ttl <= 334 + 1, "ttl {ttl}");

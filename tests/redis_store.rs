@@ -68,10 +68,11 @@ async fn until_answered(
     }
 }
 
-/// The stored `level:stamp` pair of a bucket.
+/// The stored `level:stamp` pair of a bucket (`level:stamp:full,num`).
 fn stored(server: &RedisServer, key: &str) -> (i64, i64) {
     let value = get(server, key).expect("bucket is stored");
-    let (level, stamp) = value.split_once(':').expect("level:stamp");
+    let mut fields = value.split(':');
+    let (level, stamp) = (fields.next().unwrap(), fields.next().expect("level:stamp"));
     (level.parse().unwrap(), stamp.parse().unwrap())
 }
 
@@ -299,7 +300,8 @@ async fn both_number_formats_store_and_answer_the_same() {
             let key = format!("fmt:{{x}}:{k}");
             let value: Option<String> = server.cmd(&["GET", &key]);
             let value = value.unwrap_or_else(|| panic!("{name}: {key} not stored"));
-            let (level, stamp) = value.split_once(':').expect("level:stamp");
+            let mut fields = value.split(':');
+            let (level, stamp) = (fields.next().unwrap(), fields.next().expect("level:stamp"));
             assert!(
                 level.parse::<i64>().is_ok() && stamp.parse::<u64>().is_ok(),
                 "{name}: {key} = {value:?}"
@@ -601,7 +603,7 @@ async fn unreadable_buckets_are_full() {
     for (i, value) in values.iter().enumerate() {
         for (form, policy) in [("compact", &one), ("long", &two)] {
             let client = format!("broken-{form}-{i}");
-            let key = store.bucket_key(&client, &ten);
+            let key = store.bucket_keys(&client, policy).remove(0);
             let _: () = server.cmd(&["SET", &key, value]);
             server.reset_stats();
             let d = store.check(&client, policy, 1).await.unwrap();
@@ -613,7 +615,8 @@ async fn unreadable_buckets_are_full() {
                 "{value:?}"
             );
             let stored = get(&server, &key).unwrap();
-            let (level, stamp) = stored.split_once(':').unwrap();
+            let mut fields = stored.split(':');
+            let (level, stamp) = (fields.next().unwrap(), fields.next().unwrap());
             assert!(
                 level.parse::<i64>().is_ok() && stamp.parse::<u64>().is_ok(),
                 "{form} {value:?} -> {stored:?}"
@@ -1192,7 +1195,7 @@ async fn the_builder_prefix_names_every_key_and_bad_prefixes_are_refused() {
     let policy = Policy::from(quota);
     assert_eq!(
         prefixed.bucket_key("user:42", &quota),
-        "app-1.rl:v2/{user:42}:3/1m:3"
+        "app-1.rl:v2/{user:42}:3/m:b3"
     );
     assert_eq!(
         prefixed
@@ -1212,10 +1215,10 @@ async fn the_builder_prefix_names_every_key_and_bad_prefixes_are_refused() {
     );
     assert_eq!(
         keys(&server),
-        ["app-1.rl:v2/{user:42}:3/1m:3", "tollgate:{user:42}:3/1m:3"]
+        ["app-1.rl:v2/{user:42}:3/m:b3", "tollgate:{user:42}:3/m:b3"]
     );
     prefixed.reset("user:42", &policy).await.unwrap();
-    assert_eq!(keys(&server), ["tollgate:{user:42}:3/1m:3"]);
+    assert_eq!(keys(&server), ["tollgate:{user:42}:3/m:b3"]);
 
     // 64 bytes of every allowed character, and no prefix at all, are fine.
     let longest = "aZ09._:/-".repeat(8)[..64].to_owned();
@@ -1226,7 +1229,7 @@ async fn the_builder_prefix_names_every_key_and_bad_prefixes_are_refused() {
             .prefix(ok)
             .build()
             .unwrap_or_else(|e| panic!("{ok:?}: {e}"));
-        assert_eq!(store.bucket_key("k", &quota), format!("{ok}{{k}}:3/1m:3"));
+        assert_eq!(store.bucket_key("k", &quota), format!("{ok}{{k}}:3/m:b3"));
     }
     let too_long = "a".repeat(65);
     for bad in [

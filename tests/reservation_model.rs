@@ -248,12 +248,14 @@ fn quota() -> impl Strategy<Value = Quota> {
     prop_oneof![3 => named, 3 => random, 1 => extreme]
 }
 
+/// 1 to 3 quotas of distinct periods (a policy's quotas are told apart by
+/// their periods).
 fn quotas() -> impl Strategy<Value = Vec<Quota>> {
     prop::collection::vec(quota(), 1..=3).prop_map(|mut qs| {
         let mut seen = Vec::new();
         qs.retain(|q| {
-            let fresh = !seen.contains(q);
-            seen.push(*q);
+            let fresh = !seen.contains(&q.period());
+            seen.push(q.period());
             fresh
         });
         qs

@@ -152,7 +152,6 @@ pub(crate) enum Command {
     },
     /// The buckets of a policy nearest their limit. Finds them with SCAN,
     /// bounded by --scan: on a large keyspace it says how far it got.
-    /// Needs only --policy (without quotas, every quota's buckets show).
     #[command(after_long_help = KEYS_AND_EXIT_CODES)]
     Top {
         /// How many buckets to show.

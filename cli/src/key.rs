@@ -37,12 +37,7 @@ pub(crate) fn named(policy: &str, key: &str) -> String {
 
 /// The storage keys of `key`'s buckets under `policy`, one per quota.
 pub(crate) fn bucket_keys(store: &RedisStore, policy: &Policy, key: &str) -> Vec<String> {
-    let name = named(policy.name(), key);
-    policy
-        .quotas()
-        .iter()
-        .map(|q| store.bucket_key(&name, q))
-        .collect()
+    store.bucket_keys(&named(policy.name(), key), policy)
 }
 
 #[cfg(test)]

@@ -35,19 +35,6 @@ pub(crate) fn policy(args: &LimitArgs) -> Result<Policy, Failure> {
     }
 }
 
-/// The policy's name, and its quotas when they were given: `top` needs
-/// only the name (without quotas it shows every quota's buckets).
-pub(crate) fn name_and_policy(args: &LimitArgs) -> Result<(String, Option<Policy>), Failure> {
-    match (&args.config, args.quotas.is_empty(), &args.policy) {
-        (None, true, Some(name)) => {
-            // Checked as a policy's name is, with a stand-in quota.
-            let _checked = Policy::new(name, [Quota::per_second(1)?])?;
-            Ok((name.clone(), None))
-        }
-        _ => policy(args).map(|p| (p.name().to_owned(), Some(p))),
-    }
-}
-
 fn from_file(path: &Path, name: Option<&str>) -> Result<Policy, Failure> {
     let shown = path.display();
     let text = std::fs::read_to_string(path)

@@ -63,11 +63,10 @@ async fn run(cli: Cli) -> Result<Outcome, Failure> {
             check::check(&store, &policy, &key, *cost).await
         }
         Command::Top { limit, scan } => {
-            let (name, policy) = limits::name_and_policy(&cli.limits)?;
+            let policy = limits::policy(&cli.limits)?;
             let store = connect::connect(&cli.connect).await?;
             let ask = top::Top {
-                name: &name,
-                policy: policy.as_ref(),
+                policy: &policy,
                 limit: *limit,
                 scan: *scan,
             };

@@ -22,7 +22,7 @@ pub(crate) async fn peek(
     let limiter = RateLimiter::new(store.clone(), policy.clone());
     let decision = limiter.peek(key).await?;
     let keys = bucket_keys(store, policy, key);
-    let buckets = store.read_buckets(&keys).await?;
+    let buckets = store.read_buckets(policy, &keys).await?;
     let mut text = format!("policy {}, key {key}\n", policy.name());
     let _ = writeln!(
         text,

@@ -18,7 +18,7 @@ pub(crate) async fn reset(
     key: &str,
 ) -> Result<Outcome, Failure> {
     let keys = bucket_keys(store, policy, key);
-    let before = store.read_buckets(&keys).await?;
+    let before = store.read_buckets(policy, &keys).await?;
     let stored = before.iter().flatten().count();
     let held = before
         .iter()

@@ -16,9 +16,7 @@ use crate::show::{human, millis};
 /// keys the scan may visit.
 #[derive(Debug)]
 pub(crate) struct Top<'a> {
-    pub(crate) name: &'a str,
-    /// `None`: every quota's buckets of the policy's name.
-    pub(crate) policy: Option<&'a Policy>,
+    pub(crate) policy: &'a Policy,
     pub(crate) limit: usize,
     pub(crate) scan: u64,
 }
@@ -26,19 +24,21 @@ pub(crate) struct Top<'a> {
 /// Lists the buckets of the policy nearest their limit: the least left of
 /// their capacity first, then the longest until full.
 pub(crate) async fn top(store: &RedisStore, ask: &Top<'_>) -> Result<Outcome, Failure> {
-    let start = format!("{}:", ask.name);
+    let name = ask.policy.name();
+    let start = format!("{name}:");
     let scan = store.scan_buckets(&start, ask.scan).await?;
-    let read = store.read_buckets(scan.keys()).await?;
-    let in_policy = |b: &BucketState| ask.policy.is_none_or(|p| p.quotas().contains(b.quota()));
-    let (mut buckets, other): (Vec<BucketState>, Vec<BucketState>) =
-        read.into_iter().flatten().partition(in_policy);
+    let read = store.read_buckets(ask.policy, scan.keys()).await?;
+    let mut buckets: Vec<BucketState> = read.into_iter().flatten().collect();
+    // Keys of quotas the policy does not have (an older configuration), or
+    // gone since the scan found them.
+    let other = scan.keys().len() - buckets.len();
     buckets.sort_by(nearest_first);
     let found = buckets.len();
     buckets.truncate(ask.limit);
 
     let mut text = format!(
         "policy {}: {} of {found} buckets, nearest their limit first\n",
-        ask.name,
+        name,
         buckets.len()
     );
     let _ = writeln!(
@@ -71,9 +71,9 @@ pub(crate) async fn top(store: &RedisStore, ask: &Top<'_>) -> Result<Outcome, Fa
             })
         })
         .collect();
-    text.push_str(&summary(&scan, ask.scan, other.len()));
+    text.push_str(&summary(&scan, ask.scan, other));
     let json = json!({
-        "policy": ask.name,
+        "policy": name,
         "buckets": rows,
         "scan": {
             "bounded": true,
@@ -84,7 +84,7 @@ pub(crate) async fn top(store: &RedisStore, ask: &Top<'_>) -> Result<Outcome, Fa
             "visited": scan.visited(),
             "total_keys": scan.total_keys(),
             "buckets_found": found,
-            "buckets_of_other_quotas": other.len(),
+            "keys_not_shown": other,
         },
     });
     Ok(Outcome::done(text, json))
@@ -130,8 +130,8 @@ fn summary(scan: &BucketScan, max_visits: u64, other: usize) -> String {
     if other > 0 {
         let _ = writeln!(
             text,
-            "{other} buckets of the policy's name are kept for other quotas (an older \
-             configuration?) and are not shown"
+            "{other} keys of the policy's name are not shown: kept for quotas it does not \
+             have (an older configuration?), or gone since the scan"
         );
     }
     text

@@ -55,9 +55,10 @@ impl PolicyTable {
     /// # Errors
     ///
     /// A [`ConfigError`] naming the entries (1-based) when two rules have the
-    /// same name (names are the buckets' namespace), when a rule follows one
-    /// that applies to every request (it could never apply), or when an
-    /// exemption has a key.
+    /// same name (names are the buckets' namespace), when a rule's policy is
+    /// named `default` (kept for a bare quota's, see [`Policy::carries`]), when
+    /// a rule follows one that applies to every request (it could never
+    /// apply), or when an exemption has a key.
     pub fn new(rules: impl IntoIterator<Item = PolicyRule>) -> Result<Self, ConfigError> {
         let rules: Vec<PolicyRule> = rules.into_iter().collect();
         check(&rules)?;
@@ -70,10 +71,12 @@ impl PolicyTable {
     /// of `new`, atomically: a request chooses under the old rules or the
     /// new, never a mix. Requests already decided keep their decision.
     ///
-    /// Buckets are named by policy, key kind and quota, so a policy whose
-    /// name, key and quotas did not change keeps its buckets; a changed quota
-    /// (or name, or key) starts fresh, full buckets. See the
-    /// [module docs](crate::layer#changing-limits-at-runtime).
+    /// Buckets are named by policy, key kind and the period of each quota: a
+    /// quota changed to other figures over the same period keeps its
+    /// buckets, each carried into the new figures by the share of its
+    /// capacity spent (a client that had spent its burst gets none of the
+    /// new one); a changed period, name or key starts fresh, full buckets.
+    /// See the [module docs](crate::layer#changing-limits-at-runtime).
     pub fn swap(&self, new: PolicyTable) {
         let rules = new.snapshot();
         *self.rules.write().unwrap_or_else(PoisonError::into_inner) = rules;
@@ -119,6 +122,15 @@ fn check(rules: &[PolicyRule]) -> Result<(), ConfigError> {
                 "{} can never apply: {} before it applies to every request (put it last)",
                 entry((i, rule)),
                 entry(all)
+            )));
+        }
+        if !rule.is_exempt() && rule.name() == crate::policy::DEFAULT_POLICY_NAME {
+            return Err(ConfigError::policy(format!(
+                "{}: the name \"default\" is kept for the policy of a bare quota, whose \
+                 buckets are told apart by their figures and start fresh when they change; \
+                 name the entry for what it limits, so that a changed quota carries its \
+                 buckets over",
+                entry((i, rule))
             )));
         }
         if rule.is_exempt() && rule.applies_to_all() {
@@ -221,6 +233,22 @@ mod tests {
         empty.swap(table);
         assert_eq!(chosen(&clone, Request::get("/")), "rest");
         assert_eq!(format!("{clone:?}"), "[\"health\", \"writes\", \"rest\"]");
+    }
+
+    #[test]
+    fn a_table_entry_may_not_take_the_bare_quotas_name() {
+        // Its buckets would be told apart by figures, and a changed quota
+        // would start them fresh: the burst a reload must not hand out.
+        let err = PolicyTable::new([limit("api").routes(["/x"]).unwrap(), limit("default")])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("policy \"default\" (entry 2)"), "{err}");
+        assert!(err.contains("kept for the policy of a bare quota"), "{err}");
+        let exempt = PolicyRule::exempt("default")
+            .unwrap()
+            .routes(["/health"])
+            .unwrap();
+        assert!(PolicyTable::new([exempt, limit("api")]).is_ok());
     }
 
     #[test]

@@ -7,7 +7,7 @@
 //! `elapsed x quota.num()` units, an exact integer, and caps at `quota.full()`.
 
 use crate::decision::{Decision, QuotaState, States};
-use crate::quota::{MAX_EXACT, MAX_REPORTED_US, Quota, ceil_div};
+use crate::quota::{MAX_EXACT, MAX_REPORTED_US, Quota, ceil_div, gcd};
 
 /// One bucket's stored state. The level is signed: a reservation may leave it
 /// below zero (tokens spent ahead of their refill), by at most the debt the
@@ -41,7 +41,14 @@ impl Level {
     /// a server whose clock is behind) refills nothing and keeps the later stamp.
     #[inline]
     pub(crate) fn refilled(self, quota: &Quota, now: u64) -> Self {
-        let full = signed(quota.full());
+        self.refilled_by(quota.full(), quota.num(), now)
+    }
+
+    /// [`refilled`](Self::refilled) for a quota whose full bucket is `full`
+    /// units, refilling `num` units a microsecond.
+    #[inline]
+    pub(crate) fn refilled_by(self, full: u64, num: u64, now: u64) -> Self {
+        let full = signed(full);
         let level = self.level.min(full);
         if now <= self.stamp {
             return Level {
@@ -56,12 +63,44 @@ impl Level {
         // no overflow), so the product added below stays below `missing`,
         // under 2^53 (Lua compares with the division instead, to stay exact
         // in doubles).
-        let level = if u128::from(elapsed) * u128::from(quota.num()) >= u128::from(missing) {
+        let level = if u128::from(elapsed) * u128::from(num) >= u128::from(missing) {
             full
         } else {
-            level + signed(elapsed * quota.num())
+            level + signed(elapsed * num)
         };
         Level { level, stamp: now }
+    }
+
+    /// This bucket, kept under a quota whose full bucket is `from` units and
+    /// refilled under it, carried into one whose full bucket is `to` units
+    /// (a quota changed to other figures over the same period): the same
+    /// share of the capacity spent, so a client that had spent its burst has
+    /// none of the new one, rounded down to a unit (never more than the
+    /// share). The stamp is kept. As `carry` in `lua/token_bucket.lua`,
+    /// number for number: exact where `level x to / gcd` is within 2^52 of
+    /// zero, else the same double arithmetic Lua does, less two units (more
+    /// than its rounding can add).
+    pub(crate) fn carried(self, from: u64, to: u64) -> Self {
+        if from == to || from == 0 {
+            return self;
+        }
+        let level = self.level.min(signed(from));
+        let g = gcd(from, to);
+        let (n, d) = (to / g, from / g);
+        let product = i128::from(level) * i128::from(n);
+        let limit = i128::from(MAX_EXACT);
+        let carried = if (-limit..=limit).contains(&product) {
+            product.div_euclid(i128::from(d))
+        } else {
+            #[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation)]
+            let approx = ((level as f64) * (n as f64) / (d as f64)).floor() - 2.0;
+            approx as i128
+        };
+        let level = carried.clamp(-limit, i128::from(to));
+        Level {
+            level: i64::try_from(level).unwrap_or(0),
+            stamp: self.stamp,
+        }
     }
 
     /// Time until this bucket is full, in microseconds.
@@ -585,5 +624,59 @@ mod adjust_tests {
         let (d, _) = spend(&[q], &mut l, 1, 0, &[]);
         assert!(!d.allowed());
         assert_eq!(d.retry_after(), Duration::from_millis(1_100));
+    }
+
+    #[test]
+    fn a_changed_quota_carries_the_share_spent() {
+        let at = |level: i64| Level { level, stamp: 7 };
+        // Raised from 10 to 20 tokens of one unit each: a spent burst stays
+        // spent, half stays half, full stays full; the stamp is kept.
+        assert_eq!(at(0).carried(10, 20), at(0));
+        assert_eq!(at(5).carried(10, 20), at(10));
+        assert_eq!(at(10).carried(10, 20), at(20));
+        // Lowered: rounded down, never more than the share.
+        assert_eq!(at(5).carried(20, 10), at(2));
+        assert_eq!(at(3).carried(9, 6), at(2));
+        // Debt carries as a share too, rounded towards more debt.
+        assert_eq!(at(-3).carried(20, 10), at(-2));
+        // Above full (a kept level is capped first) and the same figures.
+        assert_eq!(at(30).carried(10, 20), at(20));
+        assert_eq!(at(4).carried(10, 10), at(4));
+        // Past 2^52: the approximation, two units under the exact share.
+        let (from, to) = ((1 << 52) - 1, (1 << 52) - 3);
+        let exact = i64::try_from(
+            (i128::from((1i64 << 52) - 5) * i128::from(to)).div_euclid(i128::from(from)),
+        )
+        .unwrap();
+        let carried = at((1 << 52) - 5).carried(from, to).level;
+        assert!(
+            carried <= exact && carried >= exact - 3,
+            "{carried} {exact}"
+        );
+    }
+
+    proptest::proptest! {
+        /// Carrying never gives more than the exact share of the new full
+        /// bucket, and loses at most three units of it (one exactly).
+        #[test]
+        fn carrying_keeps_the_share_within_units(
+            from in 1u64..=MAX_EXACT,
+            to in 1u64..=MAX_EXACT,
+            share in 0.0f64..=1.0,
+            debt in proptest::bool::weighted(0.2),
+        ) {
+            #[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation)]
+            let mut level = (from as f64 * share) as i64;
+            if debt {
+                level = -level;
+            }
+            let carried = Level { level, stamp: 0 }.carried(from, to).level;
+            let exact = (i128::from(level) * i128::from(to)).div_euclid(i128::from(from));
+            let exact = exact.max(-i128::from(MAX_EXACT));
+            proptest::prop_assert!(i128::from(carried) <= exact, "{carried} > {exact}");
+            let slack = if (i128::from(level) * i128::from(to / gcd(from, to))).abs()
+                <= i128::from(MAX_EXACT) { 0 } else { 3 };
+            proptest::prop_assert!(i128::from(carried) >= exact - slack, "{carried} << {exact}");
+        }
     }
 }

@@ -123,12 +123,12 @@ struct Inner {
 fn store(
     entry: &mut Entry,
     order: &mut Order,
-    known: &Known,
+    known: &mut Known,
     hash: u64,
-    quotas: &[Quota],
+    (quotas, carries): (&[Quota], bool),
     levels: &[Level],
 ) {
-    entry.set(known, quotas, levels);
+    entry.set(known, quotas, carries, levels);
     let full_at = entry.full_at(known);
     if full_at < entry.filed_at {
         // Never from an admission (see `Shard`); kept exact anyway.
@@ -166,6 +166,27 @@ fn unfile(order: &mut Order, at: u64, hash: u64) {
 /// another refusal, changes nothing.
 fn writes(decision: &Decision, cost: u64, levels: &[Level], now: u64, ahead: usize) -> bool {
     cost != 0 && (decision.allowed() || stamped_ahead(levels, now) > ahead)
+}
+
+/// Whether a check found its key stored, and whether a bucket of it was
+/// kept under other figures of its quota's period and carried into them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Found {
+    New,
+    Stored,
+    Carried,
+}
+
+/// What an update of a key's buckets stores.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Write {
+    /// Nothing: the buckets stay as they were.
+    No,
+    /// The buckets, under the update's quotas.
+    Yes,
+    /// The buckets, each under the figures it was kept under (an adjustment
+    /// under a policy that may be stale, carried back).
+    Kept,
 }
 
 /// How many of `levels` are stamped after `now`: locked out, or by a clock
@@ -292,22 +313,42 @@ impl Shard {
         &mut self,
         hash: u64,
         key: &str,
-        quotas: &[Quota],
+        policy: &Policy,
         now_us: u64,
         levels: &mut [Level],
         update: U,
     ) -> Result<T, U>
     where
-        U: FnOnce(&[Quota], &mut [Level], bool) -> (T, bool),
+        U: FnOnce(&[Quota], &mut [Level], Found) -> (T, Write),
     {
-        let known = &self.known;
-        let Some(entry) = self.map.find_mut(hash, |e| e.is(known, key)) else {
+        let (quotas, carries) = (policy.quotas(), policy.carries());
+        let Shard {
+            map, order, known, ..
+        } = self;
+        let Some(entry) = map.find_mut(hash, |e| e.is(known, key)) else {
             return Err(update);
         };
-        entry.levels(known, quotas, now_us, levels);
-        let (out, write) = update(quotas, levels, true);
-        if write {
-            store(entry, &mut self.order, known, hash, quotas, levels);
+        let found = match entry.levels(known, quotas, carries, now_us, levels) {
+            true => Found::Carried,
+            false => Found::Stored,
+        };
+        let (out, write) = update(quotas, levels, found);
+        match write {
+            Write::No => {}
+            Write::Yes => store(entry, order, known, hash, (quotas, carries), levels),
+            Write::Kept if found == Found::Carried => {
+                // Each bucket carried back into the figures it was kept
+                // under, and kept under them.
+                let mut kept = Vec::with_capacity(quotas.len());
+                let mut back = Vec::with_capacity(quotas.len());
+                for (q, level) in quotas.iter().zip(levels.iter()) {
+                    let k = entry.kept(known, q, carries).unwrap_or(*q);
+                    back.push(level.carried(q.full(), k.full()));
+                    kept.push(k);
+                }
+                store(entry, order, known, hash, (&kept, carries), &back);
+            }
+            Write::Kept => store(entry, order, known, hash, (quotas, carries), levels),
         }
         Ok(out)
     }
@@ -371,13 +412,14 @@ impl Shard {
 
     /// Forgets the buckets of `quotas` for `key`, and the key when it has no
     /// bucket left.
-    fn reset(&mut self, hash: u64, key: &str, quotas: &[Quota]) {
+    fn reset(&mut self, hash: u64, key: &str, policy: &Policy) {
+        let quotas = policy.quotas();
         let known = &self.known;
         let Ok(mut found) = self.map.find_entry(hash, |e| e.is(known, key)) else {
             return;
         };
         let entry = found.get_mut();
-        let emptied = entry.remove(known, quotas);
+        let emptied = entry.remove(known, quotas, policy.carries());
         let filed_at = entry.filed_at;
         unfile(&mut self.order, filed_at, hash);
         if emptied {
@@ -594,12 +636,17 @@ impl MemoryStore {
         };
         // A denial or a peek changes nothing, and a peek at an unknown key
         // stores nothing.
-        Ok(self.update_at(key, policy, now_us, |quotas, levels, _| {
-            let ahead = stamped_ahead(levels, now_us);
-            let (decision, wait) = spend(quotas, levels, cost, now_us, &debts);
-            let write = writes(&decision, cost, levels, now_us, ahead);
-            ((decision, wait), write)
-        }))
+        Ok(
+            self.update_at(key, policy, now_us, |quotas, levels, found| {
+                let ahead = stamped_ahead(levels, now_us);
+                let (decision, wait) = spend(quotas, levels, cost, now_us, &debts);
+                // A bucket carried into changed figures is kept under them from
+                // its first check on, refused or not (as the script writes it).
+                let write = writes(&decision, cost, levels, now_us, ahead)
+                    || (found == Found::Carried && cost != 0);
+                ((decision, wait), if write { Write::Yes } else { Write::No })
+            }),
+        )
     }
 
     /// [`adjust`]s `key`'s buckets by `delta` tokens at `now_us` (a charge,
@@ -608,7 +655,7 @@ impl MemoryStore {
         if delta == 0 {
             return;
         }
-        self.update_at(key, policy, now_us, |quotas, levels, known| {
+        self.update_at(key, policy, now_us, |quotas, levels, found| {
             adjust(quotas, levels, delta);
             // A key not stored (never spent from, or forgotten full) that
             // ends full changes nothing: storing it could only make room by
@@ -617,7 +664,15 @@ impl MemoryStore {
                 .iter()
                 .zip(levels.iter())
                 .all(|(q, l)| l.until_full_us(q) == 0);
-            ((), known || !full)
+            // Settled under figures that may have changed since (a request
+            // decided before a swap): the buckets stay under the figures they
+            // were kept under, so a stale policy's rate never comes back.
+            let write = match (found, full) {
+                (Found::New, true) => Write::No,
+                (Found::New, false) => Write::Yes,
+                _ => Write::Kept,
+            };
+            ((), write)
         });
     }
 
@@ -632,7 +687,7 @@ impl MemoryStore {
     /// safe, looked up again in its hashed form.
     fn update_at<T, U>(&self, key: &str, policy: &Policy, now_us: u64, update: U) -> T
     where
-        U: FnOnce(&[Quota], &mut [Level], bool) -> (T, bool),
+        U: FnOnce(&[Quota], &mut [Level], Found) -> (T, Write),
     {
         let quotas = policy.quotas();
         // Levels on the stack for policies of up to four quotas (all the
@@ -649,7 +704,7 @@ impl MemoryStore {
         let mut update = update;
         if key.len() <= MAX_RAW_KEY_LEN && !key.starts_with('#') {
             let (hash, mut shard) = self.shard(key);
-            match shard.update_found(hash, key, quotas, now_us, levels, update) {
+            match shard.update_found(hash, key, policy, now_us, levels, update) {
                 Ok(out) => return out,
                 Err(back) if is_safe(key.as_bytes()) => {
                     return self.update_new(&mut shard, hash, key, quotas, now_us, levels, back);
@@ -659,7 +714,7 @@ impl MemoryStore {
         }
         let key = safe_key(key);
         let (hash, mut shard) = self.shard(&key);
-        match shard.update_found(hash, &key, quotas, now_us, levels, update) {
+        match shard.update_found(hash, &key, policy, now_us, levels, update) {
             Ok(out) => out,
             Err(back) => self.update_new(&mut shard, hash, &key, quotas, now_us, levels, back),
         }
@@ -679,13 +734,13 @@ impl MemoryStore {
         update: U,
     ) -> T
     where
-        U: FnOnce(&[Quota], &mut [Level], bool) -> (T, bool),
+        U: FnOnce(&[Quota], &mut [Level], Found) -> (T, Write),
     {
         for (level, q) in levels.iter_mut().zip(quotas) {
             *level = Level::full(q, now_us);
         }
-        let (out, write) = update(quotas, levels, false);
-        if !write {
+        let (out, write) = update(quotas, levels, Found::New);
+        if write == Write::No {
             return out;
         }
         let hasher = &self.inner.hasher;
@@ -735,7 +790,7 @@ impl Store for MemoryStore {
     async fn reset(&self, key: &str, policy: &Policy) -> Result<(), Error> {
         let key = safe_key(key);
         let (hash, mut shard) = self.shard(&key);
-        shard.reset(hash, &key, policy.quotas());
+        shard.reset(hash, &key, policy);
         Ok(())
     }
 }

@@ -115,6 +115,16 @@ struct Many {
     buckets: Vec<(Quota, Level)>,
 }
 
+/// Whether a bucket kept under `kept` is the bucket of `quota`: one of its
+/// period in a policy that carries buckets over (`Policy::carries`), one of
+/// its figures otherwise.
+fn holds_for(kept: &Quota, quota: &Quota, carries: bool) -> bool {
+    match carries {
+        true => kept.same_period(quota),
+        false => kept.same_bucket(quota),
+    }
+}
+
 impl Entry {
     /// `key` with the `levels` of `quotas`, filed at `filed_at`.
     pub(super) fn new(
@@ -224,18 +234,24 @@ impl Entry {
         }
     }
 
-    /// The level of `quota`'s bucket, if the key has one.
-    fn get(&self, known: &Known, quota: &Quota) -> Option<&Level> {
+    /// The bucket of `quota`'s period, if the key has one, with the quota it
+    /// was kept under.
+    fn get<'a>(
+        &'a self,
+        known: &'a Known,
+        quota: &Quota,
+        carries: bool,
+    ) -> Option<(&'a Quota, &'a Level)> {
         match (&self.body, self.single()) {
             (Body::Many(many), _) => many
                 .buckets
                 .iter()
-                .find(|(q, _)| q.same_bucket(quota))
-                .map(|(_, l)| l),
+                .find(|(q, _)| holds_for(q, quota, carries))
+                .map(|(q, l)| (q, l)),
             (_, Some(number)) => known
                 .quota(number)
-                .is_some_and(|q| q.same_bucket(quota))
-                .then_some(&self.level),
+                .filter(|q| holds_for(q, quota, carries))
+                .map(|q| (q, &self.level)),
             (_, None) => None,
         }
     }
@@ -252,29 +268,49 @@ impl Entry {
     }
 
     /// The levels of `quotas` at `now_us`: this key's buckets brought up to
-    /// date, full for a quota it has no bucket of.
+    /// date, full for a quota it has no bucket of. A bucket kept under other
+    /// figures of its quota's period (a changed quota) is refilled under
+    /// them, then carried into the quota's; true when one was.
     pub(super) fn levels(
         &self,
         known: &Known,
         quotas: &[Quota],
+        carries: bool,
         now_us: u64,
         levels: &mut [Level],
-    ) {
+    ) -> bool {
+        let mut carried = false;
         for (level, q) in levels.iter_mut().zip(quotas) {
-            *level = match self.get(known, q) {
-                Some(stored) => stored.refilled(q, now_us),
+            *level = match self.get(known, q, carries) {
+                Some((kept, stored)) if kept.same_bucket(q) => stored.refilled(q, now_us),
+                Some((kept, stored)) => {
+                    carried = true;
+                    stored.refilled(kept, now_us).carried(kept.full(), q.full())
+                }
                 None => Level::full(q, now_us),
             };
         }
+        carried
     }
 
-    /// Sets the `levels` of `quotas`: the buckets the key has, and new ones
-    /// for the others (which moves a single bucket out of line).
-    pub(super) fn set(&mut self, known: &Known, quotas: &[Quota], levels: &[Level]) {
+    /// Sets the `levels` of `quotas`: the buckets of their periods the key
+    /// has, now kept under them, and new ones for the others (which moves a
+    /// single bucket out of line).
+    pub(super) fn set(
+        &mut self,
+        known: &mut Known,
+        quotas: &[Quota],
+        carries: bool,
+        levels: &[Level],
+    ) {
         for (q, &level) in quotas.iter().zip(levels) {
             if let Body::Many(many) = &mut self.body {
-                match many.buckets.iter_mut().find(|(bq, _)| bq.same_bucket(q)) {
-                    Some(slot) => slot.1 = level,
+                match many
+                    .buckets
+                    .iter_mut()
+                    .find(|(bq, _)| holds_for(bq, q, carries))
+                {
+                    Some(slot) => *slot = (*q, level),
                     None => many.buckets.push((*q, level)),
                 }
                 continue;
@@ -284,8 +320,22 @@ impl Entry {
                 self.level = level;
                 continue;
             }
+            // A quota changed to other figures of the period: the bucket is
+            // kept under the new ones from now on.
+            if first.is_some_and(|f| holds_for(&f, q, carries))
+                && let Some(number) = known.number(q)
+                && let Body::Short { quota, .. } | Body::Long { quota, .. } = &mut self.body
+            {
+                *quota = number;
+                self.level = level;
+                continue;
+            }
             let mut buckets = Vec::with_capacity(2);
-            buckets.extend(first.map(|f| (f, self.level)));
+            buckets.extend(
+                first
+                    .filter(|f| !holds_for(f, q, carries))
+                    .map(|f| (f, self.level)),
+            );
             buckets.push((*q, level));
             self.body = Body::Many(Box::new(Many {
                 name: self.name(known).into_boxed_str(),
@@ -296,20 +346,25 @@ impl Entry {
     }
 
     /// Forgets the buckets of `quotas`; true when none is left.
-    pub(super) fn remove(&mut self, known: &Known, quotas: &[Quota]) -> bool {
+    pub(super) fn remove(&mut self, known: &Known, quotas: &[Quota], carries: bool) -> bool {
         match &mut self.body {
             Body::Many(many) => {
                 many.buckets
-                    .retain(|(q, _)| !quotas.iter().any(|r| r.same_bucket(q)));
+                    .retain(|(q, _)| !quotas.iter().any(|r| holds_for(q, r, carries)));
                 many.buckets.is_empty()
             }
             _ => {
                 let quota = self.single().and_then(|n| known.quota(n));
                 quotas
                     .iter()
-                    .any(|q| quota.is_some_and(|k| k.same_bucket(q)))
+                    .any(|q| quota.is_some_and(|k| holds_for(k, q, carries)))
             }
         }
+    }
+
+    /// The quota `quota`'s bucket was kept under, if the key has one.
+    pub(super) fn kept(&self, known: &Known, quota: &Quota, carries: bool) -> Option<Quota> {
+        self.get(known, quota, carries).map(|(q, _)| *q)
     }
 
     /// When every bucket is full again, so forgetting the key changes no
@@ -397,6 +452,38 @@ mod tests {
     }
 
     #[test]
+    fn a_changed_quota_of_the_period_keeps_the_bucket_in_line_and_carries_it() {
+        let a = Quota::per_second(10).unwrap();
+        let raised = Quota::per_second(20).unwrap().burst(40).unwrap();
+        let mut known = Known::default();
+        let mut entry = Entry::new(&mut known, "k", &[a], &[level(0)], 0);
+        // 10/s: den 100 000, full 1 000 000; 20/s burst 40: den 50 000, full 2 000 000.
+        let mut levels = [Level::EMPTY];
+        assert!(
+            entry.levels(&known, &[raised], true, 0, &mut levels),
+            "carried"
+        );
+        assert_eq!(levels, [level(0)], "an empty bucket stays empty");
+        entry.set(&mut known, &[a], true, &[level(250_000)]);
+        assert!(entry.levels(&known, &[raised], true, 0, &mut levels));
+        assert_eq!(levels, [level(500_000)], "a quarter stays a quarter");
+        entry.set(&mut known, &[raised], true, &levels);
+        assert!(entry.is_short());
+        assert_eq!(entry.to_vec(&known), [(raised, level(500_000))]);
+        // Another period is another bucket.
+        let hourly = Quota::per_hour(5).unwrap();
+        assert!(!entry.levels(&known, &[hourly], true, 0, &mut levels));
+        assert_eq!(levels, [Level::full(&hourly, 0)]);
+        // Refilled under the figures it was kept under, then carried: 10/s
+        // refills a full bucket (1 000 000 units) in 1 s, where 20/s burst
+        // 40 would take 2 s.
+        assert!(!entry.levels(&known, &[raised], true, 0, &mut levels));
+        entry.set(&mut known, &[a], true, &[level(0)]);
+        assert!(entry.levels(&known, &[raised], true, 1_000_000, &mut levels));
+        assert_eq!(levels[0].level, 2_000_000, "full under 10/s, so full");
+    }
+
+    #[test]
     fn a_second_quota_moves_the_buckets_out_of_line() {
         let a = Quota::per_second(1).unwrap();
         let b = Quota::per_hour(1).unwrap();
@@ -404,19 +491,19 @@ mod tests {
         known.add_start(Arc::from("p:k:"));
         let mut entry = Entry::new(&mut known, "p:k:v", &[a], &[level(1)], 0);
         assert!(entry.is_short());
-        entry.set(&known, &[b, a], &[level(2), level(3)]);
+        entry.set(&mut known, &[b, a], true, &[level(2), level(3)]);
         assert!(!entry.is_short());
         assert_eq!(entry.to_vec(&known), [(a, level(3)), (b, level(2))]);
-        assert_eq!(entry.get(&known, &b), Some(&level(2)));
+        assert_eq!(entry.get(&known, &b, true).map(|(_, l)| l), Some(&level(2)));
         assert_eq!(entry.name(&known), "p:k:v");
         assert!(entry.is(&known, "p:k:v"));
         assert!(entry.is_held(&known, Some(0), "p:k:", "v"));
-        assert!(!entry.remove(&known, &[a]));
+        assert!(!entry.remove(&known, &[a], true));
         assert_eq!(entry.to_vec(&known), [(b, level(2))]);
-        assert!(entry.remove(&known, &[b]));
+        assert!(entry.remove(&known, &[b], true));
         let mut one = Entry::new(&mut known, "p:k:w", &[a], &[level(1)], 0);
-        assert!(!one.remove(&known, &[b]));
-        assert!(one.remove(&known, &[a]));
+        assert!(!one.remove(&known, &[b], true));
+        assert!(one.remove(&known, &[a], true));
     }
 
     /// A name is the same key however it is held: after the longest start

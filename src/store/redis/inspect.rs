@@ -2,12 +2,16 @@
 //! `tollgate` command line): [`RedisStore::read_buckets`] and
 //! [`BucketState`].
 //!
-//! A bucket is stored as `"<level>:<stamp>[:<id,h,e>;...]"` (see
+//! A bucket is stored under a key that names its quota's period (a named
+//! policy's, `}:1s`) or figures (the unnamed `default` policy's,
+//! `}:10/s:b20`) as `"<level>:<stamp>:<full>,<num>[:<id,h,e>;...]"` (see
 //! `lua/token_bucket.lua`): its level in units of `1 / den` token when it
-//! was last written, the microsecond of Redis `TIME` it was written at, and
-//! the holds of instances' leases. Reading one refills it to the server's
-//! `TIME` and debits the holds whose expiry has passed, as the script does
-//! before a check, and writes nothing.
+//! was last written, the microsecond of Redis `TIME` it was written at, the
+//! figures of the quota it was written under, and the holds of instances'
+//! leases. Reading one carries it into the policy's quota (if it was written
+//! under other figures), refills it to the server's `TIME` and debits the
+//! holds whose expiry has passed, as the script does before a check, and
+//! writes nothing.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -17,6 +21,7 @@ use tokio::task::JoinSet;
 
 use super::store::RedisStore;
 use crate::error::{Error, ErrorKind};
+use crate::policy::Policy;
 use crate::quota::{MAX_REPORTED_US, Quota};
 use crate::store::bucket::{Level, signed};
 
@@ -60,7 +65,8 @@ impl BucketState {
         &self.client
     }
 
-    /// The quota the bucket is kept for, read from the key.
+    /// The quota the bucket was read under: the policy's quota of the
+    /// period the key names.
     pub fn quota(&self) -> &Quota {
         &self.quota
     }
@@ -119,24 +125,31 @@ impl BucketHold {
 }
 
 impl RedisStore {
-    /// The buckets stored under `storage_keys` (as
+    /// The buckets of `policy` stored under `storage_keys` (as
     /// [`bucket_key`](Self::bucket_key) makes them, or as a
     /// [`scan_buckets`](Self::scan_buckets) finds them), refilled to the
     /// server's clock, in the order given. Writes nothing.
     ///
+    /// A key names its quota's period, not its figures: each bucket is read
+    /// under the policy's quota of that period, carried into it as the next
+    /// check would carry it if it was written under other figures (see
+    /// [changing limits](crate::layer::PolicyTable::swap)).
+    ///
     /// `None` for a key under which no bucket is stored (a check would find
-    /// it full), or that is not a bucket key of this store's prefix. The keys
-    /// of one client are read in one call, on the node that serves them;
-    /// several clients' calls run side by side, each bounded by the store
-    /// timeout. The circuit breaker neither refuses nor counts them.
+    /// it full), that is not a bucket key of this store's prefix, or whose
+    /// period is none of the policy's quotas'. The keys of one client are
+    /// read in one call, on the node that serves them; several clients'
+    /// calls run side by side, each bounded by the store timeout. The
+    /// circuit breaker neither refuses nor counts them.
     ///
     /// ```no_run
-    /// use tollgate::{Quota, RedisStore};
+    /// use tollgate::{Policy, Quota, RedisStore};
     ///
     /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
     /// let store = RedisStore::from_url("redis://127.0.0.1:6379")?;
-    /// let key = store.bucket_key("api:user:42", &Quota::per_second(10)?);
-    /// for bucket in store.read_buckets(&[key]).await?.into_iter().flatten() {
+    /// let policy = Policy::new("api", [Quota::per_second(10)?])?;
+    /// let keys = store.bucket_keys("api:user:42", &policy);
+    /// for bucket in store.read_buckets(&policy, &keys).await?.into_iter().flatten() {
     ///     println!("{} left, {} held", bucket.remaining(), bucket.held());
     /// }
     /// # Ok(())
@@ -148,12 +161,15 @@ impl RedisStore {
     /// A store error when a call fails or times out.
     pub async fn read_buckets(
         &self,
+        policy: &Policy,
         storage_keys: &[String],
     ) -> Result<Vec<Option<BucketState>>, Error> {
         // Keys by client, so that each call's keys share a cluster slot.
         let mut groups: BTreeMap<String, Vec<(usize, String, Quota)>> = BTreeMap::new();
         for (i, key) in storage_keys.iter().enumerate() {
-            if let Some((client, quota)) = parse_key(self.prefix(), key) {
+            let read = parse_key(self.prefix(), key)
+                .and_then(|(client, slot)| Some((client, quota_of(policy, slot)?)));
+            if let Some((client, quota)) = read {
                 groups
                     .entry(client.to_owned())
                     .or_default()
@@ -247,39 +263,51 @@ pub(super) fn number(value: &Value) -> Option<u64> {
     }
 }
 
-/// The client part and the quota of a bucket key
-/// `{prefix}{{client}}:{quota id}`; `None` for any other key.
-pub(super) fn parse_key<'k>(prefix: &str, key: &'k str) -> Option<(&'k str, Quota)> {
+/// The client part and the tail of a bucket key `{prefix}{{client}}:{tail}`
+/// (a quota's period, `1s`, or its figures, `10/s:b20`, see
+/// `Policy::carries`); `None` for any other key.
+pub(super) fn parse_key<'k>(prefix: &str, key: &'k str) -> Option<(&'k str, &'k str)> {
     let rest = key.strip_prefix(prefix)?.strip_prefix('{')?;
-    let (client, id) = rest.split_once('}')?;
-    let id = id.strip_prefix(':')?;
-    // `tokens/period:capacity`, the period as the text form reads it.
-    let (rate, capacity) = id.rsplit_once(':')?;
-    let quota = rate
-        .parse::<Quota>()
-        .ok()?
-        .burst(capacity.parse().ok()?)
-        .ok()?;
-    // Only a key this version would write: another form would be misread.
-    (quota.id().to_string() == id && !client.is_empty()).then_some((client, quota))
+    let (client, tail) = rest.split_once('}')?;
+    let tail = tail.strip_prefix(':')?;
+    let well_formed = !client.is_empty()
+        && tail.starts_with(|c: char| c.is_ascii_digit())
+        && tail
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'/' || b == b':');
+    well_formed.then_some((client, tail))
+}
+
+/// `policy`'s quota whose buckets' keys end in `tail`.
+fn quota_of(policy: &Policy, tail: &str) -> Option<Quota> {
+    policy
+        .key_tails()
+        .iter()
+        .position(|t| t.strip_prefix("}:") == Some(tail))
+        .and_then(|i| policy.quotas().get(i))
+        .copied()
 }
 
 /// The bucket stored as `text` under `key`, brought up to `now` as the
 /// script brings it before a check: refilled, expired holds debited whole.
 /// `None` when `text` does not read (the script takes it as a full bucket).
 fn state_of(key: &str, client: &str, quota: Quota, text: &str, now: u64) -> Option<BucketState> {
-    let mut parts = text.splitn(3, ':');
+    let mut parts = text.splitn(4, ':');
     let level: i64 = parts.next()?.parse().ok()?;
     let stamp: u64 = parts.next()?.parse().ok()?;
-    let mut level = Level { level, stamp }.refilled(&quota, now);
-    let mut holds = Vec::new();
-    let mut held_units: u64 = 0;
-    for hold in parts
-        .next()
-        .unwrap_or("")
-        .split(';')
-        .filter(|h| !h.is_empty())
-    {
+    // The figures it was written under, `full,num`: the quota's own when
+    // it names none.
+    let kept = match parts.next() {
+        Some(figures) => {
+            let (full, num) = figures.split_once(',')?;
+            let full = full.parse::<u64>().ok().filter(|f| *f > 0)?;
+            let num = num.parse::<u64>().ok().filter(|n| *n > 0)?;
+            (full, num)
+        }
+        None => (quota.full(), quota.num()),
+    };
+    let mut read = Vec::new();
+    for hold in parts.next().unwrap_or("").split(';') {
         let mut fields = hold.split(',');
         let (Some(id), Some(units), Some(expiry)) = (fields.next(), fields.next(), fields.next())
         else {
@@ -288,6 +316,25 @@ fn state_of(key: &str, client: &str, quota: Quota, text: &str, now: u64) -> Opti
         let (Ok(units), Ok(expiry)) = (units.parse::<u64>(), expiry.parse::<u64>()) else {
             continue;
         };
+        if !id.is_empty() {
+            read.push((id, units, expiry));
+        }
+    }
+    let mut level = Level { level, stamp };
+    if kept != (quota.full(), quota.num()) {
+        // Carried as the script carries it: refilled under the figures it
+        // was kept under, holds debited whole, then carried.
+        let (full, num) = kept;
+        let held: u64 = read.iter().map(|(_, units, _)| units).sum();
+        level = level.refilled_by(full, num, now);
+        level.level -= signed(held);
+        level = level.carried(full, quota.full());
+        read.clear();
+    }
+    let mut level = level.refilled(&quota, now);
+    let mut holds = Vec::new();
+    let mut held_units: u64 = 0;
+    for (id, units, expiry) in read {
         if expiry <= now {
             level.level -= signed(units);
         } else {
@@ -335,36 +382,77 @@ mod tests {
     }
 
     #[test]
-    fn keys_are_read_back_into_client_and_quota() {
-        for q in [
-            "10/s",
-            "10/s burst 20",
-            "3/1500ms",
-            "2/15min",
-            "1/day",
-            "7/2500us",
-            "5/h",
+    fn keys_are_read_back_into_client_and_period() {
+        for (q, slot) in [
+            ("10/s", "1s"),
+            ("10/s burst 20", "1s"),
+            ("3/1500ms", "1500ms"),
+            ("2/15min", "15m"),
+            ("1/day", "1d"),
+            ("7/2500us", "2500us"),
+            ("5/h", "1h"),
         ] {
             let q = quota(q);
-            let key = format!("tollgate:{{api:user:42}}:{}", q.id());
+            let key = format!("tollgate:{{api:user:42}}:{}", q.slot());
             assert_eq!(
                 parse_key("tollgate:", &key),
-                Some(("api:user:42", q)),
+                Some(("api:user:42", slot)),
                 "{key}"
             );
         }
         for other in [
             "tollgate:epoch",
-            "other:{api:k}:10/1s:10",
-            "tollgate:{}:10/1s:10",
-            "tollgate:{api:k}:10/1s",
-            "tollgate:{api:k}:ten/1s:10",
-            // Not the form this version writes (`10/1s:10`).
-            "tollgate:{api:k}:10/s:10",
-            "tollgate:{api:k}10/1s:10",
+            "other:{api:k}:1s",
+            "tollgate:{}:1s",
+            "tollgate:{api:k}:",
+            "tollgate:{api:k}:s",
+            "tollgate:{api:k}:1s;x",
+            "tollgate:{api:k}1s",
         ] {
             assert_eq!(parse_key("tollgate:", other), None, "{other}");
         }
+        let policy = Policy::new("api", [quota("10/s"), quota("100/h")]).unwrap();
+        assert_eq!(quota_of(&policy, "1h"), Some(quota("100/h")));
+        assert_eq!(quota_of(&policy, "1m"), None);
+        // An unnamed policy's keys name the figures.
+        assert_eq!(
+            parse_key("tollgate:", "tollgate:{default:k}:10/s:b20"),
+            Some(("default:k", "10/s:b20"))
+        );
+        let bare = Policy::from(quota("10/s burst 20"));
+        assert_eq!(quota_of(&bare, "10/s:b20"), Some(quota("10/s burst 20")));
+        assert_eq!(quota_of(&bare, "1s"), None);
+    }
+
+    #[test]
+    fn a_bucket_written_under_other_figures_is_read_carried_into_the_quota() {
+        // Written under 10/s (full 1 000 000 units of 1/100 000 token) with
+        // 2.5 of its 10 tokens left, read under 20/s burst 40 (full
+        // 2 000 000 units of 1/50 000): a quarter, 10 tokens.
+        let old = quota("10/s");
+        let new = quota("20/s burst 40");
+        let figures = format!("{},{}", old.full(), old.num());
+        let text = format!("{}:1000000:{figures}", 250_000);
+        let state = state_of("k", "c", new, &text, 1_000_000).unwrap();
+        assert_eq!(state.remaining(), 10);
+        assert_eq!(state.quota(), &new);
+        // Holds are debited whole: 1 of the 2.5 tokens was held.
+        let text = format!("{}:1000000:{figures}:a,100000,9000000", 250_000);
+        let state = state_of("k", "c", new, &text, 1_000_000).unwrap();
+        assert_eq!((state.remaining(), state.held()), (6, 0));
+        // Refilled under the old figures first: 0.5 s of 10/s is 5 tokens,
+        // 7.5 of 10, so 30 of 40.
+        let text = format!("{}:1000000:{figures}", 250_000);
+        let state = state_of("k", "c", new, &text, 1_500_000).unwrap();
+        assert_eq!(state.remaining(), 30);
+        // Under its own figures nothing is carried.
+        let text = format!("{}:1000000:{figures}", 250_000);
+        assert_eq!(
+            state_of("k", "c", old, &text, 1_000_000)
+                .unwrap()
+                .remaining(),
+            2
+        );
     }
 
     #[test]
@@ -387,8 +475,10 @@ mod tests {
         let den = q.den();
         // Full at 10 tokens; one live hold of 3 and one expired of 2.
         let text = format!(
-            "{}:1000:a1,{},9000000;b2,{},500",
+            "{}:1000:{},{}:a1,{},9000000;b2,{},500",
             10 * den,
+            q.full(),
+            q.num(),
             3 * den,
             2 * den
         );
@@ -418,11 +508,13 @@ mod tests {
     #[test]
     fn unreadable_values_are_no_bucket() {
         let q = quota("10/s");
-        for text in ["", "x:1", "1", "nan:1"] {
+        for text in [
+            "", "x:1", "1", "nan:1", "1:0:0,1", "1:0:5,0", "1:0:x", "1:0:5", "1:0:-5,1",
+        ] {
             assert_eq!(state_of("k", "c", q, text, 0), None, "{text:?}");
         }
         // An unreadable hold is left out, as the script leaves it.
-        let state = state_of("k", "c", q, "100:0:zz;a,1", 0).unwrap();
+        let state = state_of("k", "c", q, "100:0:1000000,1:zz;a,1", 0).unwrap();
         assert!(state.holds().is_empty());
     }
 }

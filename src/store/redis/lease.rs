@@ -299,7 +299,7 @@ impl Entry {
     /// Whether this is the entry of `name` under `policy`.
     #[inline]
     fn is(&self, name: &[u8], policy: &Policy) -> bool {
-        self.name() == name && self.policy.same_tails(policy)
+        self.name() == name && self.policy.same_counting(policy)
     }
 
     /// Whether this is the entry of the name `start` + `value` under
@@ -310,7 +310,7 @@ impl Entry {
         name.len() == start.len() + value.len()
             && name.get(..start.len()) == Some(start)
             && name.get(start.len()..) == Some(value)
-            && self.policy.same_tails(policy)
+            && self.policy.same_counting(policy)
     }
 
     /// The holds in use, oldest first.
@@ -1282,7 +1282,7 @@ impl Leases {
             };
             let gone: Vec<Entry> = table.extract_if(|e| ours(e)).collect();
             for entry in gone {
-                let same = entry.policy.same_tails(policy);
+                let same = entry.policy.same_counting(policy);
                 let reports = self.leaving(entry, outstanding);
                 // The reset policy's own holds went with its buckets:
                 // their reports would find nothing.
@@ -1532,19 +1532,25 @@ mod tests {
         let per_second = Quota::per_second(10).unwrap();
         let reset = policy(&[per_second]);
         let sharing = policy(&[per_second, Quota::per_hour(1000).unwrap()]);
-        let apart = policy(&[Quota::per_second(20).unwrap()]);
+        let apart = policy(&[Quota::per_minute(20).unwrap()]);
+        // Other figures over the same period: the same bucket.
+        let changed = policy(&[Quota::per_second(20).unwrap()]);
         held(&leases, "c", &reset, 1, 5);
         held(&leases, "c", &sharing, 2, 5);
         held(&leases, "c", &apart, 3, 5);
+        held(&leases, "c", &changed, 5, 5);
         // Another key whose name starts with this one's.
         held(&leases, "c2", &sharing, 4, 5);
         let mut errand = Errand::default();
         leases.forget("c", &reset, false, &mut errand);
         // The reset policy's hold went with its buckets; the sharing
-        // policy's is reported, for its other bucket.
-        let ids: Vec<u64> = errand.reports.iter().map(|r| r.id).collect();
-        assert_eq!(ids, [2]);
+        // policy's is reported, for its other bucket, and so is the changed
+        // policy's (held under other figures).
+        let mut ids: Vec<u64> = errand.reports.iter().map(|r| r.id).collect();
+        ids.sort_unstable();
+        assert_eq!(ids, [2, 5]);
         assert!(check(&leases, "c", &reset).0.is_none());
+        assert!(check(&leases, "c", &changed).0.is_none());
         assert!(check(&leases, "c", &sharing).0.is_none());
         assert!(check(&leases, "c", &apart).0.is_some());
         assert!(check(&leases, "c2", &sharing).0.is_some());

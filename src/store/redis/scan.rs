@@ -88,13 +88,14 @@ impl RedisStore {
     /// neither refuses nor counts them.
     ///
     /// ```no_run
-    /// use tollgate::RedisStore;
+    /// use tollgate::{Policy, Quota, RedisStore};
     ///
     /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
     /// let store = RedisStore::from_url("redis://127.0.0.1:6379")?;
+    /// let api = Policy::new("api", [Quota::per_second(10)?, Quota::per_hour(1000)?])?;
     /// // The buckets of policy "api", visiting at most about 10 000 keys.
     /// let scan = store.scan_buckets("api:", 10_000).await?;
-    /// let buckets = store.read_buckets(scan.keys()).await?;
+    /// let buckets = store.read_buckets(&api, scan.keys()).await?;
     /// println!("{} buckets, complete: {}", buckets.len(), scan.complete());
     /// # Ok(())
     /// # }

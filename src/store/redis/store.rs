@@ -38,7 +38,7 @@ pub(super) const STORE: &str = "redis";
 /// - **One round trip per decision**, on one held multiplexed connection that
 ///   concurrent checks pipeline on (no pool checkout, no `PING` per check).
 /// - **Clock:** Redis `TIME`, never the application's.
-/// - **Keys:** `{prefix}{{client}}:{quota}`, e.g. `tollgate:{user:42}:10/1s:10`;
+/// - **Keys:** `{prefix}{{client}}:{period}`, e.g. `tollgate:{user:42}:1s`;
 ///   the client part is made safe by [`safe_key`] and is the cluster hash tag,
 ///   so all quotas of one client share a slot. Each key expires when its bucket
 ///   would be full again (plus 1 ms).
@@ -237,13 +237,25 @@ impl RedisStore {
         self.inner.link.host()
     }
 
-    /// The storage key of `key`'s bucket for `quota`.
+    /// The storage key of `key`'s bucket for `quota` in a policy that does
+    /// not carry buckets over ([`Policy::carries`]: one made from a bare
+    /// `Quota`, named `default`), whose keys name the quota's figures
+    /// (`tollgate:{default:user:42}:10/s:b20`). [`bucket_keys`](Self::bucket_keys)
+    /// gives the keys of any policy.
     pub fn bucket_key(&self, key: &str, quota: &Quota) -> String {
         storage_key(
             &self.inner.prefix,
             &safe_key(key),
-            &format!("}}:{}", quota.id()),
+            &format!("}}:{}", quota.figures()),
         )
+    }
+
+    /// The storage keys of `key`'s buckets under `policy`, one per quota in
+    /// order: named by the quota's period (`tollgate:{api:user:42}:1s`) in a
+    /// policy that carries buckets over ([`Policy::carries`]), by its figures
+    /// otherwise.
+    pub fn bucket_keys(&self, key: &str, policy: &Policy) -> Vec<String> {
+        self.keys_of(key, policy)
     }
 
     /// Connects (if needed) and sends a `PING`, for a start-up check: returns
@@ -457,7 +469,7 @@ pub(crate) trait PerNode: Send + Sync {
 /// given number of checks.
 pub(crate) type MakePerNode = fn(usize, CircuitBreaker) -> Box<dyn PerNode>;
 
-/// `{prefix}{{{key}` and the quota's `tail` (`}:` and its id), in one
+/// `{prefix}{{{key}` and the quota's `tail` (`}:` and its period), in one
 /// allocation.
 fn storage_key(prefix: &str, key: &str, tail: &str) -> String {
     let mut out = String::with_capacity(prefix.len() + 1 + key.len() + tail.len());
@@ -582,17 +594,25 @@ mod tests {
             ],
         )
         .unwrap();
+        let bare = Policy::from(Quota::per_second(10).unwrap().burst(20).unwrap());
         for key in ["user:42", "a key with spaces", &"x".repeat(300)] {
-            let expected: Vec<String> = policy
+            let expected: Vec<String> = bare
                 .quotas()
                 .iter()
                 .map(|q| store.bucket_key(key, q))
                 .collect();
-            assert_eq!(store.keys_of(key, &policy), expected);
+            assert_eq!(store.keys_of(key, &bare), expected);
+            assert_eq!(store.bucket_keys(key, &bare), expected);
+            assert_eq!(store.bucket_keys(key, &policy), store.keys_of(key, &policy));
         }
+        // A named policy's keys name periods; an unnamed one's, figures.
         assert_eq!(
-            store.bucket_key("user:42", &policy.quotas()[0]),
-            "app:rl:{user:42}:10/1s:10"
+            store.bucket_keys("user:42", &policy),
+            ["app:rl:{user:42}:1s", "app:rl:{user:42}:1h"]
+        );
+        assert_eq!(
+            store.bucket_key("user:42", &bare.quotas()[0]),
+            "app:rl:{user:42}:10/s:b20"
         );
     }
 }

@@ -53,11 +53,7 @@ impl RedisStore {
         let mut batch = Batch::new(Some(now_us));
         for (key, policy, cost) in checks {
             validate(policy, *cost)?;
-            let keys: Vec<String> = policy
-                .quotas()
-                .iter()
-                .map(|q| self.bucket_key(key, q))
-                .collect();
+            let keys: Vec<String> = self.keys_of(key, policy);
             batch.push(keys, policy, &Spend::check(*cost));
         }
         let script = &self.inner.test_script;
@@ -131,11 +127,7 @@ impl RedisStore {
         now_us: u64,
     ) -> Result<(Decision, u64, bool, bool), Error> {
         validate(policy, cost)?;
-        let keys = policy
-            .quotas()
-            .iter()
-            .map(|q| self.bucket_key(key, q))
-            .collect();
+        let keys = self.keys_of(key, policy);
         let spend = Spend::Lease {
             cost,
             want,
@@ -165,11 +157,7 @@ impl RedisStore {
         spent: u64,
         now_us: u64,
     ) -> Result<bool, Error> {
-        let keys = policy
-            .quotas()
-            .iter()
-            .map(|q| self.bucket_key(key, q))
-            .collect();
+        let keys = self.keys_of(key, policy);
         let spend = Spend::Report { spent, id };
         let (_, found) = self.send(keys, policy, spend, Some(now_us)).await?;
         Ok(found == 1)

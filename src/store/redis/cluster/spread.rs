@@ -151,7 +151,7 @@ mod tests {
             spread
                 .source
                 .matches(
-                    "held[key] = value\n      \
+                    "held[key] = value\n    \
                      call(\"SET\", key, value, \"PX\", format(INT, ttl + MARGIN_MS))"
                 )
                 .count(),

@@ -34,10 +34,10 @@ impl RedisStore {
         let mut groups: Vec<(Option<Arc<Batcher>>, Members)> = Vec::new();
         for (i, (key, policy, cost)) in checks.iter().enumerate() {
             validate(policy, *cost)?;
-            let first = policy
-                .quotas()
-                .first()
-                .map(|q| self.bucket_key(key, q))
+            let first = self
+                .keys_of(key, policy)
+                .into_iter()
+                .next()
                 .unwrap_or_default();
             let queue = nodes.queue_for(&first);
             let same = |g: &Option<Arc<Batcher>>| match (g, &queue) {
@@ -64,11 +64,7 @@ impl RedisStore {
                 let (key, policy, cost) = checks.get(*i).copied().ok_or_else(|| {
                     Error::store(crate::ErrorKind::Server, "check index out of range")
                 })?;
-                let keys: Vec<String> = policy
-                    .quotas()
-                    .iter()
-                    .map(|q| self.bucket_key(key, q))
-                    .collect();
+                let keys: Vec<String> = self.keys_of(key, policy);
                 batch.push(keys, policy, &Spend::check(cost));
             }
             let script = if spread {
