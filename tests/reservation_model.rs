@@ -414,7 +414,7 @@ fn both_stores_reserve_as_the_model_does() {
         next_key: AtomicU64::new(0),
     };
     let mut runner = TestRunner::new(Config {
-        cases: 200,
+        cases: cases(200),
         max_shrink_iters: 2_000,
         failure_persistence: None,
         ..Config::default()
@@ -428,6 +428,15 @@ fn both_stores_reserve_as_the_model_does() {
     if let Err(e) = result {
         panic!("{e}");
     }
+}
+
+/// `default` cases, or `PROPTEST_CASES` when set (as for every property
+/// test): the long run (`scripts/properties.sh`) sets it.
+fn cases(default: u32) -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 /// A clock that steps back (a failover to a server whose clock is behind, a
@@ -450,7 +459,7 @@ fn a_clock_stepped_back_never_makes_a_reservation_wait_past_max_wait() {
     );
     let case = (quota(), prop::collection::vec(step, 1..30));
     let mut runner = TestRunner::new(Config {
-        cases: 200,
+        cases: cases(200),
         max_shrink_iters: 2_000,
         failure_persistence: None,
         ..Config::default()
