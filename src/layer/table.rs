@@ -239,14 +239,14 @@ mod tests {
     fn a_table_entry_may_not_take_the_bare_quotas_name() {
         // Its buckets would be told apart by figures, and a changed quota
         // would start them fresh: the burst a reload must not hand out.
-        let err = PolicyTable::new([limit("api").routes(["/x"]).unwrap(), limit("default")])
+        let err = PolicyTable::new([limit("api").grpc(["/x.Y/Z"]).unwrap(), limit("default")])
             .unwrap_err()
             .to_string();
         assert!(err.contains("policy \"default\" (entry 2)"), "{err}");
         assert!(err.contains("kept for the policy of a bare quota"), "{err}");
         let exempt = PolicyRule::exempt("default")
             .unwrap()
-            .routes(["/health"])
+            .grpc(["/grpc.health.v1.Health/*"])
             .unwrap();
         assert!(PolicyTable::new([exempt, limit("api")]).is_ok());
     }
