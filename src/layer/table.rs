@@ -56,7 +56,7 @@ impl PolicyTable {
     ///
     /// A [`ConfigError`] naming the entries (1-based) when two rules have the
     /// same name (names are the buckets' namespace), when a rule's policy is
-    /// named `default` (kept for a bare quota's, see [`Policy::carries`]), when
+    /// named `default` (kept for a bare quota's, see [`Policy::carries`](crate::Policy::carries)), when
     /// a rule follows one that applies to every request (it could never
     /// apply), or when an exemption has a key.
     pub fn new(rules: impl IntoIterator<Item = PolicyRule>) -> Result<Self, ConfigError> {
