@@ -4,6 +4,7 @@
 use crate::decision::Decision;
 use crate::decision::Reservation;
 use crate::error::Error;
+use crate::lock::lock;
 use crate::observe;
 use crate::policy::Policy;
 use crate::quota::MAX_PERIOD;
@@ -300,11 +301,7 @@ impl Fallback {
         if self.inner.share == 1 {
             return policy.clone();
         }
-        let mut cache = self
-            .inner
-            .scaled
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut cache = lock(&self.inner.scaled);
         if let Some(scaled) = cache.get(policy)
             && cost <= scaled.max_cost()
         {

@@ -96,6 +96,7 @@ mod fallback;
 pub mod key;
 pub mod layer;
 mod limiter;
+mod lock;
 mod observe;
 mod policy;
 mod quota;

@@ -317,10 +317,7 @@ impl LogThrottle {
     /// were suppressed since the last one logged; `None` to suppress it.
     pub(crate) fn admit(&self, kind: ErrorKind) -> Option<u64> {
         let now = Instant::now();
-        let mut kinds = self
-            .kinds
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut kinds = crate::lock::lock(&self.kinds);
         match kinds.iter_mut().find(|(k, _, _)| *k == kind) {
             None => {
                 kinds.push((kind, now, 0));

@@ -8,9 +8,9 @@ use crate::decision::Decision;
 use crate::key::Header;
 use crate::policy::Policy;
 use crate::quota::Quota;
-use crate::store::{KeyPrefix, MemoryStore};
 #[cfg(feature = "redis")]
-use crate::store::{LeaseStart, RedisStore};
+use crate::store::RedisStore;
+use crate::store::{KeyStart, MemoryStore};
 
 /// A layer that can use `check::check_held`: one policy of one quota, a
 /// fixed cost, a [`Header`] key, a memory store or a Redis store whose
@@ -32,11 +32,11 @@ pub(crate) struct Held {
 #[derive(Clone)]
 pub(crate) enum HeldStore {
     /// The start hashed with the store's seed.
-    Memory(MemoryStore, KeyPrefix),
+    Memory(MemoryStore, KeyStart),
     /// A store whose leases pay on the layer's policy, and the start (a
     /// safe key's) as its leases take it.
     #[cfg(feature = "redis")]
-    Leased(RedisStore, LeaseStart),
+    Leased(RedisStore, KeyStart),
 }
 
 impl Held {

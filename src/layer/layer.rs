@@ -409,7 +409,7 @@ fn held(config: &Config) -> Option<Held> {
     // The storage key is `name:kind:value` (see `check::bucket_key`).
     let start = format!("{}:{}:", policy.name(), config.key.name());
     let store = match config.limiter.store().as_memory() {
-        Some(memory) => HeldStore::Memory(memory.clone(), memory.key_prefix(start)?),
+        Some(memory) => HeldStore::Memory(memory.clone(), memory.key_start(&start)?),
         None => leased(config, policy, cost, start)?,
     };
     Some(Held {

@@ -378,9 +378,7 @@ impl Breaker {
     }
 
     fn cooldown(&self) -> std::sync::MutexGuard<'_, Cooldown> {
-        self.open
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        crate::lock::lock(&self.open)
     }
 
     /// A number in [0, 1) from a xorshift generator: jitter needs no more.

@@ -66,15 +66,17 @@
 //! denial is simply not cached.
 
 use std::collections::HashMap;
-use std::collections::hash_map::RandomState;
-use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
+use std::hash::BuildHasher;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
+use hashbrown::HashTable;
 use tokio::time::Instant;
 
+use super::table::{self, Table};
 use crate::decision::{Decision, QuotaState, States};
+use crate::lock::lock;
 use crate::quota::{Quota, micros};
 
 /// Default number of denials a store keeps.
@@ -96,7 +98,7 @@ const FENCE_LIFE: Duration = Duration::from_secs(120);
 /// The resets of a cache: when each bucket key (by its hash) was last reset.
 #[derive(Debug, Default)]
 struct Fences {
-    at: HashMap<u64, Instant, BuildHasherDefault<Prehashed>>,
+    at: HashMap<u64, Instant>,
     /// With too many fences at once, one for every key.
     all: Option<Instant>,
 }
@@ -104,6 +106,8 @@ struct Fences {
 /// What one cached denial remembers.
 #[derive(Debug)]
 struct Entry {
+    /// The hash of `keys`: the table holds one entry a hash.
+    hash: u64,
     /// The storage keys of the buckets, to tell a hash collision from a hit.
     keys: Box<[String]>,
     cost: u64,
@@ -115,33 +119,11 @@ struct Entry {
     until: Instant,
 }
 
-/// A shard's entries are keyed by their keys' hash, already a SipHash seeded
-/// at random per cache: the table indexes by it as it is, instead of hashing
-/// it again.
-#[derive(Debug, Default)]
-struct Prehashed(u64);
-
-impl Hasher for Prehashed {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write_u64(&mut self, hash: u64) {
-        self.0 = hash;
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        // Only `u64` keys are hashed here (`write_u64`); anything else is
-        // folded in, never dropped.
-        for &b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(b);
-        }
-    }
-}
-
 #[derive(Debug, Default)]
 struct Shard {
-    entries: HashMap<u64, Entry, BuildHasherDefault<Prehashed>>,
+    /// One entry a hash of its keys (a denial of other keys with the same
+    /// hash takes its place).
+    entries: HashTable<Entry>,
     /// No entry of this shard expires before this: a full shard does not
     /// rescan until then.
     quiet_until: Option<Instant>,
@@ -150,9 +132,7 @@ struct Shard {
 /// Cached denials of one store.
 #[derive(Debug)]
 pub(crate) struct DenyCache {
-    shards: Box<[Mutex<Shard>]>,
-    per_shard: usize,
-    hasher: RandomState,
+    table: Table<Shard>,
     /// When the cache was made; [`latest`](Self::latest) counts from here.
     base: Instant,
     /// The latest `until` of every denial ever cached, in microseconds after
@@ -170,20 +150,49 @@ pub(crate) struct DenyCache {
     /// Whether any fence was ever set: until then, caching a denial does
     /// not look at them.
     fenced: std::sync::atomic::AtomicBool,
+    /// The most fences kept: as many as the cache's entries.
+    max_fences: usize,
+}
+
+impl table::Shard for Shard {
+    fn len(&self) -> usize {
+        self.entries.len()
+    }
+}
+
+impl Shard {
+    fn get(&self, hash: u64) -> Option<&Entry> {
+        self.entries.find(hash, |e| e.hash == hash)
+    }
+
+    fn remove(&mut self, hash: u64) {
+        if let Ok(found) = self.entries.find_entry(hash, |e| e.hash == hash) {
+            found.remove();
+        }
+    }
+
+    /// Puts `entry` in place of any of its hash.
+    fn put(&mut self, entry: Entry) {
+        let hash = entry.hash;
+        match self.entries.find_entry(hash, |e| e.hash == hash) {
+            Ok(mut found) => *found.get_mut() = entry,
+            Err(absent) => {
+                absent.into_table().insert_unique(hash, entry, |e| e.hash);
+            }
+        }
+    }
 }
 
 impl DenyCache {
     /// A cache of at most `capacity` denials (at least 1).
     pub(crate) fn new(capacity: usize) -> Self {
-        let per_shard = capacity.div_ceil(SHARDS).max(1);
         DenyCache {
-            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
-            per_shard,
-            hasher: RandomState::new(),
+            table: Table::new(SHARDS, capacity.div_ceil(SHARDS)),
             base: Instant::now(),
             latest: AtomicU64::new(0),
             fences: Mutex::new(Fences::default()),
             fenced: std::sync::atomic::AtomicBool::new(false),
+            max_fences: capacity.div_ceil(SHARDS).max(1) * SHARDS,
         }
     }
 
@@ -194,35 +203,18 @@ impl DenyCache {
         if !self.fenced.load(Ordering::Acquire) {
             return false;
         }
-        let fences = self
-            .fences
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let fences = lock(&self.fences);
         fences.all.is_some_and(|at| sent < at)
             || keys.iter().any(|key| {
                 fences
                     .at
-                    .get(&self.hasher.hash_one(key))
+                    .get(&self.table.hasher().hash_one(key))
                     .is_some_and(|at| sent < *at)
             })
     }
 
     fn hash(&self, keys: &[String]) -> u64 {
-        self.hasher.hash_one(keys)
-    }
-
-    fn shard(&self, hash: u64) -> MutexGuard<'_, Shard> {
-        // The high half picks the shard: the shard's table indexes by the
-        // low bits, which must not be the same for all of its entries.
-        let index = usize::try_from((hash >> 32) % SHARDS as u64).unwrap_or(0);
-        let shard = match self.shards.get(index).or(self.shards.first()) {
-            Some(shard) => shard,
-            // `new` always makes SHARDS shards.
-            None => unreachable!("deny cache without shards"),
-        };
-        shard
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.table.hasher().hash_one(keys)
     }
 
     /// The denial of `cost` on these buckets, if one is cached and still holds:
@@ -237,8 +229,8 @@ impl DenyCache {
             return None;
         }
         let hash = self.hash(keys);
-        let mut shard = self.shard(hash);
-        let entry = shard.entries.get(&hash)?;
+        let mut shard = self.table.shard(hash);
+        let entry = shard.get(hash)?;
         if *entry.keys != *keys
             || !entry
                 .decision
@@ -254,7 +246,7 @@ impl DenyCache {
         // counted down from when that check was sent.
         let now = Instant::now();
         if now >= entry.until {
-            shard.entries.remove(&hash);
+            shard.remove(hash);
             return None;
         }
         let elapsed = now.saturating_duration_since(entry.told);
@@ -283,18 +275,18 @@ impl DenyCache {
             return;
         };
         let hash = self.hash(&keys);
-        let mut shard = self.shard(hash);
+        let mut shard = self.table.shard(hash);
         // Sent before a reset of one of these buckets: the denial is the
         // old bucket's.
         if self.fenced(&keys, sent) {
             return;
         }
-        if !shard.entries.contains_key(&hash) && shard.entries.len() >= self.per_shard {
+        if shard.get(hash).is_none() && self.table.is_full(&shard) {
             if shard.quiet_until.is_some_and(|q| now < q) {
                 return;
             }
             let mut next = None::<Instant>;
-            shard.entries.retain(|_, e| {
+            shard.entries.retain(|e| {
                 let keep = e.until > now;
                 if keep {
                     next = Some(next.map_or(e.until, |n| n.min(e.until)));
@@ -302,20 +294,18 @@ impl DenyCache {
                 keep
             });
             shard.quiet_until = next;
-            if shard.entries.len() >= self.per_shard {
+            if self.table.is_full(&shard) {
                 return;
             }
         }
-        shard.entries.insert(
+        shard.put(Entry {
             hash,
-            Entry {
-                keys: keys.into_boxed_slice(),
-                cost,
-                decision: decision.clone(),
-                told: now,
-                until,
-            },
-        );
+            keys: keys.into_boxed_slice(),
+            cost,
+            decision: decision.clone(),
+            told: now,
+            until,
+        });
         // Rounded up: a clock read at or past it is at or past `until`.
         let since = until.saturating_duration_since(self.base);
         let until_us = micros(since).saturating_add(u64::from(since.subsec_nanos() % 1_000 != 0));
@@ -344,49 +334,40 @@ impl DenyCache {
     pub(crate) fn fence(&self, keys: &[String]) {
         let now = Instant::now();
         {
-            let mut fences = self
-                .fences
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            let mut fences = lock(&self.fences);
             fences
                 .at
                 .retain(|_, at| now.saturating_duration_since(*at) < FENCE_LIFE);
-            if fences.at.len() + keys.len() > self.per_shard * SHARDS {
+            if fences.at.len() + keys.len() > self.max_fences {
                 fences.at.clear();
                 fences.all = Some(now);
             } else {
                 for key in keys {
-                    fences.at.insert(self.hasher.hash_one(key), now);
+                    fences.at.insert(self.table.hasher().hash_one(key), now);
                 }
             }
             self.fenced.store(true, Ordering::Release);
         }
-        for shard in &self.shards {
-            let mut shard = shard
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
+        for mut shard in self.table.shards() {
             shard
                 .entries
-                .retain(|_, e| !e.keys.iter().any(|k| keys.contains(k)));
+                .retain(|e| !e.keys.iter().any(|k| keys.contains(k)));
         }
     }
 
     /// Forgets the denial of these buckets (a refund or a charge made here).
     pub(crate) fn forget(&self, keys: &[String]) {
         let hash = self.hash(keys);
-        let mut shard = self.shard(hash);
-        if shard.entries.get(&hash).is_some_and(|e| *e.keys == *keys) {
-            shard.entries.remove(&hash);
+        let mut shard = self.table.shard(hash);
+        if shard.get(hash).is_some_and(|e| *e.keys == *keys) {
+            shard.remove(hash);
         }
     }
 
     /// How many denials are cached (tests).
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
-        self.shards
-            .iter()
-            .map(|s| s.lock().map_or(0, |s| s.entries.len()))
-            .sum()
+        self.table.len()
     }
 }
 

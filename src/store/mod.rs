@@ -73,6 +73,7 @@ mod memory;
 #[cfg(feature = "redis")]
 mod redis;
 mod sealed;
+mod table;
 
 pub use any::AnyStore;
 pub(crate) use any::Unsent;
@@ -87,13 +88,11 @@ pub use deny_cache::DEFAULT_DENY_CACHE;
 pub(crate) use key::is_safe;
 pub use key::{MAX_RAW_KEY_LEN, hashed_key, safe_key, safe_key_bytes};
 pub(crate) use key::{in_scratch, into_safe_key};
-pub(crate) use memory::KeyPrefix;
 pub use memory::{DEFAULT_MAX_KEYS, MemoryStore};
-#[cfg(feature = "redis")]
-pub(crate) use redis::LeaseStart;
 #[cfg(feature = "redis")]
 pub use redis::{
     BucketHold, BucketScan, BucketState, DEFAULT_CONNECT_TIMEOUT, DEFAULT_LEASE_KEYS,
     DEFAULT_LEASE_PERIOD, DEFAULT_MAX_BATCH, DEFAULT_PREFIX, DEFAULT_TIMEOUT, LeaseStats,
     RedisStore, RedisStoreBuilder,
 };
+pub(crate) use table::KeyStart;

@@ -33,7 +33,7 @@ const WHOLE: u8 = u8::MAX;
 /// only grow, up to [`MAX_KNOWN`] each (a quota numbered for one key stays
 /// numbered; past the bound keys keep their quotas themselves), so a number
 /// means the same for as long as the shard lives. Starts are numbered the
-/// same in every shard of a store (see `MemoryStore::key_prefix`).
+/// same in every shard of a store (see `MemoryStore::key_start`).
 /// `repr(C)`: the quotas, which every check reads, first.
 #[derive(Debug, Default)]
 #[repr(C)]

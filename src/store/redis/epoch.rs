@@ -227,7 +227,7 @@ impl ServerEpoch {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Known> {
-        self.known.lock().unwrap_or_else(|e| e.into_inner())
+        crate::lock::lock(&self.known)
     }
 }
 

@@ -12,8 +12,9 @@
 //!   arguments, its command, and how it is sent (`EVALSHA`, then `EVAL`).
 //! - `window.rs`: how many calls of a queue may be in flight at once.
 //! - `batch.rs`: the queue of checks waiting for the next script call.
-//! - `lease.rs`: leases, tokens held for this instance and spent in
-//!   process: the demand, the holds, what to ask for and to report.
+//! - `lease/`: leases, tokens held for this instance and spent in
+//!   process: the map, its entries, their sizing, what to ask for and to
+//!   report.
 //! - `probe.rs`: the circuit breaker's probe, in a task of its own.
 //! - `connection.rs`: the held connection and its lifecycle, for one
 //!   server, a cluster or the primary that sentinels name.
@@ -24,8 +25,8 @@
 //!   connection, the breaker (and its probe), reports.
 //! - `drain.rs`: a check queued for a call, or sent alone by its caller,
 //!   and the drain that sends the queue and hands every check its answer.
-//! - `leasing.rs`: the store's side of leases: a check decided from a
-//!   hold, and the lease requests and reports sent in the background.
+//! - `store_leases.rs`: the store's side of leases: a check decided from
+//!   a hold, and the lease requests and reports sent in the background.
 //! - `sending.rs`: where a check goes (batched or alone), and the future of
 //!   a check on its way.
 //! - `test_clock.rs`: `check_at`, `reserve_at`, `adjust_at` and
@@ -54,7 +55,6 @@ mod epoch;
 mod failure;
 mod inspect;
 mod lease;
-mod leasing;
 mod probe;
 mod scan;
 mod script;
@@ -62,6 +62,7 @@ mod sending;
 #[cfg(feature = "sentinel")]
 mod sentinel;
 mod store;
+mod store_leases;
 mod target;
 #[cfg(feature = "test-util")]
 mod test_clock;
@@ -73,7 +74,6 @@ pub use builder::{
 };
 pub(crate) use encode::Spend;
 pub use inspect::{BucketHold, BucketState};
-pub(crate) use lease::LeaseStart;
 pub use lease::{DEFAULT_LEASE_KEYS, DEFAULT_LEASE_PERIOD, LeaseStats};
 pub use scan::BucketScan;
 pub(crate) use sending::Sending;

@@ -1,4 +1,4 @@
-//! The store's side of leases (`lease.rs`): a check decided from a hold,
+//! The store's side of leases (`lease/`): a check decided from a hold,
 //! and the lease requests and reports sent in the background, each a
 //! decision batched with the checks in flight.
 
@@ -8,13 +8,14 @@ use tokio::time::Instant;
 
 use super::decode::LeaseReply;
 use super::encode::{ROOMY, Reports, Spend};
-use super::lease::{Ask, Asked, Errand, Grant, LeaseStart, LeaseStats, Leases, WHOLE};
+use super::lease::{Ask, Asked, Errand, Grant, LeaseStats, Leases, WHOLE};
 use super::store::RedisStore;
 use crate::decision::Decision;
 use crate::error::ErrorKind;
 use crate::policy::Policy;
 use crate::quota::micros;
 use crate::store::key::safe_key;
+use crate::store::table::KeyStart;
 
 impl RedisStore {
     /// A check decided in process from a hold (leases on), and what it
@@ -47,7 +48,7 @@ impl RedisStore {
     /// ([`leases_pay_on`](Self::leases_pay_on)).
     pub(crate) fn check_held(
         &self,
-        start: &LeaseStart,
+        start: &KeyStart,
         value: &str,
         policy: &Policy,
         cost: u64,
@@ -62,7 +63,7 @@ impl RedisStore {
     /// `start`, a layer's `policy:kind:` (a safe key's), as
     /// [`check_held`](Self::check_held) takes it; `None` when this store
     /// does not lease.
-    pub(crate) fn lease_start(&self, start: &str) -> Option<LeaseStart> {
+    pub(crate) fn lease_start(&self, start: &str) -> Option<KeyStart> {
         Some(self.inner.leases.as_ref()?.start(start))
     }
 

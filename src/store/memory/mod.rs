@@ -1,31 +1,28 @@
 //! Buckets in this process: for single instances, tests, and as a fallback.
 
-use std::collections::hash_map::{DefaultHasher, RandomState};
-use std::collections::{BTreeMap, btree_map};
-
-use hashbrown::HashTable;
-use std::hash::{BuildHasher, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::bucket::{Level, adjust, debt_for, spend, spend_one};
+use super::bucket::{Level, adjust, debt_for, spend};
 use super::contract::{Store, validate};
 use super::key::{MAX_RAW_KEY_LEN, is_safe, safe_key};
 use super::sealed::Sealed;
-use std::time::Duration;
-
-use crate::decision::Decision;
-use crate::decision::Reservation;
+use super::table::{KeyStart, Table};
+use crate::decision::{Decision, Reservation};
 use crate::error::{ConfigError, Error};
+use crate::lock::lock;
 use crate::policy::Policy;
-use crate::quota::Quota;
-use crate::quota::micros;
+use crate::quota::{Quota, micros};
+
 mod entry;
+mod shard;
 #[cfg(feature = "test-util")]
 mod test_clock;
 
-use entry::{Entry, Known, MAX_KNOWN};
+use entry::MAX_KNOWN;
+use shard::{Found, Shard, Write, stamped_ahead, writes};
 
 /// The default key limit of [`MemoryStore::new`].
 pub const DEFAULT_MAX_KEYS: usize = 100_000;
@@ -108,328 +105,11 @@ pub struct MemoryStore {
 
 #[derive(Debug)]
 struct Inner {
-    shards: Box<[Padded<Mutex<Shard>>]>,
-    per_shard: usize,
-    hasher: RandomState,
+    table: Table<Shard>,
     epoch: Instant,
-    /// The key starts numbered (see [`MemoryStore::key_prefix`]): every
+    /// The key starts numbered (see [`MemoryStore::key_start`]): every
     /// shard's `known` starts, in the same order.
     starts: Mutex<Vec<Arc<str>>>,
-}
-
-/// Writes the `levels` of `quotas` into `entry`'s buckets (`hash` its
-/// hash), and files it again in `order` (its shard's) if it is now full
-/// sooner than where it is filed.
-fn store(
-    entry: &mut Entry,
-    order: &mut Order,
-    known: &mut Known,
-    hash: u64,
-    (quotas, carries): (&[Quota], bool),
-    levels: &[Level],
-) {
-    entry.set(known, quotas, carries, levels);
-    let full_at = entry.full_at(known);
-    if full_at < entry.filed_at {
-        // Never from an admission (see `Shard`); kept exact anyway.
-        unfile(order, entry.filed_at, hash);
-        entry.filed_at = full_at;
-        file(order, full_at, hash);
-    }
-}
-
-/// Keys by the time they are filed under, then by hash: how many keys of
-/// the shard are filed so (two keys share a place only when their hashes
-/// are equal, which a random seed makes a matter of chance, and then either
-/// may go first).
-type Order = BTreeMap<(u64, u64), usize>;
-
-/// Files one more key at `(at, hash)`.
-fn file(order: &mut Order, at: u64, hash: u64) {
-    *order.entry((at, hash)).or_insert(0) += 1;
-}
-
-/// Takes one key filed at `(at, hash)` out of `order`.
-fn unfile(order: &mut Order, at: u64, hash: u64) {
-    if let btree_map::Entry::Occupied(mut place) = order.entry((at, hash)) {
-        if *place.get() > 1 {
-            *place.get_mut() -= 1;
-        } else {
-            place.remove();
-        }
-    }
-}
-
-/// Whether a check of `cost` decided `decision` changed its buckets: an
-/// admission of something, or a refusal that locked a bucket out (one more
-/// of `levels` stamped ahead of `now` than the `ahead` before it). A peek, or
-/// another refusal, changes nothing.
-fn writes(decision: &Decision, cost: u64, levels: &[Level], now: u64, ahead: usize) -> bool {
-    cost != 0 && (decision.allowed() || stamped_ahead(levels, now) > ahead)
-}
-
-/// Whether a check found its key stored, and whether a bucket of it was
-/// kept under other figures of its quota's period and carried into them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Found {
-    New,
-    Stored,
-    Carried,
-}
-
-/// What an update of a key's buckets stores.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Write {
-    /// Nothing: the buckets stay as they were.
-    No,
-    /// The buckets, under the update's quotas.
-    Yes,
-    /// The buckets, each under the figures it was kept under (an adjustment
-    /// under a policy that may be stale, carried back).
-    Kept,
-}
-
-/// How many of `levels` are stamped after `now`: locked out, or by a clock
-/// that went back.
-fn stamped_ahead(levels: &[Level], now: u64) -> usize {
-    levels.iter().filter(|l| l.stamp > now).count()
-}
-
-/// One shard's keys, also ordered by when they are full again (then by hash).
-///
-/// Invariant: `order` counts one `(entry.filed_at, hash)` for every entry of
-/// `map` (`hash` the entry's), so its counts add up to the map's length, at
-/// most the shard's share of `max_keys`; and `filed_at <= full_at`, the time
-/// the key's buckets are all full again (computed, not stored). An admission
-/// only ever moves a key's `full_at` later (spending empties, and a bucket
-/// that refilled to full while idle was full before `now`), so it updates
-/// the buckets alone and leaves the key where it is filed: a check touches
-/// the map once and `order` not at all. The order is brought up to date
-/// where it is read: a key found first whose `full_at` moved on is filed
-/// again under it, so the first key whose filed time is current is the one
-/// full again soonest (every other key's `full_at` is at least its filed
-/// time, which is at least this one's). Each admission leaves at most one key
-/// to refile, so the reads cost a logarithmic step per admission, amortised.
-///
-/// `map` is keyed by the key's hash, computed once per check with the store's
-/// random seed; the same hash picks the shard.
-///
-/// `repr(C)`, in the order a check reads it: the lock, the table and the
-/// quotas by number share the shard's first cache line.
-#[derive(Debug, Default)]
-#[repr(C)]
-struct Shard {
-    map: HashTable<Entry>,
-    /// What the entries of `map` refer to by number.
-    known: Known,
-    order: Order,
-    /// Keys forgotten to make room before they had refilled.
-    #[cfg(test)]
-    evicted: u64,
-    /// Keys forgotten because they had refilled (free to forget).
-    #[cfg(test)]
-    forgotten: u64,
-}
-
-const _: () = assert!(
-    std::mem::offset_of!(Shard, known) + std::mem::size_of::<Vec<Quota>>() <= 56,
-    "the table and the numbered quotas fit the lock's cache line"
-);
-
-impl Shard {
-    #[cfg(test)]
-    fn get(&self, hash: u64, key: &str) -> Option<&Entry> {
-        self.map.find(hash, |e| e.is(&self.known, key))
-    }
-
-    /// Files the first key of `order` under its current `full_at` until the
-    /// first one is current, and returns its place: `(filed_at, hash)`, its
-    /// `filed_at` its `full_at` now.
-    fn first_current(&mut self, hasher: &RandomState) -> Option<(u64, u64)> {
-        loop {
-            let (&(filed_at, hash), _) = self.order.first_key_value()?;
-            let known = &self.known;
-            let full_at = match self
-                .map
-                .find_mut(hash, filed_as(hasher, known, filed_at, hash))
-            {
-                Some(entry) => {
-                    let full_at = entry.full_at(known);
-                    if full_at <= filed_at {
-                        return Some((filed_at, hash));
-                    }
-                    entry.filed_at = full_at;
-                    full_at
-                }
-                None => return Some((filed_at, hash)),
-            };
-            unfile(&mut self.order, filed_at, hash);
-            file(&mut self.order, full_at, hash);
-        }
-    }
-
-    /// Forgets the key that is full again soonest.
-    fn forget_first(&mut self, hasher: &RandomState, now: u64) {
-        let Some((at, hash)) = self.first_current(hasher) else {
-            return;
-        };
-        unfile(&mut self.order, at, hash);
-        if let Ok(entry) = self
-            .map
-            .find_entry(hash, filed_as(hasher, &self.known, at, hash))
-        {
-            entry.remove();
-        }
-        self.count(at <= now);
-    }
-
-    #[cfg(test)]
-    fn count(&mut self, refilled: bool) {
-        if refilled {
-            self.forgotten += 1;
-        } else {
-            self.evicted += 1;
-        }
-    }
-
-    #[cfg(not(test))]
-    fn count(&mut self, _refilled: bool) {}
-
-    /// Forgets every key whose buckets are full at `now`.
-    fn sweep(&mut self, hasher: &RandomState, now: u64) {
-        while self
-            .first_current(hasher)
-            .is_some_and(|(full_at, _)| full_at <= now)
-        {
-            self.forget_first(hasher, now);
-        }
-    }
-
-    /// Runs `update` on `key`'s buckets brought up to `now_us` (`levels`
-    /// holds them meanwhile) and stores them if it says so: one probe of the
-    /// table, the buckets updated where they are. `update` comes back when
-    /// the shard does not hold `key` (in its storage form, `hash` its hash).
-    fn update_found<T, U>(
-        &mut self,
-        hash: u64,
-        key: &str,
-        policy: &Policy,
-        now_us: u64,
-        levels: &mut [Level],
-        update: U,
-    ) -> Result<T, U>
-    where
-        U: FnOnce(&[Quota], &mut [Level], Found) -> (T, Write),
-    {
-        let (quotas, carries) = (policy.quotas(), policy.carries());
-        let Shard {
-            map, order, known, ..
-        } = self;
-        let Some(entry) = map.find_mut(hash, |e| e.is(known, key)) else {
-            return Err(update);
-        };
-        let found = match entry.levels(known, quotas, carries, now_us, levels) {
-            true => Found::Carried,
-            false => Found::Stored,
-        };
-        let (out, write) = update(quotas, levels, found);
-        match write {
-            Write::No => {}
-            Write::Yes => store(entry, order, known, hash, (quotas, carries), levels),
-            Write::Kept if found == Found::Carried => {
-                // Each bucket carried back into the figures it was kept
-                // under, and kept under them.
-                let mut kept = Vec::with_capacity(quotas.len());
-                let mut back = Vec::with_capacity(quotas.len());
-                for (q, level) in quotas.iter().zip(levels.iter()) {
-                    let k = entry.kept(known, q, carries).unwrap_or(*q);
-                    back.push(level.carried(q.full(), k.full()));
-                    kept.push(k);
-                }
-                store(entry, order, known, hash, (&kept, carries), &back);
-            }
-            Write::Kept => store(entry, order, known, hash, (quotas, carries), levels),
-        }
-        Ok(out)
-    }
-
-    /// A check of `cost` against `quota` for the key `prefix` + `value`
-    /// (`hash` its hash), when this shard holds it as it is with `quota`'s
-    /// bucket alone: as [`update_found`](Self::update_found) with
-    /// [`spend`] would decide it. `None`, having changed nothing, otherwise.
-    fn check_held(
-        &mut self,
-        hash: u64,
-        prefix: &KeyPrefix,
-        value: &str,
-        quota: &Quota,
-        cost: u64,
-        now_us: u64,
-    ) -> Option<Decision> {
-        let known = &self.known;
-        let entry = self.map.find_mut(hash, |e| {
-            e.is_held(known, prefix.number, &prefix.text, value)
-        })?;
-        let filed_at = entry.filed_at;
-        let stored = entry.held_level(known, quota)?;
-        let mut level = stored.refilled(quota, now_us);
-        let ahead = usize::from(level.stamp > now_us);
-        let decision = spend_one(quota, &mut level, cost, now_us);
-        if writes(&decision, cost, std::slice::from_ref(&level), now_us, ahead) {
-            // An admission (or a lock-out) only moves the key's `full_at`
-            // later (see `Shard`): it stays where it is filed.
-            debug_assert!(
-                level.full_at(quota) >= filed_at,
-                "an admission filed a key earlier"
-            );
-            *stored = level;
-        }
-        Some(decision)
-    }
-
-    /// Stores the `levels` of `quotas` as the buckets of `key`, a key this
-    /// shard does not hold yet (`hash` is the key's).
-    fn insert(
-        &mut self,
-        hasher: &RandomState,
-        hash: u64,
-        key: &str,
-        quotas: &[Quota],
-        levels: &[Level],
-    ) {
-        let full_at = quotas
-            .iter()
-            .zip(levels)
-            .map(|(q, l)| l.full_at(q))
-            .max()
-            .unwrap_or(0);
-        file(&mut self.order, full_at, hash);
-        let entry = Entry::new(&mut self.known, key, quotas, levels, full_at);
-        let known = &self.known;
-        self.map
-            .insert_unique(hash, entry, |e| e.hash(hasher, known));
-    }
-
-    /// Forgets the buckets of `quotas` for `key`, and the key when it has no
-    /// bucket left.
-    fn reset(&mut self, hash: u64, key: &str, policy: &Policy) {
-        let quotas = policy.quotas();
-        let known = &self.known;
-        let Ok(mut found) = self.map.find_entry(hash, |e| e.is(known, key)) else {
-            return;
-        };
-        let entry = found.get_mut();
-        let emptied = entry.remove(known, quotas, policy.carries());
-        let filed_at = entry.filed_at;
-        unfile(&mut self.order, filed_at, hash);
-        if emptied {
-            found.remove();
-            return;
-        }
-        let full_at = entry.full_at(known);
-        entry.filed_at = full_at;
-        file(&mut self.order, full_at, hash);
-    }
 }
 
 impl Default for MemoryStore {
@@ -462,11 +142,7 @@ impl MemoryStore {
         let shards = (max_keys / MIN_PER_SHARD).clamp(1, MAX_SHARDS);
         MemoryStore {
             inner: Arc::new(Inner {
-                shards: (0..shards)
-                    .map(|_| Padded(Mutex::new(Shard::default())))
-                    .collect(),
-                per_shard: max_keys / shards,
-                hasher: RandomState::new(),
+                table: Table::new(shards, max_keys / shards),
                 epoch: Instant::now(),
                 starts: Mutex::new(Vec::new()),
             }),
@@ -475,7 +151,7 @@ impl MemoryStore {
 
     /// How many keys the store holds now.
     pub fn len(&self) -> usize {
-        self.inner.shards.iter().map(|s| lock(s).map.len()).sum()
+        self.inner.table.len()
     }
 
     /// True when the store holds no key.
@@ -488,8 +164,9 @@ impl MemoryStore {
     /// when it needs room; call this to release memory sooner.
     pub fn sweep(&self) {
         let now = self.now();
-        for shard in self.inner.shards.iter() {
-            lock(shard).sweep(&self.inner.hasher, now);
+        let table = &self.inner.table;
+        for mut shard in table.shards() {
+            shard.sweep(table.hasher(), now);
         }
     }
 
@@ -499,41 +176,19 @@ impl MemoryStore {
 
     /// The key's hash (computed once per check) and its shard, locked.
     fn shard(&self, key: &str) -> (u64, MutexGuard<'_, Shard>) {
-        let hash = hash_key(&self.inner.hasher, key);
-        (hash, self.shard_of(hash))
+        let hash = self.inner.table.hash(key.as_bytes());
+        (hash, self.inner.table.shard(hash))
     }
 
-    /// The shard of the key hashed to `hash`, locked.
-    fn shard_of(&self, hash: u64) -> MutexGuard<'_, Shard> {
-        let shards = &self.inner.shards;
-        // Bits 25 to 56 pick the shard, as `bits x len / 2^32` (an even
-        // spread below `len`, without a division): the table inside a shard
-        // indexes by the low bits and tags each slot with the top 7, and
-        // neither may be the same for all of a shard's keys (shards chosen
-        // by the top bits left the tags two values of 128 with 64 shards,
-        // so a probe compared about half the names it met).
-        let bits = (hash >> 25) & 0xFFFF_FFFF;
-        let index = usize::try_from((bits * shards.len() as u64) >> 32).unwrap_or(0);
-        match shards.get(index).or(shards.first()) {
-            Some(shard) => lock(shard),
-            None => unreachable_empty(),
-        }
-    }
-
-    /// `prefix` hashed as the start of keys, for [`check_held`](Self::check_held):
-    /// `None` for a prefix no key held as it is starts with.
-    pub(crate) fn key_prefix(&self, prefix: String) -> Option<KeyPrefix> {
-        if prefix.starts_with('#') || prefix.len() > MAX_RAW_KEY_LEN {
+    /// `start` hashed as the start of keys, and its number in the shards,
+    /// for [`check_held`](Self::check_held): `None` for a start no key held
+    /// as it is begins with.
+    pub(crate) fn key_start(&self, start: &str) -> Option<KeyStart> {
+        if start.starts_with('#') || start.len() > MAX_RAW_KEY_LEN {
             return None;
         }
-        let mut state = self.inner.hasher.build_hasher();
-        state.write(prefix.as_bytes());
-        let number = self.number_start(&prefix);
-        Some(KeyPrefix {
-            text: prefix.into_boxed_str(),
-            state,
-            number,
-        })
+        let number = self.number_start(start);
+        Some(self.inner.table.start(start).numbered(number))
     }
 
     /// `start`'s number in every shard's `known`, given now if it has none
@@ -541,17 +196,13 @@ impl MemoryStore {
     /// slots after it, see `entry`). One lock orders the numbering, so the
     /// shards number starts alike.
     fn number_start(&self, start: &str) -> Option<u8> {
-        let mut starts = self
-            .inner
-            .starts
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut starts = lock(&self.inner.starts);
         let at = match starts.iter().position(|s| **s == *start) {
             Some(at) => at,
             None if starts.len() < MAX_KNOWN => {
                 let start: Arc<str> = Arc::from(start);
-                for shard in self.inner.shards.iter() {
-                    lock(shard).known.add_start(Arc::clone(&start));
+                for mut shard in self.inner.table.shards() {
+                    shard.known.add_start(Arc::clone(&start));
                 }
                 starts.push(start);
                 starts.len() - 1
@@ -561,28 +212,28 @@ impl MemoryStore {
         u8::try_from(at).ok()
     }
 
-    /// A check of the key `prefix` + `value` at once, when this store holds
+    /// A check of the key `start` + `value` at once, when this store holds
     /// the key as it is (a key seen before: the common case) with one bucket,
     /// `quota`'s: the decision [`check_now`](Self::check_now) would make, for
-    /// less (no key written out, the prefix hashed once). `None`, having
+    /// less (no key written out, the start hashed once). `None`, having
     /// changed nothing, for any other key: check it with `check_now`.
-    /// `prefix` must come from this store's [`key_prefix`](Self::key_prefix),
+    /// `start` must come from this store's [`key_start`](Self::key_start),
     /// and `cost` must be at most `quota`'s capacity.
     pub(crate) fn check_held(
         &self,
-        prefix: &KeyPrefix,
+        start: &KeyStart,
         value: &str,
         quota: &Quota,
         cost: u64,
     ) -> Option<Decision> {
-        self.check_held_at(prefix, value, quota, cost, self.now())
+        self.check_held_at(start, value, quota, cost, self.now())
     }
 
     /// [`check_held`](Self::check_held) at the microsecond `now_us` of this
     /// store's clock.
     fn check_held_at(
         &self,
-        prefix: &KeyPrefix,
+        start: &KeyStart,
         value: &str,
         quota: &Quota,
         cost: u64,
@@ -590,16 +241,14 @@ impl MemoryStore {
     ) -> Option<Decision> {
         // As `update_at`: only a key of at most `MAX_RAW_KEY_LEN` bytes is
         // looked up as it is.
-        if prefix.text.len() + value.len() > MAX_RAW_KEY_LEN {
+        if start.text().len() + value.len() > MAX_RAW_KEY_LEN {
             return None;
         }
-        // The hash of the whole key: SipHash over bytes written in pieces
-        // is the hash of the pieces written at once.
-        let mut state = prefix.state.clone();
-        state.write(value.as_bytes());
-        let hash = state.finish();
-        self.shard_of(hash)
-            .check_held(hash, prefix, value, quota, cost, now_us)
+        let hash = start.hash(value.as_bytes());
+        self.inner
+            .table
+            .shard(hash)
+            .check_held(hash, start, value, quota, cost, now_us)
     }
 
     /// A check at the microsecond `now_us` of this store's clock.
@@ -743,11 +392,11 @@ impl MemoryStore {
         if write == Write::No {
             return out;
         }
-        let hasher = &self.inner.hasher;
-        if shard.map.len() >= self.inner.per_shard {
-            shard.forget_first(hasher, now_us);
+        let table = &self.inner.table;
+        if table.is_full(shard) {
+            shard.forget_first(table.hasher(), now_us);
         }
-        shard.insert(hasher, hash, key, quotas, levels);
+        shard.insert(table.hasher(), hash, key, quotas, levels);
         out
     }
 }
@@ -795,56 +444,6 @@ impl Store for MemoryStore {
     }
 }
 
-/// The start of keys, hashed with one store's seed: see
-/// [`MemoryStore::check_held`].
-#[derive(Clone, Debug)]
-pub(crate) struct KeyPrefix {
-    text: Box<str>,
-    state: DefaultHasher,
-    /// The start's number in the store's shards, if it has one.
-    number: Option<u8>,
-}
-
-/// An entry filed at `at` whose key hashes to `hash` (the table's probe
-/// meets keys of other hashes too; only those filed at `at` are hashed).
-fn filed_as<'a>(
-    hasher: &'a RandomState,
-    known: &'a Known,
-    at: u64,
-    hash: u64,
-) -> impl Fn(&Entry) -> bool + 'a {
-    move |e| e.filed_at == at && e.hash(hasher, known) == hash
-}
-
-/// A shard on cache lines of its own, so that locking it never takes a line
-/// of its neighbour's from the other core.
-#[derive(Debug)]
-#[repr(align(128))]
-struct Padded<T>(T);
-
-/// `key`'s hash, with the store's random seed: its bytes alone, without the
-/// end marker `str`'s `Hash` adds (no other value is hashed with it).
-fn hash_key(hasher: &RandomState, key: &str) -> u64 {
-    let mut state = hasher.build_hasher();
-    state.write(key.as_bytes());
-    state.finish()
-}
-
-/// A poisoned shard only means another thread panicked mid-update of plain
-/// integers; the data is still usable, so keep limiting rather than panic.
-fn lock(shard: &Padded<Mutex<Shard>>) -> MutexGuard<'_, Shard> {
-    shard
-        .0
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-#[cold]
-fn unreachable_empty() -> ! {
-    // `build` always creates at least one shard.
-    unreachable!("MemoryStore has no shards")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -875,7 +474,7 @@ mod tests {
             let policy = Policy::from(quota);
             let held = MemoryStore::new();
             let plain = MemoryStore::new();
-            let prefix = held.key_prefix("p:k:".to_owned()).unwrap();
+            let prefix = held.key_start("p:k:").unwrap();
             let mut stored = std::collections::HashSet::new();
             let mut now: u64 = 10_000_000;
             for (key, cost, step) in steps {
@@ -912,7 +511,7 @@ mod tests {
         let store = MemoryStore::new();
         let a = Quota::per_second(1).unwrap();
         let b = Quota::per_minute(5).unwrap();
-        let prefix = store.key_prefix("p:k:".to_owned()).unwrap();
+        let prefix = store.key_start("p:k:").unwrap();
         assert!(
             store
                 .decide_at("p:k:v", &Policy::from(b), 1, 0)
@@ -932,13 +531,12 @@ mod tests {
         );
         assert_eq!(store.check_held_at(&prefix, &long, &a, 1, 0), None);
         // And a prefix no raw key can start with is refused.
-        assert!(store.key_prefix("#p:".to_owned()).is_none());
+        assert!(store.key_start("#p:").is_none());
     }
 
     /// (evicted, forgotten after refilling), summed over the shards.
     fn counts(store: &MemoryStore) -> (u64, u64) {
-        store.inner.shards.iter().fold((0, 0), |(e, f), s| {
-            let s = lock(s);
+        store.inner.table.shards().fold((0, 0), |(e, f), s| {
             assert_eq!(
                 s.map.len(),
                 s.order.values().sum::<usize>(),
@@ -1060,8 +658,8 @@ mod tests {
             let _ = store.decide_at(&format!("f{i}"), &fast, 1, 0).unwrap();
         }
         let _ = store.decide_at("s", &slow, 1, 0).unwrap();
-        for shard in store.inner.shards.iter() {
-            lock(shard).sweep(&store.inner.hasher, 1_000);
+        for mut shard in store.inner.table.shards() {
+            shard.sweep(store.inner.table.hasher(), 1_000);
         }
         assert_eq!(store.len(), 1);
         assert_eq!(counts(&store), (0, 50));
@@ -1129,12 +727,9 @@ mod tests {
         let _ = store.decide_at(&"k".repeat(1 << 16), &q, 1, 0).unwrap();
         let shard_keys: Vec<String> = store
             .inner
-            .shards
-            .iter()
-            .flat_map(|s| {
-                let s = lock(s);
-                s.map.iter().map(|e| e.name(&s.known)).collect::<Vec<_>>()
-            })
+            .table
+            .shards()
+            .flat_map(|s| s.map.iter().map(|e| e.name(&s.known)).collect::<Vec<_>>())
             .collect();
         assert_eq!(shard_keys.len(), 1);
         assert!(shard_keys[0].len() <= 33);

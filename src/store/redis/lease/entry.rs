@@ -1,0 +1,283 @@
+//! [`Entry`]: one key under one policy in the lease map: its name, its
+//! holds, its demand, and whether a lease is being asked for.
+
+use std::collections::VecDeque;
+
+use super::MAX_HOLDS;
+use crate::policy::Policy;
+
+/// One hold of this instance on a key's buckets, whole: as it comes into
+/// an entry and leaves it (an entry keeps what a check reads of it apart
+/// from the rest, see [`Entry`]). Times are microseconds of the map's clock.
+pub(super) struct Hold {
+    pub(super) id: u64,
+    pub(super) granted: u64,
+    pub(super) left: u64,
+    /// Its life in Redis.
+    pub(super) life: u64,
+    /// Used here until then (Redis debits it some time after).
+    pub(super) until: u64,
+}
+
+/// What a check reads of a hold.
+#[derive(Clone, Copy, Default)]
+pub(super) struct Spendable {
+    pub(super) left: u64,
+    pub(super) until: u64,
+}
+
+/// The rest of a hold, read when it leaves.
+#[derive(Clone, Copy, Default)]
+pub(super) struct HoldRest {
+    pub(super) id: u64,
+    pub(super) granted: u64,
+    pub(super) life: u64,
+}
+
+/// The longest name held in its entry; a longer one is kept in the
+/// entry's cold part, a block of its own.
+pub(super) const SHORT_NAME: usize = 32;
+
+/// The name length of an entry whose name is in its cold part.
+pub(super) const LONG: u8 = u8::MAX;
+
+/// One key under one policy: its name, holds, demand, and whether a lease is
+/// being asked for.
+///
+/// What a check reads fills two cache lines (`repr(C)`, aligned to them,
+/// 128 bytes: const-asserted): the name when it fits (32 bytes in all, a
+/// `policy:kind:` start and the value: a short verbatim value such as an
+/// IP address fits, a hashed one does not), the holds' tokens
+/// and ends, the demand and the times. What only a lease request, a report
+/// or an eviction reads is in `cold`, so the table of a busy instance's
+/// keys stays in a core's cache longer (it took 312 bytes a key).
+///
+/// The map is keyed by the name (the key's storage-safe form) and the
+/// policy's key tails: the same key under two policies with different
+/// quotas is two entries (with the same quotas, one: they share buckets).
+#[repr(C, align(64))]
+pub(super) struct Entry {
+    /// The name's length, or [`LONG`] (in `cold`).
+    pub(super) name_len: u8,
+    /// Holds in use: the first `holds` of `spendable`, oldest first.
+    pub(super) holds: u8,
+    pub(super) asking: bool,
+    /// The last lease got its roomy size and life (every bucket was at
+    /// least 3/4 free besides its cost): renewed when under two periods'
+    /// demand is held, not half of one.
+    pub(super) roomy: bool,
+    /// The server epoch's generation its holds were granted in (its low
+    /// 32 bits; see `epoch.rs`).
+    pub(super) generation: u32,
+    pub(super) name: [u8; SHORT_NAME],
+    pub(super) spendable: [Spendable; MAX_HOLDS],
+    /// A quarter of the newest hold's life: renewed when it has less left.
+    pub(super) quarter: u64,
+    /// Tokens asked for, decayed by `exp(-age / period)`.
+    pub(super) demand: f64,
+    pub(super) seen: u64,
+    /// When the key was first seen: a young key's count covers less than
+    /// a period, and is scaled up (4x at most).
+    pub(super) born: u64,
+    /// No lease is asked for before then (after a grant of nothing); 0:
+    /// none.
+    pub(super) quiet_until: u64,
+    pub(super) policy: Policy,
+    pub(super) cold: Box<Cold>,
+}
+
+const _: () = assert!(size_of::<Entry>() == 128);
+
+/// What an entry keeps out of a check's way.
+pub(super) struct Cold {
+    /// The name, when longer than [`SHORT_NAME`].
+    pub(super) long_name: Box<str>,
+    /// The rest of each hold, as `spendable`.
+    pub(super) rest: [HoldRest; MAX_HOLDS],
+    /// Holds spent whole, by id and size, whose reports wait to ride with
+    /// the next lease request (a report of a hold spent whole changes only
+    /// when Redis debits it: now, or at its expiry).
+    pub(super) spent: VecDeque<(u64, u64)>,
+    /// This entry among those the name has had: a lease answered for an
+    /// earlier one (forgotten by a reset, or evicted, while the lease was
+    /// under way) is not this entry's to use.
+    pub(super) serial: u64,
+    /// The storage keys of its buckets, for lease requests and reports.
+    pub(super) keys: Vec<String>,
+    /// The hold whose partial report rides with the lease under way: a
+    /// refund is not given back to it until the answer says what Redis
+    /// debited.
+    pub(super) partial: Option<u64>,
+}
+
+impl Entry {
+    pub(super) fn new(
+        name: &str,
+        policy: &Policy,
+        serial: u64,
+        keys: Vec<String>,
+        now: u64,
+    ) -> Self {
+        let given = name.as_bytes();
+        let mut bytes = [0; SHORT_NAME];
+        let (name_len, long_name) = match (bytes.get_mut(..given.len()), u8::try_from(given.len()))
+        {
+            (Some(held), Ok(len)) => {
+                held.copy_from_slice(given);
+                (len, Box::default())
+            }
+            _ => (LONG, name.into()),
+        };
+        Entry {
+            name_len,
+            holds: 0,
+            asking: false,
+            roomy: false,
+            generation: 0,
+            name: bytes,
+            spendable: [Spendable::default(); MAX_HOLDS],
+            quarter: 0,
+            demand: 0.0,
+            seen: now,
+            born: now,
+            quiet_until: 0,
+            policy: policy.clone(),
+            cold: Box::new(Cold {
+                long_name,
+                rest: [HoldRest::default(); MAX_HOLDS],
+                spent: VecDeque::new(),
+                serial,
+                keys,
+                partial: None,
+            }),
+        }
+    }
+
+    pub(super) fn name(&self) -> &[u8] {
+        if self.name_len == LONG {
+            self.cold.long_name.as_bytes()
+        } else {
+            self.name
+                .get(..usize::from(self.name_len))
+                .unwrap_or_default()
+        }
+    }
+
+    pub(super) fn name_boxed(&self) -> Box<str> {
+        String::from_utf8_lossy(self.name()).into()
+    }
+
+    /// Whether this is the entry of `name` under `policy`.
+    #[inline]
+    pub(super) fn is(&self, name: &[u8], policy: &Policy) -> bool {
+        self.name() == name && self.policy.same_counting(policy)
+    }
+
+    /// Whether this is the entry of the name `start` + `value` under
+    /// `policy`, compared a piece at a time.
+    #[inline]
+    pub(super) fn is_split(&self, start: &[u8], value: &[u8], policy: &Policy) -> bool {
+        let name = self.name();
+        name.len() == start.len() + value.len()
+            && name.get(..start.len()) == Some(start)
+            && name.get(start.len()..) == Some(value)
+            && self.policy.same_counting(policy)
+    }
+
+    /// The holds in use, oldest first.
+    pub(super) fn holds(&self) -> &[Spendable] {
+        self.spendable
+            .get(..usize::from(self.holds))
+            .unwrap_or_default()
+    }
+
+    pub(super) fn holds_mut(&mut self) -> &mut [Spendable] {
+        self.spendable
+            .get_mut(..usize::from(self.holds))
+            .unwrap_or_default()
+    }
+
+    /// Takes the `i`th hold out, the later ones moving up.
+    pub(super) fn remove_hold(&mut self, i: usize) -> Option<Hold> {
+        let n = usize::from(self.holds);
+        if i >= n {
+            return None;
+        }
+        let (spendable, rest) = (self.spendable.get_mut(i..n)?, self.cold.rest.get_mut(i..n)?);
+        let (Spendable { left, until }, HoldRest { id, granted, life }) =
+            (*spendable.first()?, *rest.first()?);
+        spendable.rotate_left(1);
+        rest.rotate_left(1);
+        self.holds -= 1;
+        self.quarter = self.newest_quarter();
+        Some(Hold {
+            id,
+            granted,
+            left,
+            life,
+            until,
+        })
+    }
+
+    /// Adds `hold` as the newest, or gives it back when the key has
+    /// [`MAX_HOLDS`] already.
+    pub(super) fn push_hold(&mut self, hold: Hold) -> Result<(), Hold> {
+        let i = usize::from(self.holds);
+        match (self.spendable.get_mut(i), self.cold.rest.get_mut(i)) {
+            (Some(spendable), Some(rest)) => {
+                *spendable = Spendable {
+                    left: hold.left,
+                    until: hold.until,
+                };
+                *rest = HoldRest {
+                    id: hold.id,
+                    granted: hold.granted,
+                    life: hold.life,
+                };
+                self.holds += 1;
+                self.quarter = hold.life / 4;
+                Ok(())
+            }
+            _ => Err(hold),
+        }
+    }
+
+    /// Hold `id` reported `spent` of its tokens as spent, keeping the
+    /// rest: it holds that many fewer. True when the hold is still held
+    /// here; one used up while the report was under way waits in the queue
+    /// of spent holds, whose report then debits only the rest (its tokens
+    /// already left the held count).
+    pub(super) fn reported_part(&mut self, id: u64, spent: u64) -> bool {
+        let n = usize::from(self.holds);
+        if let Some(rest) = self
+            .cold
+            .rest
+            .get_mut(..n)
+            .and_then(|r| r.iter_mut().find(|r| r.id == id))
+        {
+            rest.granted = rest.granted.saturating_sub(spent);
+            return true;
+        }
+        if let Some((_, granted)) = self.cold.spent.iter_mut().find(|(i, _)| *i == id) {
+            *granted = granted.saturating_sub(spent);
+        }
+        false
+    }
+
+    /// A quarter of the newest hold's life (0 without holds).
+    pub(super) fn newest_quarter(&self) -> u64 {
+        usize::from(self.holds)
+            .checked_sub(1)
+            .and_then(|i| self.cold.rest.get(i))
+            .map_or(0, |r| r.life / 4)
+    }
+
+    /// Every hold, taken out.
+    pub(super) fn take_holds(&mut self) -> Vec<Hold> {
+        let mut out = Vec::with_capacity(usize::from(self.holds));
+        while let Some(hold) = self.remove_hold(0) {
+            out.push(hold);
+        }
+        out
+    }
+}

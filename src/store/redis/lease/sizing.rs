@@ -1,0 +1,164 @@
+//! How big the next lease of a key is, and when to ask for it: the decayed
+//! demand, the young key's scaling, the roomy size (see the module docs).
+
+use std::time::Duration;
+
+use super::entry::Entry;
+use super::errand::{Ask, Asked};
+use super::{MAX_HOLDS, MIN_LEASE, ROOMY_SHARE};
+use crate::store::redis::encode::ROOMY;
+
+/// What sizing a lease needs to know of the map: its lease period.
+pub(super) struct Sizing {
+    pub(super) period: Duration,
+    pub(super) period_us: u64,
+}
+
+impl Sizing {
+    /// The lease `entry` asks for after a check of `cost` at `now`, if one
+    /// is due: when what is held runs low, the newest hold is in its last
+    /// quarter, or a confirmation of the epoch is due (`verify`). `prior` is
+    /// the key's demand before this check, decayed to now. The caller sets
+    /// the epoch's generation it is asked in.
+    pub(super) fn next_lease(
+        &self,
+        entry: &mut Entry,
+        now: u64,
+        prior: f64,
+        cost: u64,
+        verify: bool,
+    ) -> Option<Ask> {
+        // Ask for the next lease when what is held runs low (see `low`),
+        // or the newest hold is in its last quarter.
+        // A key that was not checked within about a period before this
+        // check (a decayed demand under half of this check's cost: no
+        // check in the last 0.7 periods, or a sparse trickle) gets no
+        // lease: a hold it would not spend before its expiry is debited
+        // whole, and a client seen once an hour would lose a lease's
+        // worth of tokens for every request.
+        if entry.asking
+            || entry.holds().len() >= MAX_HOLDS
+            || now < entry.quiet_until
+            || prior < cost.max(1) as f64 / 2.0
+        {
+            return None;
+        }
+        let held: u64 = entry.holds().iter().map(|h| h.left).sum();
+        let aging = entry
+            .holds()
+            .last()
+            .is_none_or(|h| h.until.saturating_sub(now) < entry.quarter);
+        // Not low either, without working out how low is (the common case
+        // under a roomy lease): low is under twice a period's demand at
+        // most, and a period's demand under 4 x `demand` + 1 (`young` is
+        // at least 1/4).
+        // A confirmation of the epoch is due (this check took the turn): a
+        // lease request confirms it as well, and tops the holds up.
+        let aging = aging || verify;
+        #[expect(
+            clippy::cast_precision_loss,
+            reason = "a bound with room to spare: rounding cannot cross it"
+        )]
+        if !aging && held as f64 >= 8.0 * entry.demand + 2.0 {
+            return None;
+        }
+        #[expect(
+            clippy::cast_precision_loss,
+            reason = "microseconds below 2^53 (285 years) are exact"
+        )]
+        let age = now.saturating_sub(entry.born) as f64 / self.period_us as f64;
+        // A steady rate r since `born` counts r x period x (1 - e^-age),
+        // the age in periods; past 4 periods that is within 2% of r x
+        // period.
+        let young = if age < 4.0 {
+            (1.0 - (-age).exp()).max(0.25)
+        } else {
+            1.0
+        };
+        #[expect(
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss,
+            reason = "a decayed count of tokens, non-negative and far below 2^64"
+        )]
+        let per_period = (entry.demand / young).ceil() as u64;
+        // A roomy lease covers `ROOMY` periods, at most an eighth of the
+        // smallest capacity (or one period, if more).
+        let cap = (entry.policy.max_cost() / ROOMY_SHARE).max(per_period);
+        let roomy_wanted = per_period.saturating_mul(u64::from(ROOMY)).min(cap);
+        // Low: under an eighth of a period's demand left (a lease of one
+        // period; asked for late, so that a key shared by several
+        // instances, whose holds the script caps at half the bucket, asks
+        // for more at a time),
+        // or, under a roomy lease, under two periods' (or half of it, if
+        // it covers less than four): enough to last while the next is
+        // asked for, without asking again each time a young key's count
+        // moves.
+        let low = if entry.roomy {
+            held < (roomy_wanted / 2).min(per_period.saturating_mul(2))
+        } else {
+            8 * held < per_period
+        };
+        // Enough for a period and a half (a roomy lease: `ROOMY` of them),
+        // less what is still held: asked for when under an eighth of a
+        // period is left, a lease lasts over a period. It lives two. The script
+        // grants the roomy size and life when every bucket is at least 3/4
+        // free besides the cost, the plain ones otherwise.
+        let want = per_period
+            .saturating_add(per_period / 2)
+            .saturating_sub(held);
+        let roomy_want = roomy_wanted
+            .saturating_add(roomy_wanted / 2)
+            .saturating_sub(held);
+        if want.max(roomy_want) >= MIN_LEASE && (low || aging) {
+            entry.asking = true;
+            let carried = entry.cold.spent.pop_front().map(|(id, _)| id);
+            // Besides a hold spent whole, the live one that spent most
+            // reports that much, keeping the rest: what was spent leaves the
+            // holds' share of the bucket (at most half of it, see
+            // "Epochs" in the script) to the instances sharing the key.
+            let partial = entry
+                .holds()
+                .iter()
+                .zip(&entry.cold.rest)
+                .map(|(h, r)| (r.id, r.granted - h.left))
+                .filter(|&(_, spent)| spent > 0)
+                .max_by_key(|&(_, spent)| spent);
+            entry.cold.partial = partial.map(|(id, _)| id);
+            return Some(Ask {
+                asked: Asked {
+                    name: entry.name_boxed(),
+                    serial: entry.cold.serial,
+                    keys: entry.cold.keys.clone(),
+                    policy: entry.policy.clone(),
+                    id: 0,
+                    generation: 0,
+                    partial,
+                },
+                want: if want >= MIN_LEASE { want } else { 0 },
+                life: 2 * self.period,
+                roomy_want: if roomy_want >= MIN_LEASE {
+                    roomy_want
+                } else {
+                    0
+                },
+                carried,
+            });
+        }
+        None
+    }
+}
+
+/// `exp(-x)` for `x >= 0`: for the small `x` of a key checked often (the
+/// time since its last check, in lease periods), by its Taylor series to
+/// `x^6` (off by under `x^7 / 5040`, 6e-15 below 1/32), without a call
+/// to the math library on every check.
+#[inline]
+pub(super) fn decay(x: f64) -> f64 {
+    if x < 1.0 / 32.0 {
+        1.0 - x
+            * (1.0
+                - x / 2.0 * (1.0 - x / 3.0 * (1.0 - x / 4.0 * (1.0 - x / 5.0 * (1.0 - x / 6.0)))))
+    } else {
+        (-x).exp()
+    }
+}

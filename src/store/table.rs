@@ -1,0 +1,228 @@
+//! [`Table`]: the sharded, seeded table that the memory store, the lease map
+//! and the deny cache keep their entries in.
+//!
+//! The table owns what the three have in common: the seed every name is
+//! hashed with, the shard a hash picks, each shard's poison-tolerant lock,
+//! and the bound on how many entries a shard holds. What an entry is, and
+//! which one goes when a full shard needs room, is each user's own: a shard
+//! is any [`Shard`] (its entries in a `hashbrown::HashTable` keyed by the
+//! table's hash, with whatever else it keeps beside them).
+//!
+//! A name is hashed once per call, by its bytes alone with the table's
+//! random seed, so that a client cannot aim its keys at one shard or one
+//! probe sequence. A [`KeyStart`] is a start hashed once (a layer's
+//! `policy:kind:`, when the layer is built): a check then hashes only the
+//! rest of its key, and finds the same shard and slot as the whole key
+//! written out.
+
+use std::collections::hash_map::{DefaultHasher, RandomState};
+use std::hash::{BuildHasher, Hasher};
+use std::sync::{Mutex, MutexGuard};
+
+use crate::lock::lock;
+
+/// What a table's shard holds: its entries, and whatever its user keeps
+/// beside them.
+pub(crate) trait Shard: Default {
+    /// How many entries the shard holds.
+    fn len(&self) -> usize;
+}
+
+/// Shards of `S` behind a lock each, picked by a name's seeded hash.
+#[derive(Debug)]
+pub(crate) struct Table<S> {
+    shards: Box<[Padded<Mutex<S>>]>,
+    per_shard: usize,
+    hasher: RandomState,
+}
+
+/// The start of names (`policy:kind:`), hashed once with one table's seed:
+/// see [`Table::start`].
+#[derive(Clone, Debug)]
+pub(crate) struct KeyStart {
+    text: Box<str>,
+    state: DefaultHasher,
+    /// The start's number, in a table whose entries refer to starts by
+    /// number (the memory store's), if it has one there.
+    number: Option<u8>,
+}
+
+impl KeyStart {
+    /// The start as text.
+    pub(crate) fn text(&self) -> &str {
+        &self.text
+    }
+
+    /// The start's number in its table, if it has one.
+    pub(crate) fn number(&self) -> Option<u8> {
+        self.number
+    }
+
+    /// The start, numbered `number` in its table.
+    pub(crate) fn numbered(self, number: Option<u8>) -> Self {
+        KeyStart { number, ..self }
+    }
+
+    /// The hash of the name `self` + `rest`: the hash [`Table::hash`] gives
+    /// it written out (SipHash over bytes written in pieces is the hash of
+    /// the pieces written at once).
+    #[inline]
+    pub(crate) fn hash(&self, rest: &[u8]) -> u64 {
+        let mut state = self.state.clone();
+        state.write(rest);
+        state.finish()
+    }
+}
+
+impl<S: Shard> Table<S> {
+    /// A table of `shards` shards (at least one) of up to `per_shard`
+    /// entries each (at least one), seeded at random.
+    pub(crate) fn new(shards: usize, per_shard: usize) -> Self {
+        Table {
+            shards: (0..shards.max(1))
+                .map(|_| Padded(Mutex::new(S::default())))
+                .collect(),
+            per_shard: per_shard.max(1),
+            hasher: RandomState::new(),
+        }
+    }
+
+    /// The seed names are hashed with.
+    pub(crate) fn hasher(&self) -> &RandomState {
+        &self.hasher
+    }
+
+    /// `name`'s hash: its bytes alone, with the table's seed (without the
+    /// end marker `str`'s `Hash` adds, so a name hashed in pieces hashes the
+    /// same).
+    #[inline]
+    pub(crate) fn hash(&self, name: &[u8]) -> u64 {
+        hash_with(&self.hasher, name)
+    }
+
+    /// `start` hashed once, for names that begin with it.
+    pub(crate) fn start(&self, start: &str) -> KeyStart {
+        let mut state = self.hasher.build_hasher();
+        state.write(start.as_bytes());
+        KeyStart {
+            text: start.into(),
+            state,
+            number: None,
+        }
+    }
+
+    /// The shard of the name hashed to `hash`, locked.
+    #[inline]
+    pub(crate) fn shard(&self, hash: u64) -> MutexGuard<'_, S> {
+        match self.shards.get(self.shard_index(hash)) {
+            Some(shard) => lock(&shard.0),
+            None => unreachable_empty(),
+        }
+    }
+
+    /// The index of the shard of the name hashed to `hash`: the table's one
+    /// rule for picking a shard.
+    #[inline]
+    pub(crate) fn shard_index(&self, hash: u64) -> usize {
+        // Bits 25 to 56 pick the shard, as `bits x len / 2^32` (an even
+        // spread below `len`, without a division): the table inside a shard
+        // indexes by the low bits and tags each slot with the top 7, and
+        // neither may be the same for all of a shard's entries (shards
+        // picked by the top bits left a shard's tags a few values of 128, so
+        // a probe compared many more names than it found).
+        let bits = (hash >> 25) & 0xFFFF_FFFF;
+        usize::try_from((bits * self.shards.len() as u64) >> 32).unwrap_or(0)
+    }
+
+    /// Every shard, each locked in turn while the caller holds it.
+    pub(crate) fn shards(&self) -> impl Iterator<Item = MutexGuard<'_, S>> {
+        self.shards.iter().map(|s| lock(&s.0))
+    }
+
+    /// Whether `shard` holds its share of entries: one more needs room made
+    /// first.
+    #[inline]
+    pub(crate) fn is_full(&self, shard: &S) -> bool {
+        shard.len() >= self.per_shard
+    }
+
+    /// How many entries the table holds now.
+    pub(crate) fn len(&self) -> usize {
+        self.shards().map(|s| s.len()).sum()
+    }
+
+    /// How many shards the table has.
+    #[cfg(test)]
+    pub(crate) fn shard_count(&self) -> usize {
+        self.shards.len()
+    }
+}
+
+/// `name`'s hash with `hasher`'s seed: its bytes alone.
+#[inline]
+pub(crate) fn hash_with(hasher: &RandomState, name: &[u8]) -> u64 {
+    let mut state = hasher.build_hasher();
+    state.write(name);
+    state.finish()
+}
+
+/// A shard on cache lines of its own, so that locking it never takes a line
+/// of its neighbour's from the other core.
+#[derive(Debug)]
+#[repr(align(128))]
+struct Padded<T>(T);
+
+#[cold]
+fn unreachable_empty() -> ! {
+    // `new` always makes at least one shard.
+    unreachable!("a table has at least one shard")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Default)]
+    struct Count(usize);
+
+    impl Shard for Count {
+        fn len(&self) -> usize {
+            self.0
+        }
+    }
+
+    #[test]
+    fn a_start_hashes_as_the_whole_name() {
+        let table = Table::<Count>::new(4, 10);
+        let start = table.start("api:ip:");
+        assert_eq!(start.hash(b"10.0.0.1"), table.hash(b"api:ip:10.0.0.1"));
+        assert_eq!(start.text(), "api:ip:");
+    }
+
+    #[test]
+    fn shards_spread_names_without_narrowing_their_tags() {
+        // The slot tags are the hash's top 7 bits: every shard must see
+        // most of the 128 values, and every shard must be used.
+        let table = Table::<Count>::new(16, 10);
+        let mut tags = vec![std::collections::HashSet::new(); 16];
+        for i in 0..20_000 {
+            let hash = table.hash(format!("key:{i}").as_bytes());
+            tags[table.shard_index(hash)].insert(hash >> 57);
+        }
+        for (i, seen) in tags.iter().enumerate() {
+            assert!(seen.len() > 100, "shard {i} saw {} tags", seen.len());
+        }
+    }
+
+    #[test]
+    fn a_shard_is_full_at_its_share() {
+        let table = Table::<Count>::new(2, 3);
+        let mut shard = table.shard(0);
+        assert!(!table.is_full(&shard));
+        shard.0 = 3;
+        assert!(table.is_full(&shard));
+        drop(shard);
+        assert_eq!(table.len(), 3);
+        assert_eq!(table.shard_count(), 2);
+    }
+}
