@@ -20,7 +20,7 @@ use crate::store::breaker::ProbeGuard;
 use crate::store::deny_cache::DenyCache;
 
 /// A decision and its wait, or why there is none.
-type Outcome = Result<(Decision, u64), Error>;
+type CheckResult = Result<(Decision, u64), Error>;
 
 impl RedisStore {
     /// Queues a check for the next script call of `queue` (see `batch.rs`;
@@ -34,7 +34,7 @@ impl RedisStore {
         keys: Vec<String>,
         policy: &Policy,
         spend: Spend,
-    ) -> Outcome {
+    ) -> CheckResult {
         // A cluster node's own breaker (see `batch.rs`): open, the check
         // fails at once; when its probe is due, this check is it, sent on
         // its own in a task that owns the probe, so a caller that goes away
@@ -102,7 +102,7 @@ impl RedisStore {
         keys: Vec<String>,
         policy: &Policy,
         spend: Spend,
-    ) -> Outcome {
+    ) -> CheckResult {
         let (reply, answered) = oneshot::channel();
         let sent = Instant::now();
         let check = Pending {
@@ -125,8 +125,8 @@ impl RedisStore {
     fn heard(
         &self,
         sent: Instant,
-        heard: Result<Result<Outcome, oneshot::error::RecvError>, tokio::time::error::Elapsed>,
-    ) -> Outcome {
+        heard: Result<Result<CheckResult, oneshot::error::RecvError>, tokio::time::error::Elapsed>,
+    ) -> CheckResult {
         match heard {
             Ok(Ok(Ok(outcome))) => {
                 self.inner.breaker.success(sent);
@@ -166,7 +166,12 @@ impl RedisStore {
     /// there still tells the connection, see `call.rs`); the checks that
     /// queued meanwhile go to a drain when it ends, or when this future is
     /// dropped before (`handoff`).
-    async fn inline(&self, mut handoff: Handoff<'_>, check: Pending, deadline: Instant) -> Outcome {
+    async fn inline(
+        &self,
+        mut handoff: Handoff<'_>,
+        check: Pending,
+        deadline: Instant,
+    ) -> CheckResult {
         let once = gives_back(&check.spend);
         let mut checks = [check];
         // One check: no spread call and nothing apart, on a cluster node's

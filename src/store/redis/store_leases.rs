@@ -8,7 +8,7 @@ use tokio::time::Instant;
 
 use super::decode::LeaseReply;
 use super::encode::{ROOMY, Reports, Spend};
-use super::lease::{Ask, Asked, Errand, Grant, LeaseStats, Leases, WHOLE};
+use super::lease::{Asked, Errand, Grant, LeaseRequest, LeaseStats, Leases, WHOLE};
 use super::store::RedisStore;
 use crate::decision::Decision;
 use crate::error::ErrorKind;
@@ -90,7 +90,7 @@ impl RedisStore {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             // Nothing can be sent: the key must not stay asking, and the
             // epoch must not stay confirming.
-            if let Some(Ask { asked, .. }) = &errand.lease {
+            if let Some(LeaseRequest { asked, .. }) = &errand.lease {
                 let _ = leases.answered(asked, None);
             }
             if errand.verify
@@ -118,7 +118,7 @@ impl RedisStore {
                 }
             });
         }
-        if let Some(Ask {
+        if let Some(LeaseRequest {
             mut asked,
             want,
             carried,

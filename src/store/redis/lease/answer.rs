@@ -4,7 +4,7 @@
 use std::sync::atomic::Ordering;
 
 use super::entry::{Hold, HoldRest};
-use super::errand::{Asked, Grant, Report};
+use super::errand::{Asked, Grant, HoldReport};
 use super::map::Leases;
 use crate::observe;
 use crate::policy::Policy;
@@ -17,7 +17,7 @@ impl Leases {
     /// may have deleted the hold with its buckets), or that was granted in
     /// another epoch than the one it was asked in, comes back to be
     /// reported, with any holds of an epoch that is gone.
-    pub(crate) fn answered(&self, asked: &Asked, grant: Option<Grant>) -> Vec<Report> {
+    pub(crate) fn answered(&self, asked: &Asked, grant: Option<Grant>) -> Vec<HoldReport> {
         let hash = self.hash(asked.name.as_bytes());
         let mut guard = self.table.shard(hash);
         let shard = &mut *guard;
@@ -91,8 +91,8 @@ impl Leases {
 
     /// The report giving back a hold of `granted` tokens that `asked` got
     /// and nobody will spend.
-    fn unused(&self, asked: &Asked, granted: u64) -> Report {
-        Report {
+    fn unused(&self, asked: &Asked, granted: u64) -> HoldReport {
+        HoldReport {
             keys: asked.keys.clone(),
             policy: asked.policy.clone(),
             id: asked.id,
@@ -110,7 +110,12 @@ impl Leases {
     /// Redis could only clamp it (the bucket counts those tokens as still
     /// there until the report). Returns the tokens given back here, and
     /// the reports to send.
-    pub(crate) fn refund(&self, name: &str, policy: &Policy, tokens: u64) -> (u64, Vec<Report>) {
+    pub(crate) fn refund(
+        &self,
+        name: &str,
+        policy: &Policy,
+        tokens: u64,
+    ) -> (u64, Vec<HoldReport>) {
         let now = self.now();
         let hash = self.hash(name.as_bytes());
         let mut guard = self.table.shard(hash);
@@ -140,7 +145,7 @@ impl Leases {
         {
             let back = granted.min(tokens - given);
             given += back;
-            reports.push(Report {
+            reports.push(HoldReport {
                 keys: entry.cold.keys.clone(),
                 policy: entry.policy.clone(),
                 id,
@@ -153,7 +158,7 @@ impl Leases {
     }
 
     /// A report answered: whether its hold was still there.
-    pub(crate) fn reported(&self, report: &Report, found: Option<bool>) {
+    pub(crate) fn reported(&self, report: &HoldReport, found: Option<bool>) {
         let c = &self.counters;
         if found == Some(true) {
             c.returned.fetch_add(report.left, Ordering::Relaxed);

@@ -1,6 +1,6 @@
 //! What a check of the lease map leaves to send in the background
-//! ([`Errand`]): a lease to ask for ([`Ask`]) and holds to report
-//! ([`Report`]); and what Redis answers a lease ([`Grant`]).
+//! ([`Errand`]): a lease to ask for ([`LeaseRequest`]) and holds to report
+//! ([`HoldReport`]); and what Redis answers a lease ([`Grant`]).
 
 use std::time::Duration;
 
@@ -11,7 +11,7 @@ use crate::store::redis::encode::Spend;
 
 /// A hold to report: the keys and policy of its buckets, its id, what was
 /// spent of it and what it held.
-pub(crate) struct Report {
+pub(crate) struct HoldReport {
     pub(crate) keys: Vec<String>,
     pub(crate) policy: Policy,
     pub(crate) id: u64,
@@ -24,8 +24,8 @@ pub(crate) struct Report {
 /// background.
 #[derive(Default)]
 pub(crate) struct Errand {
-    pub(crate) lease: Option<Ask>,
-    pub(crate) reports: Vec<Report>,
+    pub(crate) lease: Option<LeaseRequest>,
+    pub(crate) reports: Vec<HoldReport>,
     /// A call that confirms the server's epoch (see `epoch.rs`), taken by
     /// [`ServerEpoch::verify_due`]: holds are spent only while one came
     /// back within a second.
@@ -43,7 +43,7 @@ impl Errand {
 }
 
 /// A lease to ask for.
-pub(crate) struct Ask {
+pub(crate) struct LeaseRequest {
     /// Whose lease it is.
     pub(crate) asked: Asked,
     /// The most tokens wanted.
@@ -91,7 +91,7 @@ pub(crate) struct Grant {
     pub(crate) found: bool,
 }
 
-impl Report {
+impl HoldReport {
     /// The decision that reports this hold, and its keys and policy.
     pub(crate) fn spend(&self) -> (Vec<String>, &Policy, Spend) {
         (

@@ -9,7 +9,7 @@ use hashbrown::HashTable;
 use tokio::time::Instant;
 
 use super::entry::Entry;
-use super::errand::{Errand, Report};
+use super::errand::{Errand, HoldReport};
 use super::sizing::{Sizing, decay};
 use super::{Counters, LeaseConfig, LeaseStats, MAX_HOLDS, MIN_LEASE};
 use crate::decision::{Decision, QuotaState, States};
@@ -369,7 +369,7 @@ impl Leases {
         entry: &mut Entry,
         now: u64,
         outstanding: &mut u64,
-        reports: &mut Vec<Report>,
+        reports: &mut Vec<HoldReport>,
     ) {
         #[expect(
             clippy::cast_possible_truncation,

@@ -61,7 +61,7 @@ mod sizing;
 #[cfg(test)]
 mod tests;
 
-pub(crate) use errand::{Ask, Asked, Errand, Grant};
+pub(crate) use errand::{Asked, Errand, Grant, LeaseRequest};
 pub(crate) use map::Leases;
 
 /// The default lease period: a lease holds about this long's worth of a

@@ -9,7 +9,7 @@ use hashbrown::HashTable;
 use super::QUIET_PERIODS;
 use super::WHOLE;
 use super::entry::{Entry, Hold};
-use super::errand::{Errand, Report};
+use super::errand::{Errand, HoldReport};
 use super::map::{Leases, Shard};
 use crate::observe;
 use crate::policy::Policy;
@@ -42,7 +42,7 @@ impl Leases {
 
     /// The reports of a key leaving the map: its holds, and those spent
     /// whole that wait for a lease request.
-    pub(super) fn leaving(&self, mut entry: Entry, outstanding: &mut u64) -> Vec<Report> {
+    pub(super) fn leaving(&self, mut entry: Entry, outstanding: &mut u64) -> Vec<HoldReport> {
         self.leaving_holds(&mut entry, self.now(), outstanding)
     }
 
@@ -53,13 +53,13 @@ impl Leases {
         entry: &mut Entry,
         now: u64,
         outstanding: &mut u64,
-    ) -> Vec<Report> {
+    ) -> Vec<HoldReport> {
         let holds = entry.take_holds();
-        let mut out: Vec<Report> = entry
+        let mut out: Vec<HoldReport> = entry
             .cold
             .spent
             .drain(..)
-            .map(|(id, _)| Report {
+            .map(|(id, _)| HoldReport {
                 keys: entry.cold.keys.clone(),
                 policy: entry.policy.clone(),
                 id,
@@ -83,14 +83,14 @@ impl Leases {
         hold: Hold,
         now: u64,
         outstanding: &mut u64,
-    ) -> Report {
+    ) -> HoldReport {
         *outstanding = outstanding.saturating_sub(hold.left);
         let held = self
             .counters
             .held
             .fetch_sub(hold.granted, Ordering::Relaxed);
         observe::lease_held(self.label, held.saturating_sub(hold.granted));
-        Report {
+        HoldReport {
             keys: keys.to_vec(),
             policy: policy.clone(),
             id: hold.id,
@@ -103,7 +103,7 @@ impl Leases {
     /// The holds of keys not checked for [`QUIET_PERIODS`] lease periods,
     /// taken out to be reported: what they did not spend goes back to the
     /// bucket now, not at their expiry (a roomy hold lives 64 periods).
-    pub(crate) fn sweep(&self) -> Vec<Report> {
+    pub(crate) fn sweep(&self) -> Vec<HoldReport> {
         let now = self.now();
         let quiet = self.period_us.saturating_mul(QUIET_PERIODS);
         let mut out = Vec::new();
@@ -166,7 +166,7 @@ impl Leases {
     }
 
     /// Every hold, to report (the store is going away).
-    pub(crate) fn drain(&self) -> Vec<Report> {
+    pub(crate) fn drain(&self) -> Vec<HoldReport> {
         let mut out = Vec::new();
         for mut guard in self.table.shards() {
             let shard = &mut *guard;

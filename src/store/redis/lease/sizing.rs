@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use super::entry::Entry;
-use super::errand::{Ask, Asked};
+use super::errand::{Asked, LeaseRequest};
 use super::{MAX_HOLDS, MIN_LEASE, ROOMY_SHARE};
 use crate::store::redis::encode::ROOMY;
 
@@ -27,8 +27,8 @@ impl Sizing {
         prior: f64,
         cost: u64,
         verify: bool,
-    ) -> Option<Ask> {
-        // Ask for the next lease when what is held runs low (see `low`),
+    ) -> Option<LeaseRequest> {
+        // LeaseRequest for the next lease when what is held runs low (see `low`),
         // or the newest hold is in its last quarter.
         // A key that was not checked within about a period before this
         // check (a decayed demand under half of this check's cost: no
@@ -124,7 +124,7 @@ impl Sizing {
                 .filter(|&(_, spent)| spent > 0)
                 .max_by_key(|&(_, spent)| spent);
             entry.cold.partial = partial.map(|(id, _)| id);
-            return Some(Ask {
+            return Some(LeaseRequest {
                 asked: Asked {
                     name: entry.name_boxed(),
                     serial: entry.cold.serial,
