@@ -7,10 +7,7 @@
 use crate::decision::Decision;
 use crate::key::Header;
 use crate::policy::Policy;
-use crate::quota::Quota;
-#[cfg(feature = "redis")]
-use crate::store::RedisStore;
-use crate::store::{KeyStart, MemoryStore};
+use crate::store::HeldKeys;
 
 /// A layer that can use `check::check_held`: one policy of one quota, a
 /// fixed cost, a [`Header`] key, a memory store or a Redis store whose
@@ -22,21 +19,8 @@ use crate::store::{KeyStart, MemoryStore};
 #[repr(C)]
 pub(crate) struct Held {
     pub(crate) header: Header,
-    pub(crate) store: HeldStore,
-    pub(crate) quota: Quota,
-    pub(crate) cost: u64,
-}
-
-/// The store a held key is looked up in, with the storage keys' start
-/// (`name:kind:`).
-#[derive(Clone)]
-pub(crate) enum HeldStore {
-    /// The start hashed with the store's seed.
-    Memory(MemoryStore, KeyStart),
-    /// A store whose leases pay on the layer's policy, and the start (a
-    /// safe key's) as its leases take it.
-    #[cfg(feature = "redis")]
-    Leased(RedisStore, KeyStart),
+    /// The store's fast path for the layer's keys.
+    pub(crate) keys: HeldKeys,
 }
 
 impl Held {
@@ -46,20 +30,13 @@ impl Held {
     /// changed nothing, for every other key.
     #[inline]
     pub(crate) fn check(&self, value: &str, policy: &Policy) -> Option<Decision> {
-        match &self.store {
-            HeldStore::Memory(store, prefix) => {
-                let _ = policy;
-                store.check_held(prefix, value, &self.quota, self.cost)
-            }
-            #[cfg(feature = "redis")]
-            HeldStore::Leased(store, start) => store.check_held(start, value, policy, self.cost),
-        }
+        self.keys.check(value, policy)
     }
 
     /// Whether the store itself answered (not a hold of a store that is
     /// asked otherwise): a memory store's decision ends a fallback's
     /// outage, a decision from a hold does not (see `RateLimiter::settle`).
     pub(crate) fn fresh(&self) -> bool {
-        matches!(self.store, HeldStore::Memory(..))
+        self.keys.fresh()
     }
 }

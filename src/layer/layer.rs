@@ -10,7 +10,7 @@ use tower_layer::Layer;
 use super::bodies::AxumBody;
 use super::config::{Config, Cost, Holding, Waits};
 use super::dyn_key::Extractor;
-use super::held::{Held, HeldStore};
+use super::held::Held;
 use super::options::{Choice, Delay, HeaderStyle, MissingKey, OnStoreError, Rejection};
 use super::service::RateLimit;
 use super::settle::{ResponseHead, Settle, Settler};
@@ -398,44 +398,12 @@ fn held(config: &Config) -> Option<Held> {
     let Cost::Fixed(cost) = config.cost else {
         return None;
     };
-    let policy = config.limiter.policy();
-    let [quota] = policy.quotas() else {
-        return None;
-    };
-    if cost > policy.max_cost() {
-        return None;
-    }
     let header = config.key.header()?.clone();
+    let policy = config.limiter.policy();
     // The storage key is `name:kind:value` (see `check::bucket_key`).
     let start = format!("{}:{}:", policy.name(), config.key.name());
-    let store = match config.limiter.store().as_memory() {
-        Some(memory) => HeldStore::Memory(memory.clone(), memory.key_start(&start)?),
-        None => leased(config, policy, cost, start)?,
-    };
-    Some(Held {
-        header,
-        store,
-        quota: *quota,
-        cost,
-    })
-}
-
-/// A Redis store whose leases pay on `policy`, for `check::check_held`:
-/// a check of at least one token (as leases decide) under a start that is
-/// a safe key's.
-#[cfg(feature = "redis")]
-fn leased(config: &Config, policy: &Policy, cost: u64, start: String) -> Option<HeldStore> {
-    let redis = config.limiter.store().as_redis()?;
-    if cost == 0 || !redis.leases_pay_on(policy) || !crate::store::is_safe(start.as_bytes()) {
-        return None;
-    }
-    let start = redis.lease_start(&start)?;
-    Some(HeldStore::Leased(redis.clone(), start))
-}
-
-#[cfg(not(feature = "redis"))]
-fn leased(_: &Config, _: &Policy, _: u64, _: String) -> Option<HeldStore> {
-    None
+    let keys = config.limiter.store().held_keys(&start, policy, cost)?;
+    Some(Held { header, keys })
 }
 
 impl<S> Layer<S> for RateLimitLayer {

@@ -68,6 +68,7 @@ pub(crate) mod bucket;
 mod contract;
 #[cfg(feature = "redis")]
 mod deny_cache;
+mod held_keys;
 mod key;
 mod memory;
 #[cfg(feature = "redis")]
@@ -84,8 +85,7 @@ pub use breaker::{
 pub use contract::Store;
 #[cfg(feature = "redis")]
 pub use deny_cache::DEFAULT_DENY_CACHE;
-#[cfg(feature = "redis")]
-pub(crate) use key::is_safe;
+pub(crate) use held_keys::HeldKeys;
 pub use key::{MAX_RAW_KEY_LEN, hashed_key, safe_key, safe_key_bytes};
 pub(crate) use key::{in_scratch, into_safe_key};
 pub use memory::{DEFAULT_MAX_KEYS, MemoryStore};
@@ -95,4 +95,3 @@ pub use redis::{
     DEFAULT_LEASE_PERIOD, DEFAULT_MAX_BATCH, DEFAULT_PREFIX, DEFAULT_TIMEOUT, LeaseStats,
     RedisStore, RedisStoreBuilder,
 };
-pub(crate) use table::KeyStart;
