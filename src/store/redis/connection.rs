@@ -36,8 +36,6 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
-#[cfg(feature = "cluster")]
-use std::task::Poll;
 use std::time::Duration;
 
 use deadpool_redis::Pool;
@@ -46,6 +44,7 @@ use redis::{AsyncConnectionConfig, Client, Cmd, Pipeline, RedisError, RedisFutur
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use super::cluster::{ClusterConn, ClusterSource};
 use super::epoch::ServerEpoch;
 use super::failure::{AtHost, kind_of};
 use crate::error::{Error, ErrorKind};
@@ -88,19 +87,10 @@ pub(crate) enum Source {
     Client(Client),
     /// The application's deadpool-redis pool; one connection is taken and kept.
     Pool(Pool),
-    /// Redis Cluster clients, from seed URLs (their timeouts set by the
-    /// builder): one that follows `MOVED`/`ASK` and retries, and one that
-    /// never sends a call again (see [`Conn::for_call`]).
-    #[cfg(feature = "cluster")]
-    Cluster {
-        routed: redis::cluster::ClusterClient,
-        once: redis::cluster::ClusterClient,
-    },
-    /// The application's deadpool-redis cluster pool; one cluster connection
-    /// is taken and kept. Its client resends calls on its own (see
-    /// [`Link::resends`]).
-    #[cfg(feature = "cluster")]
-    ClusterPool(deadpool_redis::cluster::Pool),
+    /// A Redis Cluster (cargo feature `cluster`): the store's own clients,
+    /// or the application's cluster pool, whose client resends calls on its
+    /// own (see [`Link::resends`]).
+    Cluster(ClusterSource),
     /// Sentinels, asked for the primary on every connect.
     #[cfg(feature = "sentinel")]
     Sentinel(tokio::sync::Mutex<redis::sentinel::SentinelClient>),
@@ -120,28 +110,7 @@ impl Source {
                 })?;
                 Ok(Conn::Multiplexed(deadpool_redis::Connection::take(pooled)))
             }
-            #[cfg(feature = "cluster")]
-            Source::Cluster { routed, once } => {
-                // Both at once: a seed that never answers costs each the
-                // same wait, which must fit in one connect timeout.
-                let (routed, once) =
-                    both(routed.get_async_connection(), once.get_async_connection()).await;
-                Ok(Conn::Cluster {
-                    routed: routed?,
-                    once: Some(once?),
-                })
-            }
-            #[cfg(feature = "cluster")]
-            Source::ClusterPool(pool) => {
-                let pooled = pool.get().await.map_err(|e| match e {
-                    deadpool_redis::cluster::PoolError::Backend(e) => e,
-                    other => RedisError::from(std::io::Error::other(other.to_string())),
-                })?;
-                Ok(Conn::Cluster {
-                    routed: deadpool_redis::cluster::Connection::take(pooled),
-                    once: None,
-                })
-            }
+            Source::Cluster(cluster) => cluster.connect().await.map(Conn::Cluster),
             #[cfg(feature = "sentinel")]
             Source::Sentinel(client) => client
                 .lock()
@@ -153,56 +122,23 @@ impl Source {
     }
 }
 
-/// The outcomes of `a` and `b`, run together.
-#[cfg(feature = "cluster")]
-async fn both<A: Future, B: Future>(a: A, b: B) -> (A::Output, B::Output) {
-    let (mut a, mut b) = (std::pin::pin!(a), std::pin::pin!(b));
-    let (mut done_a, mut done_b) = (None, None);
-    std::future::poll_fn(|cx| {
-        if done_a.is_none()
-            && let Poll::Ready(out) = a.as_mut().poll(cx)
-        {
-            done_a = Some(out);
-        }
-        if done_b.is_none()
-            && let Poll::Ready(out) = b.as_mut().poll(cx)
-        {
-            done_b = Some(out);
-        }
-        match (done_a.take(), done_b.take()) {
-            (Some(a), Some(b)) => Poll::Ready((a, b)),
-            (a, b) => {
-                (done_a, done_b) = (a, b);
-                Poll::Pending
-            }
-        }
-    })
-    .await
-}
-
 /// A connection of any topology, used through redis-rs's `ConnectionLike`.
 #[derive(Clone)]
 pub(crate) enum Conn {
     Multiplexed(MultiplexedConnection),
-    /// Routes each command to the primary of its first key's slot. `once`,
-    /// made with no retries, is for the calls that must never be sent twice
-    /// (`None` on an application's cluster pool).
-    #[cfg(feature = "cluster")]
-    Cluster {
-        routed: redis::cluster_async::ClusterConnection,
-        once: Option<redis::cluster_async::ClusterConnection>,
-    },
+    /// A Redis Cluster's (cargo feature `cluster`): routes each command to
+    /// the primary of its first key's slot.
+    Cluster(ClusterConn),
 }
 
 impl Conn {
     /// Whether the connection is many connections (a cluster): one failing
     /// node says nothing about the others, so it is replaced in the background
     /// instead of dropped.
-    fn is_composite(&self) -> bool {
+    pub(crate) fn is_composite(&self) -> bool {
         match self {
             Conn::Multiplexed(_) => false,
-            #[cfg(feature = "cluster")]
-            Conn::Cluster { .. } => true,
+            Conn::Cluster(_) => true,
         }
     }
 
@@ -221,16 +157,8 @@ impl Conn {
             return Ok(self);
         }
         match self {
-            #[cfg(feature = "cluster")]
-            Conn::Cluster { once: None, .. } => Err(RedisError::from((
-                redis::ErrorKind::Client,
-                "not sent",
-                RESENDS.to_owned(),
-            ))),
-            #[cfg(feature = "cluster")]
-            Conn::Cluster { once: Some(c), .. } => Ok(Conn::Cluster {
-                routed: c.clone(),
-                once: Some(c),
+            Conn::Cluster(cluster) => cluster.for_refund().map(Conn::Cluster).ok_or_else(|| {
+                RedisError::from((redis::ErrorKind::Client, "not sent", RESENDS.to_owned()))
             }),
             conn => Ok(conn),
         }
@@ -241,8 +169,7 @@ impl Conn {
             Conn::Multiplexed(c) => c.set_response_timeout(timeout),
             // Set on the cluster client when the store builds it; an
             // application's cluster pool keeps the application's settings.
-            #[cfg(feature = "cluster")]
-            Conn::Cluster { .. } => {}
+            Conn::Cluster(_) => {}
         }
     }
 }
@@ -251,8 +178,7 @@ impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
             Conn::Multiplexed(c) => c.req_packed_command(cmd),
-            #[cfg(feature = "cluster")]
-            Conn::Cluster { routed: c, .. } => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
         }
     }
 
@@ -264,16 +190,14 @@ impl ConnectionLike for Conn {
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
             Conn::Multiplexed(c) => c.req_packed_commands(pipeline, offset, count),
-            #[cfg(feature = "cluster")]
-            Conn::Cluster { routed: c, .. } => c.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
         }
     }
 
     fn get_db(&self) -> i64 {
         match self {
             Conn::Multiplexed(c) => c.get_db(),
-            #[cfg(feature = "cluster")]
-            Conn::Cluster { routed: c, .. } => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
         }
     }
 }
@@ -388,11 +312,7 @@ impl Link {
     /// own (an application's cluster pool): then no call that gives tokens
     /// back is sent at all (see [`Conn::for_call`]).
     pub(crate) fn resends(&self) -> bool {
-        #[cfg(feature = "cluster")]
-        if matches!(self.inner.source, Source::ClusterPool(_)) {
-            return true;
-        }
-        false
+        matches!(&self.inner.source, Source::Cluster(cluster) if cluster.resends())
     }
 
     /// The held connection, connecting first if there is none. Fails at once

@@ -36,15 +36,21 @@
 //! - `inspect.rs`: buckets read as they are, by storage key, for operators'
 //!   tools (`read_buckets`).
 //! - `scan.rs`: bucket keys found with a bounded `SCAN` (`scan_buckets`).
-//! - `cluster/` (cargo feature `cluster`): hash slots, the slot map and a
-//!   queue per primary, the spread script, slot map refreshes, the cluster
-//!   target, and `check_batch_at` per node.
+//! - `cluster/` (cargo feature `cluster`): the cluster's connections (which
+//!   `connection.rs` holds as one of its kinds), hash slots, the slot map
+//!   and a queue per primary, the spread script, slot map refreshes, the
+//!   cluster target, and `check_batch_at` per node. The one place that
+//!   names the feature: without it, `cluster/absent.rs` stands in, with
+//!   types that cannot be made, so the rest of the store has no `cfg` for it.
 //! - `sentinel.rs` (cargo feature `sentinel`): the sentinel target.
 
 mod batch;
 mod builder;
 mod call;
 #[cfg(feature = "cluster")]
+mod cluster;
+#[cfg(not(feature = "cluster"))]
+#[path = "cluster/absent.rs"]
 mod cluster;
 mod connection;
 mod decode;
