@@ -15,11 +15,14 @@
 //! - `lease.rs`: leases, tokens held for this instance and spent in
 //!   process: the demand, the holds, what to ask for and to report.
 //! - `probe.rs`: the circuit breaker's probe, in a task of its own.
-//! - `connection.rs`: the held connection and its lifecycle, for one
+//! - `connection/`: the held connection and its lifecycle, for one
 //!   server, a cluster or the primary that sentinels name.
-//! - `store.rs`: the store: what it is made of, and check, reserve,
-//!   adjust (refunds and charges), reset and ping; `PerNode`, what a
-//!   cluster adds to batching.
+//! - `store.rs`: the store: what it is made of, its settings and ping,
+//!   the `Store` trait's face; `PerNode`, what a cluster adds to batching.
+//! - `keys.rs`: the storage keys of a client's buckets.
+//! - `decide.rs`: check, reserve and adjust (refunds and charges), as far
+//!   as the process answers them, then sent.
+//! - `reset.rs`: reset: the `DEL`, and the denials and holds forgotten.
 //! - `call.rs`: how one call runs: timeout, one retry on a fresh
 //!   connection, the breaker (and its probe), reports.
 //! - `drain.rs`: a check queued for a call, or sent alone by its caller,
@@ -53,15 +56,18 @@ mod cluster;
 #[path = "cluster/absent.rs"]
 mod cluster;
 mod connection;
+mod decide;
 mod decode;
 mod drain;
 mod encode;
 mod epoch;
 mod failure;
 mod inspect;
+mod keys;
 mod lease;
 mod leasing;
 mod probe;
+mod reset;
 mod scan;
 mod script;
 mod sending;
