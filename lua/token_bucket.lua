@@ -301,6 +301,31 @@ a = a + 1
 -- What a decision's figures go into (see the end), and the next key.
 local reply, r, k = {}, 0, 1
 
+-- Refilled from stamp up to now, for a bucket whose full is `full`
+-- units, refilling `num` a microsecond: the level and the stamp. A clock
+-- behind the stamp (failover) refills nothing and keeps it.
+local function refilled(level, stamp, full, num)
+  if level > full then
+    level = full
+  end
+  if now > stamp then
+    -- Compare before multiplying so the product stays below 2^53:
+    -- refilled to full once the gap covers ceil((full - level) / num).
+    local missing = full - level
+    local t = floor(missing / num)
+    if t * num < missing then
+      t = t + 1
+    end
+    if now - stamp >= t then
+      level = full
+    else
+      level = level + (now - stamp) * num
+    end
+    stamp = now
+  end
+  return level, stamp
+end
+
 -- The first decision left to the general steps (below the compact form):
 -- none when every decision is a compact-form check of a bucket without
 -- holds, the common case.
@@ -308,8 +333,8 @@ local rest = 1
 if nd < 0 and not learning then
   -- The compact form: checks of quota 1, one key each, the common case under
   -- load. The steps of stored_bucket and finish, written out for one quota
-  -- without debt (no function calls, no per-quota lookups: about 5% of what
-  -- a decision costs Redis). Keep them in step with those two;
+  -- without debt (no per-quota lookups, one function call: the refill,
+  -- shared with stored_bucket). Keep them in step with those two;
   -- tests/redis_store.rs (the_compact_form_decides_as_the_long_form) compares
   -- the two forms on random calls.
   local full, num, den = ARGV[3] + 0, ARGV[4] + 0, ARGV[5] + 0
@@ -351,23 +376,7 @@ if nd < 0 and not learning then
         s = tonumber(sub(stored, sep + 1, sep2 and sep2 - 1))
       end
       if l and s and l - l == 0 and s - s == 0 then
-        level, stamp = l, s
-        if level > full then
-          level = full
-        end
-        if now > stamp then
-          local missing = full - level
-          local t = floor(missing / num)
-          if t * num < missing then
-            t = t + 1
-          end
-          if now - stamp >= t then
-            level = full
-          else
-            level = level + (now - stamp) * num
-          end
-          stamp = now
-        end
+        level, stamp = refilled(l, s, full, num)
       elseif sep2 then
         general = true
       end
@@ -511,31 +520,6 @@ if rest <= (nd < 0 and -nd or nd) then
     end
     holds[#holds + 1] = { stand_in_id, floor(full / 2), learning_until }
     return holds
-  end
-
-  -- Refilled from stamp up to now, for a bucket whose full is `full`
-  -- units, refilling `num` a microsecond: the level and the stamp. A clock
-  -- behind the stamp (failover) refills nothing and keeps it.
-  local function refilled(level, stamp, full, num)
-    if level > full then
-      level = full
-    end
-    if now > stamp then
-      -- Compare before multiplying so the product stays below 2^53:
-      -- refilled to full once the gap covers ceil((full - level) / num).
-      local missing = full - level
-      local t = floor(missing / num)
-      if t * num < missing then
-        t = t + 1
-      end
-      if now - stamp >= t then
-        level = full
-      else
-        level = level + (now - stamp) * num
-      end
-      stamp = now
-    end
-    return level, stamp
   end
 
   -- The bucket stored at key, for quota q, refilled up to now: level,

@@ -65,9 +65,8 @@ use super::window::Window;
 use crate::decision::Decision;
 use crate::error::Error;
 use crate::policy::Policy;
-#[cfg(feature = "cluster")]
-use crate::store::breaker::CircuitBreaker;
 use crate::store::breaker::{Admit, Breaker, ProbeGuard};
+
 /// One check waiting for its call.
 pub(crate) struct Pending {
     pub(crate) keys: Vec<String>,
@@ -85,10 +84,6 @@ pub(crate) fn gives_back(spend: &Spend) -> bool {
     matches!(spend, Spend::Adjust(delta) if *delta < 0)
 }
 
-/// The `store` label of a cluster node's breaker, in tracing and metrics.
-#[cfg(feature = "cluster")]
-pub(crate) const NODE: &str = "redis-node";
-
 /// The queue of one store.
 pub(crate) struct Queue {
     pending: Vec<Pending>,
@@ -102,8 +97,9 @@ pub(crate) struct Batcher {
     max_batch: usize,
     /// A cluster node's own circuit breaker: calls to one node that hangs
     /// fail while the others answer, so the store's breaker, which their
-    /// answers keep closed, would never open for it.
-    node: Option<Arc<Breaker>>,
+    /// answers keep closed, would never open for it. Set by the cluster's
+    /// slot map (`cluster/nodes.rs`).
+    pub(super) node: Option<Arc<Breaker>>,
 }
 
 impl Batcher {
@@ -116,15 +112,6 @@ impl Batcher {
             }),
             max_batch: max_batch.max(1),
             node: None,
-        }
-    }
-
-    /// The queue of one cluster node, behind a breaker of its own.
-    #[cfg(feature = "cluster")]
-    pub(crate) fn for_node(max_batch: usize, breaker: CircuitBreaker) -> Self {
-        Batcher {
-            node: Some(Arc::new(Breaker::new(breaker, NODE))),
-            ..Batcher::new(max_batch)
         }
     }
 

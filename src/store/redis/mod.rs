@@ -16,11 +16,14 @@
 //!   process: the map, its entries, their sizing, what to ask for and to
 //!   report.
 //! - `probe.rs`: the circuit breaker's probe, in a task of its own.
-//! - `connection.rs`: the held connection and its lifecycle, for one
+//! - `connection/`: the held connection and its lifecycle, for one
 //!   server, a cluster or the primary that sentinels name.
-//! - `store.rs`: the store: what it is made of, and check, reserve,
-//!   adjust (refunds and charges), reset and ping; `PerNode`, what a
-//!   cluster adds to batching.
+//! - `store.rs`: the store: what it is made of, its settings and ping,
+//!   the `Store` trait's face; `PerNode`, what a cluster adds to batching.
+//! - `keys.rs`: the storage keys of a client's buckets.
+//! - `decide.rs`: check, reserve and adjust (refunds and charges), as far
+//!   as the process answers them, then sent.
+//! - `reset.rs`: reset: the `DEL`, and the denials and holds forgotten.
 //! - `call.rs`: how one call runs: timeout, one retry on a fresh
 //!   connection, the breaker (and its probe), reports.
 //! - `drain.rs`: a check queued for a call, or sent alone by its caller,
@@ -37,9 +40,12 @@
 //! - `inspect.rs`: buckets read as they are, by storage key, for operators'
 //!   tools (`read_buckets`).
 //! - `scan.rs`: bucket keys found with a bounded `SCAN` (`scan_buckets`).
-//! - `cluster/` (cargo feature `cluster`): hash slots, the slot map and a
-//!   queue per primary, the spread script, slot map refreshes, the cluster
-//!   target, and `check_batch_at` per node.
+//! - `cluster/` (cargo feature `cluster`): the cluster's connections (which
+//!   `connection.rs` holds as one of its kinds), hash slots, the slot map
+//!   and a queue per primary, the spread script, slot map refreshes, the
+//!   cluster target, and `check_batch_at` per node. The one place that
+//!   names the feature: without it, `cluster/absent.rs` stands in, with
+//!   types that cannot be made, so the rest of the store has no `cfg` for it.
 //! - `sentinel.rs` (cargo feature `sentinel`): the sentinel target.
 
 mod batch;
@@ -47,15 +53,21 @@ mod builder;
 mod call;
 #[cfg(feature = "cluster")]
 mod cluster;
+#[cfg(not(feature = "cluster"))]
+#[path = "cluster/absent.rs"]
+mod cluster;
 mod connection;
+mod decide;
 mod decode;
 mod drain;
 mod encode;
 mod epoch;
 mod failure;
 mod inspect;
+mod keys;
 mod lease;
 mod probe;
+mod reset;
 mod scan;
 mod script;
 mod sending;

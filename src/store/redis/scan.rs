@@ -72,7 +72,6 @@ impl BucketScan {
 #[derive(Clone, Copy, Debug)]
 enum Node {
     Single,
-    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
     Primary(u16),
 }
 
@@ -177,23 +176,19 @@ impl RedisStore {
 
 /// The servers to scan: this one, or every primary of a cluster (by a slot
 /// it serves, read from `CLUSTER SLOTS`).
-async fn nodes_of(conn: Conn) -> RedisResult<Vec<Node>> {
-    match conn {
-        Conn::Multiplexed(_) => Ok(vec![Node::Single]),
-        #[cfg(feature = "cluster")]
-        Conn::Cluster { mut routed, .. } => {
-            let reply: Value = redis::cmd("CLUSTER")
-                .arg("SLOTS")
-                .query_async(&mut routed)
-                .await?;
-            Ok(primaries(&reply).into_iter().map(Node::Primary).collect())
-        }
+async fn nodes_of(mut conn: Conn) -> RedisResult<Vec<Node>> {
+    if !conn.is_composite() {
+        return Ok(vec![Node::Single]);
     }
+    let reply: Value = redis::cmd("CLUSTER")
+        .arg("SLOTS")
+        .query_async(&mut conn)
+        .await?;
+    Ok(primaries(&reply).into_iter().map(Node::Primary).collect())
 }
 
 /// One slot of each primary in a `CLUSTER SLOTS` reply: the first of its
 /// first range.
-#[cfg_attr(not(feature = "cluster"), allow(dead_code))]
 fn primaries(reply: &Value) -> Vec<u16> {
     let Value::Array(ranges) = reply else {
         return Vec::new();
@@ -221,14 +216,7 @@ fn primaries(reply: &Value) -> Vec<u16> {
 /// `cmd` on `node`: on a cluster, routed to the primary of the node's slot.
 async fn send(conn: Conn, node: Node, cmd: &Cmd) -> RedisResult<Value> {
     match (conn, node) {
-        #[cfg(feature = "cluster")]
-        (Conn::Cluster { mut routed, .. }, Node::Primary(slot)) => {
-            use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
-            let route = SingleNodeRoutingInfo::SpecificNode(Route::new(slot, SlotAddr::Master));
-            routed
-                .route_command(cmd.clone(), RoutingInfo::SingleNode(route))
-                .await
-        }
+        (Conn::Cluster(cluster), Node::Primary(slot)) => cluster.on_primary_of(slot, cmd).await,
         (mut conn, _) => cmd.query_async(&mut conn).await,
     }
 }

@@ -1,5 +1,7 @@
 //! [`RedisStore`]: token buckets in Redis, behind a circuit breaker: what it
-//! is made of, and its public face (check, reserve, reset, ping).
+//! is made of, its settings, `ping`, and the [`Store`] trait's face (check,
+//! reserve, reset), which the files beside it carry out (`keys.rs`,
+//! `decide.rs`, `reset.rs`).
 
 use std::fmt;
 use std::sync::Arc;
@@ -12,24 +14,23 @@ use tokio::time::Instant;
 
 use super::batch::{Batcher, Pending};
 use super::connection::Link;
-use super::encode::{SlotOf, Spend};
+use super::encode::SlotOf;
 use super::epoch::ServerEpoch;
 use super::failure::{classify, is_connection_error};
-use super::lease::{Errand, LeaseConfig, Leases};
+use super::lease::{LeaseConfig, Leases};
 use super::script::Script;
 use super::watch;
 use crate::decision::Decision;
 use crate::decision::Reservation;
 use crate::error::Error;
-use crate::observe::{self, LogThrottle};
+use crate::observe::LogThrottle;
 use crate::policy::Policy;
-use crate::quota::Quota;
 use crate::quota::micros;
 use crate::store::breaker::{Breaker, CircuitBreaker};
-use crate::store::contract::{Store, validate};
+use crate::store::contract::Store;
 use crate::store::deny_cache::DenyCache;
-use crate::store::key::safe_key;
 use crate::store::sealed::Sealed;
+
 /// The `store` label of this store's metrics.
 pub(super) const STORE: &str = "redis";
 
@@ -39,9 +40,9 @@ pub(super) const STORE: &str = "redis";
 ///   concurrent checks pipeline on (no pool checkout, no `PING` per check).
 /// - **Clock:** Redis `TIME`, never the application's.
 /// - **Keys:** `{prefix}{{client}}:{period}`, e.g. `tollgate:{user:42}:1s`;
-///   the client part is made safe by [`safe_key`] and is the cluster hash tag,
-///   so all quotas of one client share a slot. Each key expires when its bucket
-///   would be full again (plus 1 ms).
+///   the client part is made safe by [`safe_key`](crate::store::safe_key)
+///   and is the cluster hash tag, so all quotas of one client share a slot.
+///   Each key expires when its bucket would be full again (plus 1 ms).
 /// - **Bounded waits:** each call is bounded by the store timeout (default
 ///   100 ms); connecting happens outside the calls, with its own timeout and
 ///   backoff. A connection error is retried once on a fresh connection within
@@ -237,27 +238,6 @@ impl RedisStore {
         self.inner.link.host()
     }
 
-    /// The storage key of `key`'s bucket for `quota` in a policy that does
-    /// not carry buckets over ([`Policy::carries`]: one made from a bare
-    /// `Quota`, named `default`), whose keys name the quota's figures
-    /// (`tollgate:{default:user:42}:10/s:b20`). [`bucket_keys`](Self::bucket_keys)
-    /// gives the keys of any policy.
-    pub fn bucket_key(&self, key: &str, quota: &Quota) -> String {
-        storage_key(
-            &self.inner.prefix,
-            &safe_key(key),
-            &format!("}}:{}", quota.figures()),
-        )
-    }
-
-    /// The storage keys of `key`'s buckets under `policy`, one per quota in
-    /// order: named by the quota's period (`tollgate:{api:user:42}:1s`) in a
-    /// policy that carries buckets over ([`Policy::carries`]), by its figures
-    /// otherwise.
-    pub fn bucket_keys(&self, key: &str, policy: &Policy) -> Vec<String> {
-        self.keys_of(key, policy)
-    }
-
     /// Connects (if needed) and sends a `PING`, for a start-up check: returns
     /// the round trip time, or an error that names the server (never its
     /// password). Waits up to the connect timeout plus the call timeout, and
@@ -305,134 +285,6 @@ impl RedisStore {
                 ))
             })
     }
-
-    pub(super) async fn decide(
-        &self,
-        key: &str,
-        policy: &Policy,
-        cost: u64,
-        clock: Option<u64>,
-    ) -> Result<Decision, Error> {
-        self.reserve_inner(key, policy, cost, 0, clock)
-            .await
-            .map(|(decision, _)| decision)
-    }
-
-    /// A decision that may take on debt for `max_wait_us` (0: a plain check),
-    /// and the wait until its tokens are due.
-    pub(super) async fn reserve_inner(
-        &self,
-        key: &str,
-        policy: &Policy,
-        cost: u64,
-        max_wait_us: u64,
-        clock: Option<u64>,
-    ) -> Result<(Decision, u64), Error> {
-        validate(policy, cost)?;
-        let cacheable = clock.is_none() && max_wait_us == 0 && cost > 0;
-        if cacheable && let Some(decision) = self.leased(key, policy, cost) {
-            return Ok((decision, 0));
-        }
-        let keys = self.keys_of(key, policy);
-        if cacheable && let Some(decision) = self.cached_denial(&keys, policy, cost) {
-            return Ok((decision, 0));
-        }
-        self.send(keys, policy, Spend::Take { cost, max_wait_us }, clock)
-            .await
-    }
-
-    /// An adjustment after the fact: `delta` tokens spent from `key`'s
-    /// buckets whatever they hold (a charge) or, when negative, given back
-    /// (a refund), in one script call batched with the checks in flight.
-    pub(crate) async fn adjust(&self, key: &str, policy: &Policy, delta: i64) -> Result<(), Error> {
-        self.adjust_inner(key, policy, delta, None).await
-    }
-
-    pub(super) async fn adjust_inner(
-        &self,
-        key: &str,
-        policy: &Policy,
-        delta: i64,
-        clock: Option<u64>,
-    ) -> Result<(), Error> {
-        if delta == 0 {
-            return Ok(());
-        }
-        // A refund is given back first to this instance's holds, from what
-        // it spent of them and has not reported: Redis still counts those
-        // tokens as in the bucket, so a refund there would be clamped away
-        // and the report would then debit them all.
-        let mut delta = delta;
-        if delta < 0
-            && clock.is_none()
-            && let Some(leases) = &self.inner.leases
-        {
-            let (given, reports) = leases.refund(&safe_key(key), policy, delta.unsigned_abs());
-            self.run_errand(Errand {
-                reports,
-                ..Errand::default()
-            });
-            delta += i64::try_from(given).unwrap_or(0);
-            if delta == 0 {
-                return Ok(());
-            }
-        }
-        let keys = self.keys_of(key, policy);
-        self.send(keys, policy, Spend::Adjust(delta), clock)
-            .await
-            .map(|_| ())
-    }
-
-    /// The storage keys of `key`'s buckets, one per quota of `policy`.
-    pub(super) fn keys_of(&self, key: &str, policy: &Policy) -> Vec<String> {
-        let key = safe_key(key);
-        policy
-            .key_tails()
-            .iter()
-            .map(|tail| storage_key(&self.inner.prefix, &key, tail))
-            .collect()
-    }
-
-    /// A denial of `cost` the deny cache still holds for `keys`, made for
-    /// `policy`'s quotas.
-    fn cached_denial(&self, keys: &[String], policy: &Policy, cost: u64) -> Option<Decision> {
-        let decision = self
-            .inner
-            .denials
-            .as_ref()?
-            .lookup(keys, policy.quotas(), cost)?;
-        observe::deny_cache_hit(STORE);
-        Some(decision)
-    }
-
-    /// A plain check as far as it goes without waiting: the deny cache's
-    /// answer, [`Error::CircuitOpen`] while the breaker refuses calls, or the
-    /// storage keys to send with [`send`](Self::send).
-    pub(crate) fn check_now(
-        &self,
-        key: &str,
-        policy: &Policy,
-        cost: u64,
-    ) -> Result<Result<Decision, Vec<String>>, Error> {
-        validate(policy, cost)?;
-        if cost > 0
-            && let Some(decision) = self.leased(key, policy, cost)
-        {
-            return Ok(Ok(decision));
-        }
-        let keys = self.keys_of(key, policy);
-        if cost > 0
-            && let Some(decision) = self.cached_denial(&keys, policy, cost)
-        {
-            return Ok(Ok(decision));
-        }
-        if let Some(retry_in) = self.inner.breaker.refusing() {
-            let err = Error::CircuitOpen { retry_in };
-            observe::store_error(STORE, &err, &self.inner.errors);
-            return Err(err);
-        }
-        Ok(Err(keys))
-    }
 }
 
 /// What a store on a Redis Cluster adds (`cluster/`, cargo feature
@@ -469,17 +321,6 @@ pub(crate) trait PerNode: Send + Sync {
 /// given number of checks.
 pub(crate) type MakePerNode = fn(usize, CircuitBreaker) -> Box<dyn PerNode>;
 
-/// `{prefix}{{{key}` and the quota's `tail` (`}:` and its period), in one
-/// allocation.
-fn storage_key(prefix: &str, key: &str, tail: &str) -> String {
-    let mut out = String::with_capacity(prefix.len() + 1 + key.len() + tail.len());
-    out.push_str(prefix);
-    out.push('{');
-    out.push_str(key);
-    out.push_str(tail);
-    out
-}
-
 impl Sealed for RedisStore {}
 
 impl Store for RedisStore {
@@ -501,118 +342,6 @@ impl Store for RedisStore {
     }
 
     async fn reset(&self, key: &str, policy: &Policy) -> Result<(), Error> {
-        let keys = self.keys_of(key, policy);
-        if let Some(cache) = &self.inner.denials {
-            cache.forget(&keys);
-        }
-        // Held tokens of a reset bucket are gone with it: forgotten here,
-        // with those of the key's other policies on a bucket of this one
-        // (theirs are reported, for their other buckets); and again once
-        // the DEL is over, or this future dropped: a lease asked for
-        // meanwhile may have been granted on the old buckets just before
-        // the DEL took them.
-        if let Some(leases) = &self.inner.leases {
-            let mut errand = Errand::default();
-            leases.forget(key, policy, false, &mut errand);
-            self.run_errand(errand);
-        }
-        let _forget_after = ForgetAfter {
-            store: self,
-            key,
-            policy,
-        };
-        let mut del = redis::cmd("DEL");
-        del.arg(&keys);
-        let del = &del;
-        // Never the breaker's probe: while the breaker is open a reset fails
-        // at once instead of waiting for a hung Redis.
-        let admit = self.inner.breaker.admit_without_probe();
-        // A check sent before the buckets were deleted may be denied by the
-        // old ones and answered after: its denial is not cached. Fenced once
-        // the DEL is over, or when this future is dropped before (the DEL
-        // may run anyway).
-        let _fence = FenceOnDrop {
-            cache: self.inner.denials.as_ref(),
-            keys: &keys,
-        };
-        self.admitted(admit, 1, None, |mut conn| async move {
-            del.query_async::<Value>(&mut conn).await
-        })
-        .await
-        .map(drop)
-    }
-}
-
-/// Forgets the holds on a reset key's buckets again when dropped: after
-/// the reset's `DEL`, or with the reset's future (see `Leases::forget`).
-struct ForgetAfter<'a> {
-    store: &'a RedisStore,
-    key: &'a str,
-    policy: &'a Policy,
-}
-
-impl Drop for ForgetAfter<'_> {
-    fn drop(&mut self) {
-        if let Some(leases) = &self.store.inner.leases {
-            let mut errand = Errand::default();
-            leases.forget(self.key, self.policy, true, &mut errand);
-            self.store.run_errand(errand);
-        }
-    }
-}
-
-/// Fences the deny cache off `keys` when dropped (see [`DenyCache::fence`]).
-struct FenceOnDrop<'a> {
-    cache: Option<&'a DenyCache>,
-    keys: &'a [String],
-}
-
-impl Drop for FenceOnDrop<'_> {
-    fn drop(&mut self) {
-        if let Some(cache) = self.cache {
-            cache.fence(self.keys);
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_checks_keys_are_the_bucket_keys_of_its_quotas() {
-        let store = RedisStore::builder()
-            .url("redis://127.0.0.1:1")
-            .prefix("app:rl:")
-            .build()
-            .unwrap();
-        let policy = Policy::new(
-            "p",
-            [
-                Quota::per_second(10).unwrap(),
-                Quota::per_hour(1_000).unwrap().burst(50).unwrap(),
-            ],
-        )
-        .unwrap();
-        let bare = Policy::from(Quota::per_second(10).unwrap().burst(20).unwrap());
-        for key in ["user:42", "a key with spaces", &"x".repeat(300)] {
-            let expected: Vec<String> = bare
-                .quotas()
-                .iter()
-                .map(|q| store.bucket_key(key, q))
-                .collect();
-            assert_eq!(store.keys_of(key, &bare), expected);
-            assert_eq!(store.bucket_keys(key, &bare), expected);
-            assert_eq!(store.bucket_keys(key, &policy), store.keys_of(key, &policy));
-        }
-        // A named policy's keys name periods; an unnamed one's, figures.
-        assert_eq!(
-            store.bucket_keys("user:42", &policy),
-            ["app:rl:{user:42}:1s", "app:rl:{user:42}:1h"]
-        );
-        assert_eq!(
-            store.bucket_key("user:42", &bare.quotas()[0]),
-            "app:rl:{user:42}:10/s:b20"
-        );
+        self.reset_buckets(key, policy).await
     }
 }

@@ -10,14 +10,23 @@
 //! - `test_clock.rs`: `check_batch_at` per node (cargo feature
 //!   `test-util`).
 //! - `per_node.rs`: all of the above as the store's `PerNode`.
+//! - `connection.rs`: where cluster connections come from (the store's
+//!   clients or the application's cluster pool) and how calls use them:
+//!   routed by slot, refunds on a connection that never resends.
 //! - `target.rs`: `RedisStore::from_cluster_urls` and `from_cluster_pool`,
 //!   the builder's `cluster` and `cluster_pool`, and the cluster client.
+//!
+//! Without the feature, `absent.rs` stands in for this module: the types
+//! that the store's generic code names, none of which can be made.
 
+mod connection;
 mod nodes;
 mod per_node;
 mod refresh;
 mod slots;
 mod spread;
 mod target;
+
+pub(crate) use connection::{ClusterConn, ClusterSource};
 #[cfg(feature = "test-util")]
 mod test_clock;

@@ -43,7 +43,7 @@ use tokio::time::Instant;
 
 use super::super::batch::Batcher;
 use super::slots::hash_slot;
-use crate::store::breaker::CircuitBreaker;
+use crate::store::breaker::{Breaker, CircuitBreaker};
 
 /// Hash slots of a Redis Cluster.
 const SLOTS: usize = super::slots::SLOTS as usize;
@@ -51,6 +51,8 @@ const SLOTS: usize = super::slots::SLOTS as usize;
 const UNSERVED: u16 = u16::MAX;
 /// At most one read of the slot map per this interval.
 pub(crate) const REFRESH_INTERVAL: Duration = Duration::from_millis(100);
+/// The `store` label of a cluster node's breaker, in tracing and metrics.
+const NODE: &str = "redis-node";
 
 /// Which primary serves each slot, and each primary's queue.
 struct SlotMap {
@@ -150,9 +152,10 @@ impl Nodes {
             let index = match queues.iter().position(|(id, _)| *id == node) {
                 Some(i) => i,
                 None => {
-                    let queue = old.get(&node).cloned().unwrap_or_else(|| {
-                        Arc::new(Batcher::for_node(self.max_batch, self.breaker))
-                    });
+                    let queue = old
+                        .get(&node)
+                        .cloned()
+                        .unwrap_or_else(|| Arc::new(node_queue(self.max_batch, self.breaker)));
                     queues.push((node, queue));
                     queues.len() - 1
                 }
@@ -172,6 +175,13 @@ impl Nodes {
         }
         Ok(SlotMap { owners, queues })
     }
+}
+
+/// The queue of one cluster node, behind a breaker of its own.
+fn node_queue(max_batch: usize, breaker: CircuitBreaker) -> Batcher {
+    let mut queue = Batcher::new(max_batch);
+    queue.node = Some(Arc::new(Breaker::new(breaker, NODE)));
+    queue
 }
 
 /// One `CLUSTER SLOTS` entry: first and last slot, and the primary's node id

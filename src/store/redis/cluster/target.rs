@@ -13,6 +13,7 @@ use super::super::target::{
     Certificates, Settings, Target, Topology, host_of, is_tls, label, parse, redact, tcp_settings,
     tls_provider,
 };
+use super::connection::ClusterSource;
 use super::per_node::per_node;
 use crate::error::ConfigError;
 impl RedisStore {
@@ -127,7 +128,7 @@ impl Topology for Cluster {
         match *self {
             Cluster::Seeds(seeds) => client(&seeds, settings, certificates),
             Cluster::Pool(pool) => Ok((
-                Source::ClusterPool(pool),
+                Source::Cluster(ClusterSource::Pool(pool)),
                 "the application's cluster pool".into(),
             )),
         }
@@ -213,10 +214,10 @@ fn client(
             ))
         })
     };
-    let source = Source::Cluster {
+    let source = Source::Cluster(ClusterSource::Clients {
         routed: build(None)?,
         once: build(Some(0))?,
-    };
+    });
     Ok((source, host))
 }
 

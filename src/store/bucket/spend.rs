@@ -1,123 +1,10 @@
-//! The token bucket arithmetic, in Rust. `lua/token_bucket.lua` is the same
-//! algorithm for Redis; keep the two in step (the property tests compare both with
-//! an independent model).
-//!
-//! A bucket is `(level, stamp)`: `level` in units of `1 / quota.den()` token,
-//! `stamp` the microsecond it was last brought up to date. Refilling adds
-//! `elapsed x quota.num()` units, an exact integer, and caps at `quota.full()`.
+//! A check or a reservation decided against every quota of a policy at
+//! once (all or nothing), and what it leaves in each bucket: spent tokens,
+//! debt, a lock-out.
 
+use super::level::{Level, signed};
 use crate::decision::{Decision, QuotaState, States};
-use crate::quota::{MAX_EXACT, MAX_REPORTED_US, Quota, ceil_div, gcd};
-
-/// One bucket's stored state. The level is signed: a reservation may leave it
-/// below zero (tokens spent ahead of their refill), by at most the debt the
-/// reservation was allowed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Level {
-    pub(crate) level: i64,
-    pub(crate) stamp: u64,
-}
-
-/// `v` as a signed number: quotas keep every level, cost and debt within
-/// 2^52 of zero (saturating, should one ever not be).
-#[inline]
-pub(crate) fn signed(v: u64) -> i64 {
-    i64::try_from(v).unwrap_or(i64::MAX)
-}
-
-impl Level {
-    /// A placeholder, overwritten before it is read.
-    pub(crate) const EMPTY: Level = Level { level: 0, stamp: 0 };
-
-    /// A bucket seen for the first time (or forgotten after refilling) is full.
-    pub(crate) fn full(quota: &Quota, now: u64) -> Self {
-        Level {
-            level: signed(quota.full()),
-            stamp: now,
-        }
-    }
-
-    /// This bucket brought up to `now`. A clock that went backwards (a failover to
-    /// a server whose clock is behind) refills nothing and keeps the later stamp.
-    #[inline]
-    pub(crate) fn refilled(self, quota: &Quota, now: u64) -> Self {
-        self.refilled_by(quota.full(), quota.num(), now)
-    }
-
-    /// [`refilled`](Self::refilled) for a quota whose full bucket is `full`
-    /// units, refilling `num` units a microsecond.
-    #[inline]
-    pub(crate) fn refilled_by(self, full: u64, num: u64, now: u64) -> Self {
-        let full = signed(full);
-        let level = self.level.min(full);
-        if now <= self.stamp {
-            return Level {
-                level,
-                stamp: self.stamp,
-            };
-        }
-        let elapsed = now - self.stamp;
-        let missing = (full - level).unsigned_abs();
-        // Full when `elapsed >= ceil(missing / num)`, that is when
-        // `elapsed x num >= missing`: compared in 128 bits (no division, and
-        // no overflow), so the product added below stays below `missing`,
-        // under 2^53 (Lua compares with the division instead, to stay exact
-        // in doubles).
-        let level = if u128::from(elapsed) * u128::from(num) >= u128::from(missing) {
-            full
-        } else {
-            level + signed(elapsed * num)
-        };
-        Level { level, stamp: now }
-    }
-
-    /// This bucket, kept under a quota whose full bucket is `from` units and
-    /// refilled under it, carried into one whose full bucket is `to` units
-    /// (a quota changed to other figures over the same period): the same
-    /// share of the capacity spent, so a client that had spent its burst has
-    /// none of the new one, rounded down to a unit (never more than the
-    /// share). The stamp is kept. As `carry` in `lua/token_bucket.lua`,
-    /// number for number: exact where `level x to / gcd` is within 2^52 of
-    /// zero, else the same double arithmetic Lua does, less two units (more
-    /// than its rounding can add).
-    pub(crate) fn carried(self, from: u64, to: u64) -> Self {
-        if from == to || from == 0 {
-            return self;
-        }
-        let level = self.level.min(signed(from));
-        let g = gcd(from, to);
-        let (n, d) = (to / g, from / g);
-        let product = i128::from(level) * i128::from(n);
-        let limit = i128::from(MAX_EXACT);
-        let carried = if (-limit..=limit).contains(&product) {
-            product.div_euclid(i128::from(d))
-        } else {
-            #[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation)]
-            let approx = ((level as f64) * (n as f64) / (d as f64)).floor() - 2.0;
-            approx as i128
-        };
-        let level = carried.clamp(-limit, i128::from(to));
-        Level {
-            level: i64::try_from(level).unwrap_or(0),
-            stamp: self.stamp,
-        }
-    }
-
-    /// Time until this bucket is full, in microseconds.
-    #[inline]
-    pub(crate) fn until_full_us(&self, quota: &Quota) -> u64 {
-        let missing = (signed(quota.full()) - self.level).max(0).unsigned_abs();
-        ceil_div(missing, quota.num())
-    }
-
-    /// The first microsecond at which the bucket is full, so forgetting it
-    /// changes nothing: counted from its stamp, so a full bucket stamped
-    /// ahead (locked out until then, [`Quota::lockout`]) is not free to
-    /// forget before its stamp, whatever lock-out `quota` has.
-    pub(crate) fn full_at(&self, quota: &Quota) -> u64 {
-        self.stamp + self.until_full_us(quota)
-    }
-}
+use crate::quota::{MAX_EXACT, MAX_REPORTED_US, Quota, ceil_div};
 
 /// The debt (in level units) a reservation that may wait `max_wait_us` can
 /// take on in a bucket of `quota`: `max_wait x num`, so that the wait
@@ -273,34 +160,6 @@ fn spent(
     // division.
     let remaining = if q.den() == 1 { units } else { units / q.den() };
     QuotaState::new(*q, remaining, retry_us, reset_us)
-}
-
-/// An adjustment after the fact (the layer's `settle`, [`RateLimiter::refund`]
-/// and [`RateLimiter::charge`](crate::RateLimiter::charge)): `delta` tokens
-/// spent from every bucket (a charge) or, when negative, given back (a
-/// refund), whatever their level. A refund fills a bucket up to full at most,
-/// so it never admits more than if the refunded request had never come; a
-/// charge takes it into debt down to minus its capacity at most (the most one
-/// request may cost), which later checks wait to see refilled. The bounds
-/// never move a level against the adjustment: a bucket deeper in debt than
-/// that (reservations wait out more) keeps its debt through a charge, and a
-/// bucket above full stays where it is through a refund. `levels` must be
-/// brought up to `now` already. As `adjust` in `lua/token_bucket.lua`.
-///
-/// [`RateLimiter::refund`]: crate::RateLimiter::refund
-pub(crate) fn adjust(quotas: &[Quota], levels: &mut [Level], delta: i64) {
-    for (q, l) in quotas.iter().zip(levels.iter_mut()) {
-        let full = i128::from(signed(q.full()));
-        let units = i128::from(delta) * i128::from(signed(q.den()));
-        let old = i128::from(l.level);
-        let moved = old - units;
-        let level = if units > 0 {
-            moved.max(-full).min(old)
-        } else {
-            moved.min(full).max(old)
-        };
-        l.level = i64::try_from(level).unwrap_or(l.level);
-    }
 }
 
 #[cfg(test)]
@@ -511,6 +370,7 @@ mod lockout_tests {
 
 #[cfg(test)]
 mod reservation_tests {
+    use super::super::adjust;
     use super::*;
     use std::time::Duration;
 
@@ -596,87 +456,5 @@ mod reservation_tests {
         let (d, wait) = spend(&[q], &mut l, 1, behind, &[debt_for(&q, 1_500_000)]);
         assert!(d.allowed());
         assert_eq!(wait, 1_500_000);
-    }
-}
-
-#[cfg(test)]
-mod adjust_tests {
-    use super::*;
-    use std::time::Duration;
-
-    #[test]
-    fn a_refund_gives_back_up_to_full_and_a_charge_takes_down_to_minus_full() {
-        let q = Quota::per_second(10).unwrap();
-        let mut l = [Level::full(&q, 0)];
-        assert!(spend(&[q], &mut l, 3, 0, &[]).0.allowed());
-        adjust(&[q], &mut l, -2);
-        assert_eq!(l[0].level, signed(9 * q.den()));
-        // Never above full: a refund admits no more than if the request had
-        // never come.
-        adjust(&[q], &mut l, -5);
-        assert_eq!(l[0].level, signed(q.full()));
-        // A charge may go into debt, by one bucket at most.
-        adjust(&[q], &mut l, 15);
-        assert_eq!(l[0].level, -signed(5 * q.den()));
-        adjust(&[q], &mut l, 1_000);
-        assert_eq!(l[0].level, -signed(q.full()));
-        // The next check waits for the debt and its own token: 1.1 s.
-        let (d, _) = spend(&[q], &mut l, 1, 0, &[]);
-        assert!(!d.allowed());
-        assert_eq!(d.retry_after(), Duration::from_millis(1_100));
-    }
-
-    #[test]
-    fn a_changed_quota_carries_the_share_spent() {
-        let at = |level: i64| Level { level, stamp: 7 };
-        // Raised from 10 to 20 tokens of one unit each: a spent burst stays
-        // spent, half stays half, full stays full; the stamp is kept.
-        assert_eq!(at(0).carried(10, 20), at(0));
-        assert_eq!(at(5).carried(10, 20), at(10));
-        assert_eq!(at(10).carried(10, 20), at(20));
-        // Lowered: rounded down, never more than the share.
-        assert_eq!(at(5).carried(20, 10), at(2));
-        assert_eq!(at(3).carried(9, 6), at(2));
-        // Debt carries as a share too, rounded towards more debt.
-        assert_eq!(at(-3).carried(20, 10), at(-2));
-        // Above full (a kept level is capped first) and the same figures.
-        assert_eq!(at(30).carried(10, 20), at(20));
-        assert_eq!(at(4).carried(10, 10), at(4));
-        // Past 2^52: the approximation, two units under the exact share.
-        let (from, to) = ((1 << 52) - 1, (1 << 52) - 3);
-        let exact = i64::try_from(
-            (i128::from((1i64 << 52) - 5) * i128::from(to)).div_euclid(i128::from(from)),
-        )
-        .unwrap();
-        let carried = at((1 << 52) - 5).carried(from, to).level;
-        assert!(
-            carried <= exact && carried >= exact - 3,
-            "{carried} {exact}"
-        );
-    }
-
-    proptest::proptest! {
-        /// Carrying never gives more than the exact share of the new full
-        /// bucket, and loses at most three units of it (one exactly).
-        #[test]
-        fn carrying_keeps_the_share_within_units(
-            from in 1u64..=MAX_EXACT,
-            to in 1u64..=MAX_EXACT,
-            share in 0.0f64..=1.0,
-            debt in proptest::bool::weighted(0.2),
-        ) {
-            #[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation)]
-            let mut level = (from as f64 * share) as i64;
-            if debt {
-                level = -level;
-            }
-            let carried = Level { level, stamp: 0 }.carried(from, to).level;
-            let exact = (i128::from(level) * i128::from(to)).div_euclid(i128::from(from));
-            let exact = exact.max(-i128::from(MAX_EXACT));
-            proptest::prop_assert!(i128::from(carried) <= exact, "{carried} > {exact}");
-            let slack = if (i128::from(level) * i128::from(to / gcd(from, to))).abs()
-                <= i128::from(MAX_EXACT) { 0 } else { 3 };
-            proptest::prop_assert!(i128::from(carried) >= exact - slack, "{carried} << {exact}");
-        }
     }
 }
