@@ -25,6 +25,7 @@ use super::dyn_key::Extractor;
 use super::grpc;
 use super::held::Held;
 use super::http_answer;
+use super::media;
 use super::options::{HeaderStyle, Missing, OnStoreError, Selected};
 use super::outcome::{After, Answer, Deferred, Delayed, Marks, StoreFailure};
 use super::report::shadow_report;
@@ -196,7 +197,7 @@ fn place_decision(
 
 /// The layer's own answer to a request, over gRPC or HTTP as it came.
 fn respond(config: &Config, parts: &Parts, answer: Answer) -> Response<Bytes> {
-    match grpc::flavor(parts) {
+    match media::flavor(parts) {
         Some(kind) => grpc::render(answer, kind, config.headers),
         None => http_answer::render(answer, config.headers, &config.rejection),
     }

@@ -9,7 +9,7 @@
 #![doc = include_str!("../docs/stacking.md")]
 
 // A one-way stack; each file imports only from files to its left:
-// headers -> dyn_key -> options -> settle -> config -> outcome -> report ->
+// headers -> media -> dyn_key -> options -> settle -> config -> outcome -> report ->
 // (http_answer | grpc) -> check, then body -> future -> service -> layer; and
 // the policy tables, options -> rule_key -> (grpc) -> rule -> table ->
 // (table_file) -> layer.
@@ -27,6 +27,7 @@ mod held;
 mod http_answer;
 #[allow(clippy::module_inception)]
 mod layer;
+mod media;
 mod options;
 mod outcome;
 mod report;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use http::{HeaderMap, HeaderValue, StatusCode};
 
-use super::grpc::{Grpc, media_type};
+use super::media::{Grpc, media_type};
 use crate::decision::Decision;
 use crate::limiter::RateLimiter;
 use crate::observe;
