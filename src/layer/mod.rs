@@ -39,6 +39,8 @@ mod settle;
 mod table;
 #[cfg(feature = "serde")]
 mod table_file;
+#[cfg(test)]
+mod tests;
 
 #[cfg(feature = "axum")]
 pub use bodies::AxumBody;
