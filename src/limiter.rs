@@ -154,14 +154,14 @@ impl RateLimiter {
             Ok(decided) => decided,
             // Boxed: a Redis call's future would otherwise grow every
             // check's future, the memory store's too.
-            Err(unsent) => Box::pin(self.decide_unsent(unsent, key, key_kind, policy, cost)).await,
+            Err(unsent) => Box::pin(self.send(unsent, key, key_kind, policy, cost)).await,
         }
     }
 
     /// [`decide`](Self::decide) as far as it goes without waiting: the
     /// decision when the store has it at once (a memory store; a Redis
-    /// store's deny cache), else what is left to send with
-    /// [`decide_unsent`](Self::decide_unsent). Nothing has been sent then.
+    /// store's deny cache), else what is left to [`send`](Self::send).
+    /// Nothing has been sent then.
     pub(crate) fn decide_now(
         &self,
         key: &str,
@@ -175,18 +175,6 @@ impl RateLimiter {
         // decides while it fails goes on deciding.
         let fresh = self.store.as_memory().is_some();
         Ok(self.settle(result, fresh, key, key_kind, policy, cost))
-    }
-
-    /// Sends what [`decide_now`](Self::decide_now) left, and decides.
-    pub(crate) async fn decide_unsent(
-        &self,
-        unsent: Unsent,
-        key: &str,
-        key_kind: &str,
-        policy: &Policy,
-        cost: u64,
-    ) -> Decided {
-        self.send(unsent, key, key_kind, policy, cost).await
     }
 
     /// What [`decide_now`](Self::decide_now) left, as one named future that
@@ -223,15 +211,28 @@ impl RateLimiter {
         key_kind: &str,
         fresh: bool,
     ) {
-        if fresh && let Some(fallback) = &self.fallback {
-            fallback.store_answered();
-        }
+        self.store_answered(fresh);
         let outcome = if decision.allowed() {
             Outcome::Allowed
         } else {
             Outcome::Limited
         };
         observe::decision(policy.name(), key_kind, outcome);
+    }
+
+    /// The store itself answered (`fresh`: not a denial it remembered, not
+    /// a hold): a fallback that was deciding stops.
+    fn store_answered(&self, fresh: bool) {
+        if fresh && let Some(fallback) = &self.fallback {
+            fallback.store_answered();
+        }
+    }
+
+    /// The fallback that decides for a store that failed with `error`:
+    /// `None` without one, or for an error that is not the store's (such as
+    /// a cost no bucket can ever hold).
+    fn fallback_for(&self, error: &Error) -> Option<&Fallback> {
+        self.fallback.as_ref().filter(|_| error.is_store_error())
     }
 
     /// The store's answer, with the fallback deciding when the store failed,
@@ -248,26 +249,13 @@ impl RateLimiter {
     ) -> Decided {
         let decided = match result {
             Ok(decision) => {
-                if fresh && let Some(fallback) = &self.fallback {
-                    fallback.store_answered();
-                }
+                self.store_answered(fresh);
                 Decided::Store(decision)
             }
-            Err(error) if error.is_store_error() => match &self.fallback {
-                Some(fallback) => match fallback.check(key, policy, cost, &error) {
-                    Ok((decision, policy)) => Decided::Fallback {
-                        decision,
-                        policy,
-                        error,
-                    },
-                    // The fallback refused the request itself (never a store
-                    // problem): answer that, rather than forward it unlimited.
-                    Err(refused) if !refused.is_store_error() => Decided::Failed(refused),
-                    Err(_) => Decided::Failed(error),
-                },
+            Err(error) => match self.fallback_for(&error) {
+                Some(fallback) => fell_back(fallback.check(key, policy, cost, &error), error),
                 None => Decided::Failed(error),
             },
-            Err(error) => Decided::Failed(error),
         };
         report(policy, key_kind, &decided);
         decided
@@ -285,47 +273,29 @@ impl RateLimiter {
         cost: u64,
         max_wait: Duration,
     ) -> (Decided, Duration) {
-        let admitted = |r: &Reservation| {
-            if r.admitted() {
-                r.wait()
-            } else {
-                Duration::ZERO
+        // How long until the reserved tokens are due, when admitted.
+        let mut wait = Duration::ZERO;
+        let mut due = |reservation: Reservation| {
+            if reservation.admitted() {
+                wait = reservation.wait();
             }
+            reservation.into_decision()
         };
-        let (decided, wait) = match self.store.reserve(key, policy, cost, max_wait).await {
+        let decided = match self.store.reserve(key, policy, cost, max_wait).await {
             Ok(reservation) => {
                 // A reservation that may wait (a microsecond or more, as the
                 // store counts) is never answered from the deny cache: the
                 // store answered.
-                if crate::quota::micros(max_wait) != 0
-                    && let Some(fallback) = &self.fallback
-                {
-                    fallback.store_answered();
-                }
-                let wait = admitted(&reservation);
-                (Decided::Store(reservation.into_decision()), wait)
+                self.store_answered(crate::quota::micros(max_wait) != 0);
+                Decided::Store(due(reservation))
             }
-            Err(error) if error.is_store_error() => match &self.fallback {
-                Some(fallback) => match fallback.reserve(key, policy, cost, max_wait, &error).await
-                {
-                    Ok((reservation, policy)) => {
-                        let wait = admitted(&reservation);
-                        let decision = reservation.into_decision();
-                        let decided = Decided::Fallback {
-                            decision,
-                            policy,
-                            error,
-                        };
-                        (decided, wait)
-                    }
-                    Err(refused) if !refused.is_store_error() => {
-                        (Decided::Failed(refused), Duration::ZERO)
-                    }
-                    Err(_) => (Decided::Failed(error), Duration::ZERO),
-                },
-                None => (Decided::Failed(error), Duration::ZERO),
+            Err(error) => match self.fallback_for(&error) {
+                Some(fallback) => {
+                    let answer = fallback.reserve(key, policy, cost, max_wait, &error).await;
+                    fell_back(answer.map(|(r, policy)| (due(r), policy)), error)
+                }
+                None => Decided::Failed(error),
             },
-            Err(error) => (Decided::Failed(error), Duration::ZERO),
         };
         report(policy, key_kind, &decided);
         (decided, wait)
@@ -503,6 +473,22 @@ where
             this.policy,
             *this.cost,
         ))
+    }
+}
+
+/// What the fallback's `answer` decides for a store that failed with
+/// `error`.
+fn fell_back(answer: Result<(Decision, Policy), Error>, error: Error) -> Decided {
+    match answer {
+        Ok((decision, policy)) => Decided::Fallback {
+            decision,
+            policy,
+            error,
+        },
+        // The fallback refused the request itself (never a store problem):
+        // answer that, rather than forward it unlimited.
+        Err(refused) if !refused.is_store_error() => Decided::Failed(refused),
+        Err(_) => Decided::Failed(error),
     }
 }
 

@@ -1,14 +1,17 @@
 //! The decision for one request: choose the policy, extract the key, ask the
 //! store, and render the layer's own answer if there is one.
 //!
-//! Most requests are decided where they arrive, in the service's `call`
-//! ([`check_now`]): the built-in extractors are ready at once, and so are a
-//! memory store and a Redis store's deny cache. Nothing is boxed or cloned
-//! for them. A request whose store has to be asked gets one boxed future
-//! ([`check_unsent`]); an extractor whose future waits, and delay mode, run the
-//! whole check as one boxed future ([`check`]). The boxed futures own the
-//! request head, so the request body (`Send` but not `Sync`) is never
-//! borrowed across an `.await`.
+//! The service's `call` has one entry point, [`in_call`]. Most requests are
+//! decided there: a key the store holds ([`Held`]) without taking the
+//! request apart, and otherwise a check whose futures (the key extractor's,
+//! `prepare`) are polled once on the stack: the built-in extractors are
+//! ready at once, and so are a memory store and a Redis store's deny cache.
+//! Nothing is boxed or cloned for them. The rest goes on in one boxed
+//! future, which owns the request head so that the request body (`Send` but
+//! not `Sync`) is never borrowed across an `.await`: [`send`] for a store
+//! that has to be asked, [`check_later`] for an extractor whose future
+//! waits, and for delay mode. Every path meets in [`outcome`] (what the
+//! store's decision means) and [`place`] (what goes into the request).
 use std::borrow::Cow;
 use std::cell::RefCell;
 use std::sync::Arc;
@@ -17,13 +20,12 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::request::Parts;
-use http::{Extensions, Request, Response};
+use http::{Extensions, HeaderMap, Request, Response};
 use tokio::sync::OwnedSemaphorePermit;
 
 use super::config::{Config, Cost};
-use super::dyn_key::Extractor;
+use super::dyn_key::{BoxFuture, Extractor};
 use super::grpc;
-use super::held::Held;
 use super::http_answer;
 use super::media;
 use super::options::{HeaderStyle, Missing, OnStoreError, Selected};
@@ -35,7 +37,25 @@ use crate::error::Error;
 use crate::limiter::Decided;
 use crate::policy::Policy;
 use crate::store::{Unsent, in_scratch, into_safe_key};
-/// The request head back, and what to do with the request.
+
+/// What the service's `call` does with a request.
+#[allow(
+    clippy::large_enum_variant,
+    reason = "returned once, into `call`'s match; boxing the request would allocate for every one"
+)]
+pub(crate) enum InCall<B> {
+    /// Call the inner service with it, then add `After` to its response
+    /// (when there is anything to add).
+    Forward(Request<B>, After),
+    /// Answer without calling the inner service.
+    Respond(Response<Bytes>),
+    /// Decided later, by this future, which owns the request head; the body
+    /// waits with the response future.
+    Later(BoxFuture<'static, Checked>, B),
+}
+
+/// The request head back from a check decided [`Later`](InCall::Later),
+/// and what to do with the request.
 pub(crate) struct Checked {
     pub(crate) parts: Parts,
     pub(crate) verdict: Verdict,
@@ -56,15 +76,43 @@ struct Hold {
     _slot: OwnedSemaphorePermit,
 }
 
-/// How far [`check_now`] got without waiting.
-pub(crate) enum Now {
-    /// Decided: what to do with the request (its extensions are set).
-    Decided(Verdict),
-    /// The key is known, the store has to be asked: send it with
-    /// [`check_unsent`].
+/// The check of a request, from the service's `call`: decided here when
+/// nothing has to be awaited (an admitted request has its decision in its
+/// extensions), or handed on as the one boxed future that decides it.
+#[inline]
+pub(crate) fn in_call<B>(config: &Arc<Config>, req: Request<B>) -> InCall<B> {
+    if let Some(result) = held(config, req.headers()) {
+        return decided(config, req, result);
+    }
+    let (parts, body) = req.into_parts();
+    match now(config, &parts) {
+        Now::Decided(result) => decided(config, Request::from_parts(parts, body), result),
+        Now::Unsent(ask, unsent) => {
+            InCall::Later(Box::pin(send(Arc::clone(config), parts, ask, unsent)), body)
+        }
+        Now::Wait => InCall::Later(Box::pin(check_later(Arc::clone(config), parts)), body),
+    }
+}
+
+/// [`in_call`]'s answer for a request decided at once.
+fn decided<B>(config: &Config, mut req: Request<B>, result: Result<After, Answer>) -> InCall<B> {
+    match place(config, req.extensions_mut(), result) {
+        Ok(after) => InCall::Forward(req, after),
+        Err(answer) => {
+            let (parts, _) = req.into_parts();
+            InCall::Respond(respond(config, &parts, answer))
+        }
+    }
+}
+
+/// How far [`now`] got without waiting.
+enum Now {
+    /// Decided: forward (`Ok`) or answer (`Err`).
+    Decided(Result<After, Answer>),
+    /// The key is known, the store has to be asked: [`send`] it.
     Unsent(Ask<'static>, Unsent),
     /// Something has to be awaited (an extractor whose future waits, delay
-    /// mode): [`check`] does it all.
+    /// mode): [`check_later`] does it all.
     Wait,
 }
 
@@ -74,7 +122,7 @@ pub(crate) enum Now {
 /// extractor's, `prepare`) live on the stack and are polled once; nothing is
 /// boxed, and nothing is sent to a store here. A memory store spends the
 /// request's tokens here, in the service's `call`.
-pub(crate) fn check_now(config: &Config, parts: &mut Parts) -> Now {
+fn now(config: &Config, parts: &Parts) -> Now {
     if config.delay.is_some() || config.waits.happened() {
         return Now::Wait;
     }
@@ -88,8 +136,8 @@ pub(crate) fn check_now(config: &Config, parts: &mut Parts) -> Now {
             }
         }
     };
-    let result = match prepared {
-        Prepared::Early(result) => result,
+    match prepared {
+        Prepared::Early(result) => Now::Decided(result),
         Prepared::Ask(ask) => {
             let decided = ask.with_key(|key| {
                 config
@@ -97,16 +145,15 @@ pub(crate) fn check_now(config: &Config, parts: &mut Parts) -> Now {
                     .decide_now(key, &ask.kind, &ask.policy, ask.cost)
             });
             match decided {
-                Ok(decided) => outcome(config, ask, decided, None),
-                Err(unsent) => return Now::Unsent(ask.into_owned(), unsent),
+                Ok(decided) => Now::Decided(outcome(config, ask, decided, None)),
+                Err(unsent) => Now::Unsent(ask.into_owned(), unsent),
             }
         }
-    };
-    Now::Decided(verdict(config, parts, result))
+    }
 }
 
-/// Sends a request's check that [`check_now`] left, then decides.
-pub(crate) async fn check_unsent(
+/// Sends a request's check that [`now`] left, then decides.
+pub(super) async fn send(
     config: Arc<Config>,
     mut parts: Parts,
     ask: Ask<'static>,
@@ -126,7 +173,7 @@ pub(crate) async fn check_unsent(
 
 /// The whole check, awaiting whatever has to be awaited: an extractor whose
 /// future waits, and delay mode's hold.
-pub(crate) async fn check(config: Arc<Config>, mut parts: Parts) -> Checked {
+pub(super) async fn check_later(config: Arc<Config>, mut parts: Parts) -> Checked {
     let (result, hold) = match prepare(&config, &parts, true).await {
         Prepared::Early(result) => (result, None),
         Prepared::Ask(ask) => {
@@ -148,33 +195,97 @@ pub(crate) async fn check(config: Arc<Config>, mut parts: Parts) -> Checked {
     Checked { parts, verdict }
 }
 
+/// A request whose key the store holds so that it decides at once (a
+/// memory store's key, a leasing Redis store's key whose hold pays),
+/// decided for less than [`now`] decides it (the request is not taken
+/// apart, the storage key is not written out), to the same outcome.
+/// `None`, having changed nothing, for every other request (no key, a key
+/// the store does not hold as it is).
+fn held(config: &Config, headers: &HeaderMap) -> Option<Result<After, Answer>> {
+    let held = config.held.as_ref()?;
+    // Once an extractor of this layer (a missing key's fallback) has
+    // waited, every request is decided when its response future is polled.
+    if config.waits.happened() {
+        return None;
+    }
+    let value = held.header.key_in(headers)?;
+    if value.is_empty() {
+        return None;
+    }
+    // Made safe as `prepare` makes it: a value the header's extractor
+    // built (hashed, as it starts with `#`) is hashed again.
+    let value = match value {
+        Cow::Borrowed(value) => Cow::Borrowed(value),
+        Cow::Owned(value) => made_safe(value),
+    };
+    let policy = config.limiter.policy();
+    let decision = held.check(&value, policy)?;
+    let kind = config.key.name();
+    config
+        .limiter
+        .answered(&decision, policy, kind, held.fresh());
+    // The headers get this thread's copy of the policy (see
+    // `Policy::thread_copy`).
+    let policy = match config.headers {
+        HeaderStyle::None => Cow::Borrowed(policy),
+        _ => Cow::Owned(policy.thread_copy()),
+    };
+    let ask = Ask {
+        policy,
+        kind: Cow::Borrowed(kind),
+        value,
+        cost: held.cost,
+    };
+    Some(outcome(config, ask, Decided::Store(decision), None))
+}
+
+/// A value the header's extractor built, made safe as `prepare` makes it
+/// (out of [`held`]'s way: a held key is seldom built).
+#[cold]
+fn made_safe(value: String) -> Cow<'static, str> {
+    Cow::Owned(into_safe_key(value))
+}
+
 /// What to do with the request once decided: answer it, or forward it with
-/// the decision (and whatever else) in its extensions. Shadow mode reports
+/// the decision (and whatever else) in its extensions.
+fn verdict(config: &Config, parts: &mut Parts, result: Result<After, Answer>) -> Verdict {
+    match place(config, &mut parts.extensions, result) {
+        Ok(after) => Verdict::Forward(after),
+        Err(answer) => Verdict::Respond(respond(config, parts, answer)),
+    }
+}
+
+/// A decided request's result with its decision and marks put into the
+/// request's `extensions` when it is forwarded. Shadow mode reports
 /// everything but never stands between client and service: what would have
 /// been answered is forwarded with its report.
-fn verdict(config: &Config, parts: &mut Parts, result: Result<After, Answer>) -> Verdict {
+fn place(
+    config: &Config,
+    extensions: &mut Extensions,
+    result: Result<After, Answer>,
+) -> Result<After, Answer> {
     let mut after = match result {
         Ok(after) => after,
         Err(answer) if config.shadow => shadow_report(answer, config.headers),
-        Err(answer) => return Verdict::Respond(respond(config, parts, answer)),
+        Err(answer) => return Err(answer),
     };
     if let Some(decision) = after.decision.take() {
         after.decision_in_response = config.decision_in_response;
         let headers = after.headers.is_some();
-        after.decision = place_decision(config, &mut parts.extensions, decision, headers);
+        after.decision = place_decision(config, extensions, decision, headers);
     }
     if let Some(marks) = &after.marks {
         if let Some(delayed) = marks.delayed {
-            parts.extensions.insert(delayed);
+            extensions.insert(delayed);
         }
         if let Some(failure) = &marks.failure {
-            parts.extensions.insert(failure.clone());
+            extensions.insert(failure.clone());
         }
         if let Some(shadow) = &marks.shadow {
-            parts.extensions.insert(shadow.clone());
+            extensions.insert(shadow.clone());
         }
     }
-    Verdict::Forward(after)
+    Ok(after)
 }
 
 /// Puts an admitted request's decision into its `extensions`, where
@@ -201,99 +312,6 @@ fn respond(config: &Config, parts: &Parts, answer: Answer) -> Response<Bytes> {
         Some(kind) => grpc::render(answer, kind, config.headers),
         None => http_answer::render(answer, config.headers, &config.rejection),
     }
-}
-
-/// A request whose key the store holds so that it decides at once (a memory
-/// store's key, a leasing Redis store's key whose hold pays), decided in
-/// the service's `call` for less than [`check_now`] (the request is not taken apart, the
-/// storage key is not written out): as `check_now` would decide it (see
-/// [`HeldVerdict`]; an admitted request has its decision in its
-/// extensions). `None`, having changed nothing, for every other request (no
-/// key, a key the store does not hold as it is): check it with `check_now`.
-pub(crate) fn check_held<B>(
-    config: &Config,
-    held: &Held,
-    req: &mut Request<B>,
-) -> Option<HeldVerdict> {
-    // Once an extractor of this layer (a missing key's fallback) has
-    // waited, every request is decided when its response future is polled,
-    // as `check_now` then does.
-    if config.waits.happened() {
-        return None;
-    }
-    let value = held.header.key_in(req.headers())?;
-    if value.is_empty() {
-        return None;
-    }
-    // Made safe as `prepare` makes it: a value the header's extractor
-    // built (hashed, as it starts with `#`) is hashed again.
-    let value = match value {
-        Cow::Borrowed(value) => Cow::Borrowed(value),
-        Cow::Owned(value) => made_safe(value),
-    };
-    let policy = config.limiter.policy();
-    let decision = held.check(&value, policy)?;
-    let kind = config.key.name();
-    config
-        .limiter
-        .answered(&decision, policy, kind, held.fresh());
-    if !decision.allowed() {
-        return Some(HeldVerdict::Refuse(too_many(policy, decision, kind)));
-    }
-    // As `outcome` and `verdict` make it, with this thread's copy of the
-    // policy (see `Policy::thread_copy`).
-    let headers = (config.headers != HeaderStyle::None).then(|| Deferred {
-        style: config.headers,
-        policy: policy.thread_copy(),
-    });
-    let with_headers = headers.is_some();
-    Some(
-        match place_decision(config, req.extensions_mut(), decision, with_headers) {
-            // Nothing for the response (so no headers either).
-            None => HeldVerdict::Pass,
-            decision => HeldVerdict::Forward(After {
-                headers,
-                decision,
-                decision_in_response: config.decision_in_response,
-                ..After::default()
-            }),
-        },
-    )
-}
-
-/// What [`check_held`] decided for a request it could decide.
-pub(crate) enum HeldVerdict {
-    /// Admitted, with nothing to add to the response: forward it, and pass
-    /// its response on as it is.
-    Pass,
-    /// Admitted: forward it, and add this to its response.
-    Forward(After),
-    /// Refused: answer it with this.
-    Refuse(Answer),
-}
-
-/// A value the header's extractor built, made safe as `prepare` makes it
-/// (out of `check_held`'s way: a held key is seldom built).
-#[cold]
-fn made_safe(value: String) -> Cow<'static, str> {
-    Cow::Owned(into_safe_key(value))
-}
-
-/// The answer to a denial in [`check_held`] (out of its way: most requests
-/// are admitted).
-#[cold]
-fn too_many(policy: &Policy, decision: Decision, kind: &Arc<str>) -> Answer {
-    Answer::TooMany {
-        policy: policy.clone(),
-        decision,
-        kind: Arc::clone(kind),
-    }
-}
-
-/// The answer to a request [`check_held`] refused.
-pub(crate) fn refuse_held<B>(config: &Config, req: Request<B>, answer: Answer) -> Response<Bytes> {
-    let (parts, _) = req.into_parts();
-    respond(config, &parts, answer)
 }
 
 /// What a request asks of the store: its policy, key and cost; the key

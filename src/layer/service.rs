@@ -9,11 +9,8 @@ use http::{Request, Response};
 use tower_service::Service;
 
 use super::bodies::{Bodies, Wrapped};
-use super::check::{
-    Checked, HeldVerdict, Now, Verdict, check, check_held, check_now, check_unsent, refuse_held,
-};
+use super::check::{InCall, in_call};
 use super::config::Config;
-use super::dyn_key::BoxFuture;
 use super::future::ResponseFuture;
 
 /// Rate limits requests to the inner service `S`.
@@ -85,43 +82,26 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, mut req: Request<ReqBody>) -> Self::Future {
-        if let Some(held) = &self.config.held {
-            match check_held(&self.config, held, &mut req) {
-                // Built where it is returned: the inner future is not
-                // moved again on its way out.
-                Some(HeldVerdict::Pass) => {
-                    return ResponseFuture::passing(self.inner.call(req));
-                }
-                Some(HeldVerdict::Forward(after)) => {
-                    return ResponseFuture::calling(self.inner.call(req), after);
-                }
-                Some(HeldVerdict::Refuse(answer)) => {
-                    return ResponseFuture::answered(refuse_held(&self.config, req, answer));
-                }
-                None => {}
+    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+        match in_call(&self.config, req) {
+            // Decided at once (the common case): the service driven to
+            // readiness is called right away, or not at all. Each future is
+            // built where it is returned: the inner future is not moved
+            // again on its way out.
+            InCall::Forward(req, after) if after.is_empty() => {
+                ResponseFuture::passing(self.inner.call(req))
+            }
+            InCall::Forward(req, after) => ResponseFuture::calling(self.inner.call(req), after),
+            InCall::Respond(res) => ResponseFuture::answered(res),
+            // The decision comes later: the service that was driven to
+            // readiness is `self.inner`; take it for this request and leave a
+            // fresh clone behind (tower-service docs, "Be careful when cloning
+            // inner services").
+            InCall::Later(check, body) => {
+                let clone = self.inner.clone();
+                let inner = std::mem::replace(&mut self.inner, clone);
+                ResponseFuture::new(check, inner, body)
             }
         }
-        let (mut parts, body) = req.into_parts();
-        let check: BoxFuture<'static, Checked> = match check_now(&self.config, &mut parts) {
-            // Decided at once (the common case): the service driven to
-            // readiness is called right away, or not at all.
-            Now::Decided(Verdict::Forward(after)) => {
-                let future = self.inner.call(Request::from_parts(parts, body));
-                return ResponseFuture::calling(future, after);
-            }
-            Now::Decided(Verdict::Respond(res)) => return ResponseFuture::answered(res),
-            Now::Unsent(ask, unsent) => {
-                Box::pin(check_unsent(Arc::clone(&self.config), parts, ask, unsent))
-            }
-            Now::Wait => Box::pin(check(Arc::clone(&self.config), parts)),
-        };
-        // The decision comes later: the service that was driven to readiness
-        // is `self.inner`; take it for this request and leave a fresh clone
-        // behind (tower-service docs, "Be careful when cloning inner
-        // services").
-        let clone = self.inner.clone();
-        let inner = std::mem::replace(&mut self.inner, clone);
-        ResponseFuture::new(check, inner, body)
     }
 }

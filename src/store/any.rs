@@ -74,11 +74,7 @@ impl AnyStore {
         match &self.inner {
             Inner::Memory(store) => Ok(store.check_now(key, policy, cost)),
             #[cfg(feature = "redis")]
-            Inner::Redis(store) => match store.check_now(key, policy, cost) {
-                Ok(Ok(decision)) => Ok(Ok(decision)),
-                Ok(Err(keys)) => Err(Unsent::Redis(keys)),
-                Err(error) => Ok(Err(error)),
-            },
+            Inner::Redis(store) => store.check_now(key, policy, cost).map_err(Unsent::Redis),
         }
     }
 

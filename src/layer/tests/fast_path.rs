@@ -24,7 +24,7 @@ fn the_check_futures_stay_small() {
     let inner = tower::service_fn(|_: Request<()>| async { text("ok") });
     let svc = RateLimitLayer::new(MemoryStore::new(), Quota::per_minute(1).unwrap()).layer(inner);
     let (parts, ()) = Request::new(()).into_parts();
-    let future = crate::layer::check::check(Arc::clone(&svc.config), parts);
+    let future = crate::layer::check::check_later(Arc::clone(&svc.config), parts);
     let size = std::mem::size_of_val(&future);
     assert!(size <= 1_400, "the check future is {size} bytes");
 }
@@ -34,19 +34,17 @@ fn the_check_futures_stay_small() {
 #[cfg(feature = "redis")]
 #[test]
 fn a_redis_checks_future_is_boxed_once_and_stays_small() {
-    use crate::layer::check::{Now, check_now, check_unsent};
+    use crate::layer::check::{InCall, in_call};
     let inner = tower::service_fn(|_: Request<()>| async { text("ok") });
     // Built without connecting: nothing here talks to a server.
     let store = crate::RedisStore::from_url("redis://127.0.0.1:1").unwrap();
     let svc = RateLimitLayer::new(store, Quota::per_minute(1).unwrap())
         .key(crate::key::Global)
         .layer(inner);
-    let (mut parts, ()) = Request::new(()).into_parts();
-    let Now::Unsent(ask, unsent) = check_now(&svc.config, &mut parts) else {
+    let InCall::Later(future, ()) = in_call(&svc.config, Request::new(())) else {
         panic!("a Redis check with nothing cached must be sent");
     };
-    let future = check_unsent(Arc::clone(&svc.config), parts, ask, unsent);
-    let size = std::mem::size_of_val(&future);
+    let size = std::mem::size_of_val(&*future);
     // Glibc's allocator serves blocks of up to 1 032 bytes from a
     // per-thread cache; larger ones take its slower shared path.
     assert!(size <= 1_024, "the Redis check future is {size} bytes");
