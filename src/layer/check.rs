@@ -13,30 +13,26 @@
 //! waits, and for delay mode. Every path meets in [`outcome`] (what the
 //! store's decision means) and [`place`] (what goes into the request).
 use std::borrow::Cow;
-use std::cell::RefCell;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
-use std::time::Duration;
 
 use bytes::Bytes;
 use http::request::Parts;
 use http::{Extensions, HeaderMap, Request, Response};
-use tokio::sync::OwnedSemaphorePermit;
 
-use super::config::{Config, Cost};
-use super::dyn_key::{BoxFuture, Extractor};
+use super::config::Config;
+use super::decide::{ask, outcome};
+use super::dyn_key::BoxFuture;
 use super::grpc;
 use super::http_answer;
 use super::media;
-use super::options::{HeaderStyle, Missing, OnStoreError, Selected};
-use super::outcome::{After, Answer, Deferred, Delayed, Marks, StoreFailure};
+use super::options::HeaderStyle;
+use super::outcome::{After, Answer, Delayed};
+use super::prepare::{Ask, Prepared, prepare};
 use super::report::shadow_report;
-use super::settle::{By, Ticket};
 use crate::decision::Decision;
-use crate::error::Error;
 use crate::limiter::Decided;
-use crate::policy::Policy;
-use crate::store::{Unsent, in_scratch, into_safe_key};
+use crate::store::{Unsent, into_safe_key};
 
 /// What the service's `call` does with a request.
 #[allow(
@@ -66,14 +62,6 @@ pub(crate) enum Verdict {
     Forward(After),
     /// Answer without calling the inner service.
     Respond(Response<Bytes>),
-}
-
-/// A request admitted ahead of its tokens (delay mode): held for `wait`,
-/// taking one of the layer's slots until it is forwarded, or until the
-/// request is dropped (a client that went away), whichever comes first.
-struct Hold {
-    wait: Duration,
-    _slot: OwnedSemaphorePermit,
 }
 
 /// The check of a request, from the service's `call`: decided here when
@@ -311,282 +299,5 @@ fn respond(config: &Config, parts: &Parts, answer: Answer) -> Response<Bytes> {
     match media::flavor(parts) {
         Some(kind) => grpc::render(answer, kind, config.headers),
         None => http_answer::render(answer, config.headers, &config.rejection),
-    }
-}
-
-/// What a request asks of the store: its policy, key and cost; the key
-/// borrowed from the request (`'p`) when it can be.
-pub(crate) struct Ask<'p> {
-    /// Borrowed from the layer's configuration unless a table rule chose it.
-    policy: Cow<'p, Policy>,
-    /// The kind of the key's extractor (for answers and reports), borrowed
-    /// as the policy is.
-    kind: Cow<'p, Arc<str>>,
-    /// The client key, made safe. The storage key is `policy:kind:value`.
-    value: Cow<'p, str>,
-    cost: u64,
-}
-
-thread_local! {
-    /// Where [`Ask::with_key`] writes storage keys: one buffer per thread,
-    /// grown to the longest key it has held, so a check decided at once
-    /// allocates no key of its own.
-    static KEY: RefCell<String> = const { RefCell::new(String::new()) };
-}
-
-impl Ask<'_> {
-    /// The same, owning its key: for a check that outlives the request
-    /// head's borrow.
-    fn into_owned(self) -> Ask<'static> {
-        Ask {
-            policy: Cow::Owned(self.policy.into_owned()),
-            kind: Cow::Owned(self.kind.into_owned()),
-            value: Cow::Owned(self.value.into_owned()),
-            cost: self.cost,
-        }
-    }
-
-    /// The storage key, `name:kind:value`, on the heap: for the checks that
-    /// keep it (a store that has to be asked, a settlement).
-    fn key(&self) -> String {
-        bucket_key(self.policy.name(), &self.kind, &self.value)
-    }
-
-    /// Runs `f` on the storage key, written into this thread's buffer (or,
-    /// should `f` ever check a key itself, onto the heap): a store that
-    /// decides at once needs the key no longer than that.
-    fn with_key<R>(&self, f: impl FnOnce(&str) -> R) -> R {
-        let write = |key: &mut String| {
-            key.push_str(self.policy.name());
-            key.push(':');
-            key.push_str(&self.kind);
-            key.push(':');
-            key.push_str(&self.value);
-        };
-        in_scratch(&KEY, write, f)
-    }
-}
-
-/// A request before the store is asked.
-enum Prepared<'p> {
-    /// Decided without the store: `Ok` forwards (exempt, or no key and
-    /// missing keys are allowed), `Err` answers.
-    Early(Result<After, Answer>),
-    Ask(Ask<'p>),
-}
-
-/// Chooses the policy, extracts the key (without waiting unless `wait`: a
-/// waiting extractor then leaves this pending for good) and prices the
-/// request.
-async fn prepare<'p>(config: &'p Config, parts: &'p Parts, wait: bool) -> Prepared<'p> {
-    let (policy, own_key) = match &config.select {
-        None => (Cow::Borrowed(config.limiter.policy()), None),
-        Some(select) => match select(parts) {
-            Selected::Default => (Cow::Borrowed(config.limiter.policy()), None),
-            Selected::Policy(p) => (Cow::Owned(p), None),
-            Selected::Keyed(p, key) => (Cow::Owned(p), Some(key)),
-            Selected::Exempt => return Prepared::Early(Ok(After::default())),
-        },
-    };
-    // A table rule with a key of its own uses it; everything else the layer's.
-    let key = own_key.as_ref().unwrap_or(&config.key);
-    let (fallback, value) = match present_key(key.extract(parts, wait).await) {
-        Some(value) => (None, value),
-        None => match &config.missing {
-            Missing::Allow => return Prepared::Early(Ok(After::default())),
-            Missing::Reject => return Prepared::Early(Err(missing(key))),
-            Missing::Fallback(other) => match present_key(other.extract(parts, wait).await) {
-                Some(value) => (Some(other), value),
-                None => {
-                    return Prepared::Early(Err(Answer::MissingKey {
-                        kind: format!("{} or {}", key.kind(), other.kind()),
-                    }));
-                }
-            },
-        },
-    };
-    // The kind is borrowed from the configuration unless a rule's own key
-    // found it.
-    let kind = match (fallback, &own_key) {
-        (Some(other), _) => Cow::Borrowed(other.name()),
-        (None, None) => Cow::Borrowed(config.key.name()),
-        (None, Some(own)) => Cow::Owned(Arc::clone(own.name())),
-    };
-    let cost = match &config.cost {
-        Cost::Fixed(n) => *n,
-        Cost::Dynamic(f) => f(parts),
-    };
-    if cost > policy.max_cost() {
-        return Prepared::Early(Err(too_costly(cost, policy.into_owned(), &kind)));
-    }
-    // The value is made safe here: `from_fn` extractors return whatever
-    // their closure built. A borrowed one is a `Header`'s, already made safe
-    // (see `Extractor::extract`). The policy name comes first in the storage
-    // key: policies with different names never share a bucket.
-    let value = match value {
-        Cow::Borrowed(value) => Cow::Borrowed(value),
-        Cow::Owned(value) => Cow::Owned(into_safe_key(value)),
-    };
-    Prepared::Ask(Ask {
-        policy,
-        kind,
-        value,
-        cost,
-    })
-}
-
-/// What the store's decision means for the request: `Ok` to forward it (in
-/// delay mode, once its hold is over), `Err` to answer it.
-fn outcome(
-    config: &Config,
-    ask: Ask<'_>,
-    decided: Decided,
-    delayed: Option<Delayed>,
-) -> Result<After, Answer> {
-    let Ask {
-        policy,
-        kind,
-        value,
-        cost,
-    } = ask;
-    // An admitted request carries what settles its cost by its response,
-    // with its storage key.
-    let key = config
-        .settle
-        .is_some()
-        .then(|| bucket_key(policy.name(), &kind, &value));
-    let ticket = |decision: &Decision, policy: &Policy, by: By| {
-        config.settle.as_ref().zip(key).map(|(settler, key)| {
-            Ticket::new(
-                settler,
-                &config.limiter,
-                key,
-                policy.clone(),
-                cost,
-                by,
-                decision.clone(),
-            )
-        })
-    };
-    let after = match decided {
-        Decided::Store(decision) if decision.allowed() => After {
-            ticket: ticket(&decision, &policy, By::Store),
-            headers: Deferred::new(config.headers, policy),
-            decision: Some(decision),
-            decision_in_response: false,
-            marks: Marks::new(None, None, delayed),
-        },
-        Decided::Store(decision) => {
-            return Err(Answer::TooMany {
-                policy: policy.into_owned(),
-                decision,
-                kind: kind.into_owned(),
-            });
-        }
-        // The fallback decided under this instance's share of the quotas:
-        // the headers describe that share.
-        Decided::Fallback {
-            decision,
-            policy,
-            error,
-        } if decision.allowed() => After {
-            ticket: ticket(&decision, &policy, By::Fallback(policy.clone())),
-            headers: Deferred::new(config.headers, Cow::Owned(policy)),
-            decision: Some(decision),
-            decision_in_response: false,
-            marks: Marks::new(Some(StoreFailure::new(error)), None, delayed),
-        },
-        Decided::Fallback {
-            decision, policy, ..
-        } => {
-            return Err(Answer::TooMany {
-                policy,
-                decision,
-                kind: Arc::clone(&kind),
-            });
-        }
-        Decided::Failed(Error::CostExceedsCapacity { .. }) => {
-            return Err(too_costly(cost, policy.into_owned(), &kind));
-        }
-        // Every other error means no decision could be made; the layer never
-        // turns it into a service error. (A full MemoryStore evicts rather
-        // than refuse a new key: no error needs to be answered differently.)
-        Decided::Failed(err) => {
-            let failure = StoreFailure::new(err);
-            #[allow(deprecated, reason = "the variant is how the layer keeps a fallback")]
-            match config.on_store_error {
-                OnStoreError::Allow | OnStoreError::Fallback(_) => After {
-                    marks: Marks::new(Some(failure), None, None),
-                    ..After::default()
-                },
-                OnStoreError::Deny => return Err(Answer::StoreDown(failure)),
-            }
-        }
-    };
-    Ok(after)
-}
-
-/// Asks the store: a check or, in delay mode, a reservation that may wait up
-/// to the layer's `max_wait`, holding one of its slots while it waits.
-///
-/// A request that finds every slot taken is checked as if delay mode were
-/// off: admitted if it needs no wait, refused (429) otherwise. So the bound
-/// never refuses a request its bucket admits now, and never holds more. A
-/// free request (cost 0) only looks, and is never held.
-async fn ask(config: &Config, ask: &Ask<'_>) -> (Decided, Option<Hold>) {
-    let key = &ask.key();
-    let Ask {
-        policy, kind, cost, ..
-    } = ask;
-    let slot = match &config.delay {
-        Some(holding) if *cost > 0 => Arc::clone(&holding.slots)
-            .try_acquire_owned()
-            .ok()
-            .map(|slot| (holding.delay.max_wait(), slot)),
-        _ => None,
-    };
-    let Some((max_wait, slot)) = slot else {
-        return (config.limiter.decide(key, kind, policy, *cost).await, None);
-    };
-    // Boxed: delay mode's future is large, and would otherwise be part of
-    // every request's check future.
-    let (decided, wait) = Box::pin(
-        config
-            .limiter
-            .decide_within(key, kind, policy, *cost, max_wait),
-    )
-    .await;
-    // Admitted with tokens due now: nothing to hold, the slot goes back.
-    let hold = (!wait.is_zero()).then_some(Hold { wait, _slot: slot });
-    (decided, hold)
-}
-
-/// `name:kind:value`, built without the formatting machinery.
-fn bucket_key(name: &str, kind: &str, value: &str) -> String {
-    let mut key = String::with_capacity(name.len() + kind.len() + value.len() + 2);
-    key.push_str(name);
-    key.push(':');
-    key.push_str(kind);
-    key.push(':');
-    key.push_str(value);
-    key
-}
-
-/// A key that is there and not empty.
-fn present_key(key: Option<Cow<'_, str>>) -> Option<Cow<'_, str>> {
-    key.filter(|k| !k.is_empty())
-}
-
-fn missing(key: &Extractor) -> Answer {
-    Answer::MissingKey {
-        kind: key.kind().to_owned(),
-    }
-}
-
-fn too_costly(cost: u64, policy: Policy, kind: &str) -> Answer {
-    Answer::CostTooHigh {
-        cost,
-        policy,
-        kind: kind.to_owned(),
     }
 }

@@ -389,7 +389,7 @@ impl RateLimitLayer {
     }
 }
 
-/// What `check::check_held` needs, when `config` allows it (see [`Held`]).
+/// What `check::held` needs, when `config` allows it (see [`Held`]).
 fn held(config: &Config) -> Option<Held> {
     if config.select.is_some() || config.delay.is_some() || config.settle.is_some() || config.shadow
     {
@@ -420,7 +420,7 @@ fn held(config: &Config) -> Option<Held> {
     })
 }
 
-/// A Redis store whose leases pay on `policy`, for `check::check_held`:
+/// A Redis store whose leases pay on `policy`, for `check::held`:
 /// a check of at least one token (as leases decide) under a start that is
 /// a safe key's.
 #[cfg(feature = "redis")]

@@ -10,7 +10,8 @@
 
 // A one-way stack; each file imports only from files to its left:
 // headers -> media -> dyn_key -> options -> settle -> config -> outcome -> report ->
-// (http_answer | grpc) -> check, then body -> future -> service -> layer; and
+// (http_answer | grpc) -> prepare -> decide -> check, then body -> future ->
+// service -> layer; and
 // the policy tables, options -> rule_key -> (grpc) -> rule -> table ->
 // (table_file) -> layer.
 // tests/layout.rs checks that no file of src/ imports, directly or not, a
@@ -19,6 +20,7 @@ mod bodies;
 mod body;
 mod check;
 mod config;
+mod decide;
 mod dyn_key;
 mod future;
 mod grpc;
@@ -30,6 +32,7 @@ mod layer;
 mod media;
 mod options;
 mod outcome;
+mod prepare;
 mod report;
 mod rule;
 mod rule_key;

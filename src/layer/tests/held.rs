@@ -12,7 +12,7 @@ use crate::store::MemoryStore;
 use super::{body_text, text};
 
 /// A `Header`-keyed layer over a memory store decides a key the store
-/// holds in `call` without taking the request apart (`check_held`); a
+/// holds in `call` without taking the request apart (`check::held`); a
 /// layer keyed by a closure returning the same value takes the general
 /// path. Both answer alike, request by request: statuses, rate limit
 /// fields, bodies and the decision handlers see.

@@ -16,6 +16,12 @@ use crate::policy::Policy;
 use crate::quota::Quota;
 use crate::store::bucket::signed;
 use crate::store::{AnyStore, Store, Unsent};
+
+mod decided;
+
+pub(crate) use decided::Decided;
+use decided::{fell_back, report};
+
 /// Checks keys against a [`Policy`] (one quota or several) in a store.
 ///
 /// Takes any store ([`MemoryStore`](crate::MemoryStore),
@@ -60,23 +66,6 @@ pub struct RateLimiter {
     store: AnyStore,
     policy: Policy,
     fallback: Option<Fallback>,
-}
-
-/// How a check ended, for callers that need more than `Result<Decision>`.
-#[derive(Debug)]
-pub(crate) enum Decided {
-    /// The store decided.
-    Store(Decision),
-    /// The store failed with `error`; the fallback decided, under `policy`
-    /// (the quotas scaled to this instance's share).
-    Fallback {
-        decision: Decision,
-        policy: Policy,
-        error: Error,
-    },
-    /// No decision: the store failed (and the fallback too, if any), or the
-    /// cost can never be admitted.
-    Failed(Error),
 }
 
 impl RateLimiter {
@@ -140,6 +129,150 @@ impl RateLimiter {
         }
     }
 
+    /// Reserves `cost` tokens, possibly ahead of their refill, if they are all
+    /// due within `max_wait` (see [`Store::reserve`]): one store call, no
+    /// waiting. An admitted reservation has spent the tokens; the caller waits
+    /// [`Reservation::wait`] before using them. A refused one spent nothing and
+    /// says how long it would have had to wait. With a
+    /// [`fallback`](Self::fallback), the fallback reserves while the store fails.
+    pub async fn reserve(
+        &self,
+        key: &str,
+        cost: u64,
+        max_wait: Duration,
+    ) -> Result<Reservation, Error> {
+        // As in `check`: a reservation answered at once still yields now and
+        // then.
+        tokio::task::coop::consume_budget().await;
+        let key = self.named(key);
+        let (decided, wait) = self
+            .decide_within(&key, "limiter", &self.policy, cost, max_wait)
+            .await;
+        let wait_us = crate::quota::micros(wait);
+        match decided {
+            Decided::Store(decision) | Decided::Fallback { decision, .. } => {
+                Ok(Reservation::new(decision, wait_us))
+            }
+            Decided::Failed(error) => Err(error),
+        }
+    }
+
+    /// Like [`check`](Self::check), but waits until `cost` is admitted, as Guava's
+    /// `RateLimiter.acquire` does: one store call reserves the tokens (possibly
+    /// ahead of their refill), then this sleeps until they are due. Callers are
+    /// served in the order the store took their reservations, across instances
+    /// too, so none starves. Fails at once with [`Error::WaitTooLong`] (having
+    /// spent nothing) when the tokens would not be due within `max_wait`.
+    ///
+    /// If the caller stops waiting (the future is dropped), the reserved tokens
+    /// stay spent.
+    pub async fn acquire(
+        &self,
+        key: &str,
+        cost: u64,
+        max_wait: Duration,
+    ) -> Result<Decision, Error> {
+        let reservation = self.reserve(key, cost, max_wait).await?;
+        if !reservation.admitted() {
+            return Err(Error::WaitTooLong {
+                retry_after: reservation.wait(),
+            });
+        }
+        if !reservation.wait().is_zero() {
+            tokio::time::sleep(reservation.wait()).await;
+        }
+        Ok(reservation.into_decision())
+    }
+
+    /// Gives `cost` tokens back to `key`'s buckets: a request admitted
+    /// earlier, by `decision`, that should not count after all (a successful
+    /// login under a limit of failed ones). Each bucket is filled up to its
+    /// capacity at most, so the bucket admits no more than if that request
+    /// had never come.
+    ///
+    /// The refund goes where `decision` was made: the store, or the
+    /// [`fallback`](Self::fallback) that admitted it while the store failed
+    /// ([`Decision::is_fallback`]); never to a bucket that was not charged:
+    /// a `decision` that was not admitted spent nothing, and its refund
+    /// changes nothing (and returns `Ok`).
+    /// On a [`RedisStore`](crate::RedisStore) it is one script call, batched
+    /// with the checks in flight. A refund the store fails to make leaves the
+    /// tokens spent (limiting more, never less) and returns the error.
+    pub async fn refund(&self, key: &str, cost: u64, decision: &Decision) -> Result<(), Error> {
+        if cost == 0 {
+            return Ok(());
+        }
+        // Never more than a request may cost: a larger refund is no more
+        // than that.
+        let cost = cost.min(self.policy.max_cost());
+        self.adjust(&self.named(key), &self.policy, -signed(cost), decision)
+            .await
+    }
+
+    /// Spends `cost` more tokens from `key`'s buckets, whatever they hold,
+    /// for a request admitted by `decision`: a cost known only once the work
+    /// is done (a query's real price). A bucket may go into debt, down to
+    /// minus its capacity at most (the most one request may cost); later
+    /// checks wait until the debt is refilled. Made where `decision` was
+    /// made, in one store call, as [`refund`](Self::refund) is. A `decision`
+    /// that was not admitted let no work be done: charging it changes
+    /// nothing (and returns `Ok`), as the layer never settles a request it
+    /// refused.
+    pub async fn charge(&self, key: &str, cost: u64, decision: &Decision) -> Result<(), Error> {
+        if cost == 0 {
+            return Ok(());
+        }
+        let cost = cost.min(crate::quota::MAX_EXACT);
+        self.adjust(&self.named(key), &self.policy, signed(cost), decision)
+            .await
+    }
+
+    /// `delta` tokens spent from (or, negative, given back to) `key`'s
+    /// buckets under `policy`, where `decision` was made; nothing for a
+    /// decision that was not admitted. Counted in the metrics once made.
+    async fn adjust(
+        &self,
+        key: &str,
+        policy: &Policy,
+        delta: i64,
+        decision: &Decision,
+    ) -> Result<(), Error> {
+        if !decision.allowed() {
+            return Ok(());
+        }
+        match (&self.fallback, decision.is_fallback()) {
+            (Some(fallback), true) => fallback.adjust(key, policy, delta),
+            _ => self.store.adjust(key, policy, delta).await?,
+        }
+        observe::settled(policy.name(), delta);
+        Ok(())
+    }
+
+    /// The state of `key`'s buckets, spending nothing.
+    pub async fn peek(&self, key: &str) -> Result<Decision, Error> {
+        self.check(key, 0).await
+    }
+
+    /// Forgets `key`'s buckets: the next check finds them full.
+    pub async fn reset(&self, key: &str) -> Result<(), Error> {
+        self.store.reset(&self.named(key), &self.policy).await
+    }
+
+    /// `key` behind the policy's name: what the store keeps its buckets
+    /// under (the layer's keys are `name:kind:value`).
+    fn named(&self, key: &str) -> String {
+        let name = self.policy.name();
+        let mut named = String::with_capacity(name.len() + 1 + key.len());
+        named.push_str(name);
+        named.push(':');
+        named.push_str(key);
+        named
+    }
+}
+
+/// Deciding a check for [`RateLimiter::check`] and the layer: the store
+/// first, its fallback while it fails, each decision reported.
+impl RateLimiter {
     /// A check under `policy` (the layer chooses one per request), falling back
     /// when the store fails, and reported to tracing and metrics under
     /// `key_kind` (never the key itself).
@@ -300,146 +433,6 @@ impl RateLimiter {
         report(policy, key_kind, &decided);
         (decided, wait)
     }
-
-    /// Reserves `cost` tokens, possibly ahead of their refill, if they are all
-    /// due within `max_wait` (see [`Store::reserve`]): one store call, no
-    /// waiting. An admitted reservation has spent the tokens; the caller waits
-    /// [`Reservation::wait`] before using them. A refused one spent nothing and
-    /// says how long it would have had to wait. With a
-    /// [`fallback`](Self::fallback), the fallback reserves while the store fails.
-    pub async fn reserve(
-        &self,
-        key: &str,
-        cost: u64,
-        max_wait: Duration,
-    ) -> Result<Reservation, Error> {
-        // As in `check`: a reservation answered at once still yields now and
-        // then.
-        tokio::task::coop::consume_budget().await;
-        let key = self.named(key);
-        let (decided, wait) = self
-            .decide_within(&key, "limiter", &self.policy, cost, max_wait)
-            .await;
-        let wait_us = crate::quota::micros(wait);
-        match decided {
-            Decided::Store(decision) | Decided::Fallback { decision, .. } => {
-                Ok(Reservation::new(decision, wait_us))
-            }
-            Decided::Failed(error) => Err(error),
-        }
-    }
-
-    /// Like [`check`](Self::check), but waits until `cost` is admitted, as Guava's
-    /// `RateLimiter.acquire` does: one store call reserves the tokens (possibly
-    /// ahead of their refill), then this sleeps until they are due. Callers are
-    /// served in the order the store took their reservations, across instances
-    /// too, so none starves. Fails at once with [`Error::WaitTooLong`] (having
-    /// spent nothing) when the tokens would not be due within `max_wait`.
-    ///
-    /// If the caller stops waiting (the future is dropped), the reserved tokens
-    /// stay spent.
-    pub async fn acquire(
-        &self,
-        key: &str,
-        cost: u64,
-        max_wait: Duration,
-    ) -> Result<Decision, Error> {
-        let reservation = self.reserve(key, cost, max_wait).await?;
-        if !reservation.admitted() {
-            return Err(Error::WaitTooLong {
-                retry_after: reservation.wait(),
-            });
-        }
-        if !reservation.wait().is_zero() {
-            tokio::time::sleep(reservation.wait()).await;
-        }
-        Ok(reservation.into_decision())
-    }
-
-    /// Gives `cost` tokens back to `key`'s buckets: a request admitted
-    /// earlier, by `decision`, that should not count after all (a successful
-    /// login under a limit of failed ones). Each bucket is filled up to its
-    /// capacity at most, so the bucket admits no more than if that request
-    /// had never come.
-    ///
-    /// The refund goes where `decision` was made: the store, or the
-    /// [`fallback`](Self::fallback) that admitted it while the store failed
-    /// ([`Decision::is_fallback`]); never to a bucket that was not charged:
-    /// a `decision` that was not admitted spent nothing, and its refund
-    /// changes nothing (and returns `Ok`).
-    /// On a [`RedisStore`](crate::RedisStore) it is one script call, batched
-    /// with the checks in flight. A refund the store fails to make leaves the
-    /// tokens spent (limiting more, never less) and returns the error.
-    pub async fn refund(&self, key: &str, cost: u64, decision: &Decision) -> Result<(), Error> {
-        if cost == 0 {
-            return Ok(());
-        }
-        // Never more than a request may cost: a larger refund is no more
-        // than that.
-        let cost = cost.min(self.policy.max_cost());
-        self.adjust(&self.named(key), &self.policy, -signed(cost), decision)
-            .await
-    }
-
-    /// Spends `cost` more tokens from `key`'s buckets, whatever they hold,
-    /// for a request admitted by `decision`: a cost known only once the work
-    /// is done (a query's real price). A bucket may go into debt, down to
-    /// minus its capacity at most (the most one request may cost); later
-    /// checks wait until the debt is refilled. Made where `decision` was
-    /// made, in one store call, as [`refund`](Self::refund) is. A `decision`
-    /// that was not admitted let no work be done: charging it changes
-    /// nothing (and returns `Ok`), as the layer never settles a request it
-    /// refused.
-    pub async fn charge(&self, key: &str, cost: u64, decision: &Decision) -> Result<(), Error> {
-        if cost == 0 {
-            return Ok(());
-        }
-        let cost = cost.min(crate::quota::MAX_EXACT);
-        self.adjust(&self.named(key), &self.policy, signed(cost), decision)
-            .await
-    }
-
-    /// `delta` tokens spent from (or, negative, given back to) `key`'s
-    /// buckets under `policy`, where `decision` was made; nothing for a
-    /// decision that was not admitted. Counted in the metrics once made.
-    async fn adjust(
-        &self,
-        key: &str,
-        policy: &Policy,
-        delta: i64,
-        decision: &Decision,
-    ) -> Result<(), Error> {
-        if !decision.allowed() {
-            return Ok(());
-        }
-        match (&self.fallback, decision.is_fallback()) {
-            (Some(fallback), true) => fallback.adjust(key, policy, delta),
-            _ => self.store.adjust(key, policy, delta).await?,
-        }
-        observe::settled(policy.name(), delta);
-        Ok(())
-    }
-
-    /// The state of `key`'s buckets, spending nothing.
-    pub async fn peek(&self, key: &str) -> Result<Decision, Error> {
-        self.check(key, 0).await
-    }
-
-    /// Forgets `key`'s buckets: the next check finds them full.
-    pub async fn reset(&self, key: &str) -> Result<(), Error> {
-        self.store.reset(&self.named(key), &self.policy).await
-    }
-
-    /// `key` behind the policy's name: what the store keeps its buckets
-    /// under (the layer's keys are `name:kind:value`).
-    fn named(&self, key: &str) -> String {
-        let name = self.policy.name();
-        let mut named = String::with_capacity(name.len() + 1 + key.len());
-        named.push_str(name);
-        named.push(':');
-        named.push_str(key);
-        named
-    }
 }
 
 pin_project! {
@@ -474,35 +467,6 @@ where
             *this.cost,
         ))
     }
-}
-
-/// What the fallback's `answer` decides for a store that failed with
-/// `error`.
-fn fell_back(answer: Result<(Decision, Policy), Error>, error: Error) -> Decided {
-    match answer {
-        Ok((decision, policy)) => Decided::Fallback {
-            decision,
-            policy,
-            error,
-        },
-        // The fallback refused the request itself (never a store problem):
-        // answer that, rather than forward it unlimited.
-        Err(refused) if !refused.is_store_error() => Decided::Failed(refused),
-        Err(_) => Decided::Failed(error),
-    }
-}
-
-/// Reports a decision to tracing and metrics.
-fn report(policy: &Policy, key_kind: &str, decided: &Decided) {
-    let outcome = match decided {
-        Decided::Store(d) if d.allowed() => Outcome::Allowed,
-        Decided::Store(_) => Outcome::Limited,
-        Decided::Fallback { decision, .. } if decision.allowed() => Outcome::FallbackAllowed,
-        Decided::Fallback { .. } => Outcome::FallbackLimited,
-        Decided::Failed(e) if e.is_store_error() => Outcome::StoreError,
-        Decided::Failed(_) => Outcome::Limited,
-    };
-    observe::decision(policy.name(), key_kind, outcome);
 }
 
 #[cfg(test)]
