@@ -21,14 +21,14 @@ use http::request::Parts;
 use http::{Extensions, HeaderMap, Request, Response};
 
 use super::config::Config;
-use super::decide::{ask, outcome};
+use super::decide::{ask_store, outcome};
 use super::dyn_key::BoxFuture;
 use super::grpc;
 use super::http_answer;
 use super::media;
 use super::options::HeaderStyle;
 use super::outcome::{After, Answer, Delayed};
-use super::prepare::{Ask, Prepared, prepare};
+use super::prepare::{KeyedRequest, Prepared, prepare};
 use super::report::shadow_report;
 use crate::decision::Decision;
 use crate::limiter::Decided;
@@ -75,9 +75,10 @@ pub(crate) fn in_call<B>(config: &Arc<Config>, req: Request<B>) -> InCall<B> {
     let (parts, body) = req.into_parts();
     match now(config, &parts) {
         Now::Decided(result) => decided(config, Request::from_parts(parts, body), result),
-        Now::Unsent(ask, unsent) => {
-            InCall::Later(Box::pin(send(Arc::clone(config), parts, ask, unsent)), body)
-        }
+        Now::Unsent(request, unsent) => InCall::Later(
+            Box::pin(send(Arc::clone(config), parts, request, unsent)),
+            body,
+        ),
         Now::Wait => InCall::Later(Box::pin(check_later(Arc::clone(config), parts)), body),
     }
 }
@@ -98,7 +99,7 @@ enum Now {
     /// Decided: forward (`Ok`) or answer (`Err`).
     Decided(Result<After, Answer>),
     /// The key is known, the store has to be asked: [`send`] it.
-    Unsent(Ask<'static>, Unsent),
+    Unsent(KeyedRequest<'static>, Unsent),
     /// Something has to be awaited (an extractor whose future waits, delay
     /// mode): [`check_later`] does it all.
     Wait,
@@ -126,15 +127,15 @@ fn now(config: &Config, parts: &Parts) -> Now {
     };
     match prepared {
         Prepared::Early(result) => Now::Decided(result),
-        Prepared::Ask(ask) => {
-            let decided = ask.with_key(|key| {
+        Prepared::Keyed(request) => {
+            let decided = request.with_key(|key| {
                 config
                     .limiter
-                    .decide_now(key, &ask.kind, &ask.policy, ask.cost)
+                    .decide_now(key, &request.kind, &request.policy, request.cost)
             });
             match decided {
-                Ok(decided) => Now::Decided(outcome(config, ask, decided, None)),
-                Err(unsent) => Now::Unsent(ask.into_owned(), unsent),
+                Ok(decided) => Now::Decided(outcome(config, request, decided, None)),
+                Err(unsent) => Now::Unsent(request.into_owned(), unsent),
             }
         }
     }
@@ -144,17 +145,17 @@ fn now(config: &Config, parts: &Parts) -> Now {
 pub(super) async fn send(
     config: Arc<Config>,
     mut parts: Parts,
-    ask: Ask<'static>,
+    request: KeyedRequest<'static>,
     unsent: Unsent,
 ) -> Checked {
     // The limiter's named future, awaited here: an `async fn` in between
     // would keep a copy of its arguments in this boxed future while it waits.
-    let key = ask.key();
+    let key = request.key();
     let decided = config
         .limiter
-        .send(unsent, &key, &ask.kind, &ask.policy, ask.cost)
+        .send(unsent, &key, &request.kind, &request.policy, request.cost)
         .await;
-    let result = outcome(&config, ask, decided, None);
+    let result = outcome(&config, request, decided, None);
     let verdict = verdict(&config, &mut parts, result);
     Checked { parts, verdict }
 }
@@ -162,23 +163,23 @@ pub(super) async fn send(
 /// The whole check, awaiting whatever has to be awaited: an extractor whose
 /// future waits, and delay mode's hold.
 pub(super) async fn check_later(config: Arc<Config>, mut parts: Parts) -> Checked {
-    let (result, hold) = match prepare(&config, &parts, true).await {
+    let (result, slot) = match prepare(&config, &parts, true).await {
         Prepared::Early(result) => (result, None),
-        Prepared::Ask(ask) => {
-            let (decided, hold) = self::ask(&config, &ask).await;
-            let delayed = hold.as_ref().map(|h| Delayed::new(h.wait));
-            (outcome(&config, ask, decided, delayed), hold)
+        Prepared::Keyed(request) => {
+            let (decided, slot) = ask_store(&config, &request).await;
+            let delayed = slot.as_ref().map(|s| Delayed::new(s.wait));
+            (outcome(&config, request, decided, delayed), slot)
         }
     };
     let verdict = verdict(&config, &mut parts, result);
     // Delay mode: forward when the reserved tokens are due. Waiting here, in
     // the check, keeps the response future's states as they are: it polls the
     // check until the request may go on. Shadow mode never holds a request.
-    if let Some(hold) = hold
+    if let Some(slot) = slot
         && matches!(verdict, Verdict::Forward(_))
         && !config.shadow
     {
-        tokio::time::sleep(hold.wait).await;
+        tokio::time::sleep(slot.wait).await;
     }
     Checked { parts, verdict }
 }
@@ -218,13 +219,13 @@ fn held(config: &Config, headers: &HeaderMap) -> Option<Result<After, Answer>> {
         HeaderStyle::None => Cow::Borrowed(policy),
         _ => Cow::Owned(policy.thread_copy()),
     };
-    let ask = Ask {
+    let request = KeyedRequest {
         policy,
         kind: Cow::Borrowed(kind),
         value,
         cost: held.cost,
     };
-    Some(outcome(config, ask, Decided::Store(decision), None))
+    Some(outcome(config, request, Decided::Store(decision), None))
 }
 
 /// A value the header's extractor built, made safe as `prepare` makes it

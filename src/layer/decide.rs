@@ -11,17 +11,17 @@ use tokio::sync::OwnedSemaphorePermit;
 use super::config::Config;
 use super::options::OnStoreError;
 use super::outcome::{After, Answer, Deferred, Delayed, Marks, StoreFailure};
-use super::prepare::{Ask, bucket_key, too_costly};
+use super::prepare::{KeyedRequest, bucket_key, too_costly};
 use super::settle::{By, Ticket};
 use crate::decision::Decision;
 use crate::error::Error;
 use crate::limiter::Decided;
 use crate::policy::Policy;
 
-/// A request admitted ahead of its tokens (delay mode): held for `wait`,
-/// taking one of the layer's slots until it is forwarded, or until the
-/// request is dropped (a client that went away), whichever comes first.
-pub(super) struct Hold {
+/// What delay mode holds a request admitted ahead of its tokens with: its
+/// `wait`, and one of the layer's slots, taken until the request is
+/// forwarded or dropped (a client that went away), whichever comes first.
+pub(super) struct DelaySlot {
     pub(super) wait: Duration,
     _slot: OwnedSemaphorePermit,
 }
@@ -30,16 +30,16 @@ pub(super) struct Hold {
 /// delay mode, once its hold is over), `Err` to answer it.
 pub(super) fn outcome(
     config: &Config,
-    ask: Ask<'_>,
+    request: KeyedRequest<'_>,
     decided: Decided,
     delayed: Option<Delayed>,
 ) -> Result<After, Answer> {
-    let Ask {
+    let KeyedRequest {
         policy,
         kind,
         value,
         cost,
-    } = ask;
+    } = request;
     // An admitted request carries what settles its cost by its response,
     // with its storage key.
     let key = config
@@ -124,11 +124,14 @@ pub(super) fn outcome(
 /// off: admitted if it needs no wait, refused (429) otherwise. So the bound
 /// never refuses a request its bucket admits now, and never holds more. A
 /// free request (cost 0) only looks, and is never held.
-pub(super) async fn ask(config: &Config, ask: &Ask<'_>) -> (Decided, Option<Hold>) {
-    let key = &ask.key();
-    let Ask {
+pub(super) async fn ask_store(
+    config: &Config,
+    request: &KeyedRequest<'_>,
+) -> (Decided, Option<DelaySlot>) {
+    let key = &request.key();
+    let KeyedRequest {
         policy, kind, cost, ..
-    } = ask;
+    } = request;
     let slot = match &config.delay {
         Some(holding) if *cost > 0 => Arc::clone(&holding.slots)
             .try_acquire_owned()
@@ -136,7 +139,7 @@ pub(super) async fn ask(config: &Config, ask: &Ask<'_>) -> (Decided, Option<Hold
             .map(|slot| (holding.delay.max_wait(), slot)),
         _ => None,
     };
-    let Some((max_wait, slot)) = slot else {
+    let Some((max_wait, permit)) = slot else {
         return (config.limiter.decide(key, kind, policy, *cost).await, None);
     };
     // Boxed: delay mode's future is large, and would otherwise be part of
@@ -148,6 +151,9 @@ pub(super) async fn ask(config: &Config, ask: &Ask<'_>) -> (Decided, Option<Hold
     )
     .await;
     // Admitted with tokens due now: nothing to hold, the slot goes back.
-    let hold = (!wait.is_zero()).then_some(Hold { wait, _slot: slot });
-    (decided, hold)
+    let slot = (!wait.is_zero()).then_some(DelaySlot {
+        wait,
+        _slot: permit,
+    });
+    (decided, slot)
 }

@@ -1,5 +1,5 @@
 //! A request before the store is asked: what it asks of the store (its
-//! policy, key and cost, [`Ask`]), and [`prepare`], which finds them.
+//! policy, key and cost, [`KeyedRequest`]), and [`prepare`], which finds them.
 
 use std::borrow::Cow;
 use std::cell::RefCell;
@@ -16,7 +16,7 @@ use crate::store::{in_scratch, into_safe_key};
 
 /// What a request asks of the store: its policy, key and cost; the key
 /// borrowed from the request (`'p`) when it can be.
-pub(crate) struct Ask<'p> {
+pub(crate) struct KeyedRequest<'p> {
     /// Borrowed from the layer's configuration unless a table rule chose it.
     pub(super) policy: Cow<'p, Policy>,
     /// The kind of the key's extractor (for answers and reports), borrowed
@@ -28,17 +28,17 @@ pub(crate) struct Ask<'p> {
 }
 
 thread_local! {
-    /// Where [`Ask::with_key`] writes storage keys: one buffer per thread,
-    /// grown to the longest key it has held, so a check decided at once
-    /// allocates no key of its own.
+    /// Where [`KeyedRequest::with_key`] writes storage keys: one buffer per
+    /// thread, grown to the longest key it has held, so a check decided at
+    /// once allocates no key of its own.
     static KEY: RefCell<String> = const { RefCell::new(String::new()) };
 }
 
-impl Ask<'_> {
+impl KeyedRequest<'_> {
     /// The same, owning its key: for a check that outlives the request
     /// head's borrow.
-    pub(super) fn into_owned(self) -> Ask<'static> {
-        Ask {
+    pub(super) fn into_owned(self) -> KeyedRequest<'static> {
+        KeyedRequest {
             policy: Cow::Owned(self.policy.into_owned()),
             kind: Cow::Owned(self.kind.into_owned()),
             value: Cow::Owned(self.value.into_owned()),
@@ -72,7 +72,7 @@ pub(super) enum Prepared<'p> {
     /// Decided without the store: `Ok` forwards (exempt, or no key and
     /// missing keys are allowed), `Err` answers.
     Early(Result<After, Answer>),
-    Ask(Ask<'p>),
+    Keyed(KeyedRequest<'p>),
 }
 
 /// Chooses the policy, extracts the key (without waiting unless `wait`: a
@@ -127,7 +127,7 @@ pub(super) async fn prepare<'p>(config: &'p Config, parts: &'p Parts, wait: bool
         Cow::Borrowed(value) => Cow::Borrowed(value),
         Cow::Owned(value) => Cow::Owned(into_safe_key(value)),
     };
-    Prepared::Ask(Ask {
+    Prepared::Keyed(KeyedRequest {
         policy,
         kind,
         value,
