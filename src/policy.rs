@@ -167,6 +167,26 @@ impl Policy {
         &self.inner.name
     }
 
+    /// Writes the key a store keeps `parts`' buckets under to `out`: the
+    /// policy's name, then each part, `:` before each (`name:key` for a
+    /// [`RateLimiter`](crate::RateLimiter), `name:kind:value` for a layer).
+    /// The one place the format is written.
+    pub(crate) fn write_key(&self, out: &mut String, parts: &[&str]) {
+        out.push_str(self.name());
+        for part in parts {
+            out.push(':');
+            out.push_str(part);
+        }
+    }
+
+    /// [`write_key`](Self::write_key) to a new string of the right size.
+    pub(crate) fn key_of(&self, parts: &[&str]) -> String {
+        let len = parts.iter().map(|p| p.len() + 1).sum::<usize>();
+        let mut key = String::with_capacity(self.name().len() + len);
+        self.write_key(&mut key, parts);
+        key
+    }
+
     /// Whether a quota of this policy changed to other figures over its
     /// period carries its buckets over (see
     /// [`PolicyTable::swap`](crate::layer::PolicyTable::swap)): true for a

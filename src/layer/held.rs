@@ -1,7 +1,7 @@
 //! What a layer needs to decide a request whose key its store holds (a
 //! memory store's key, or a Redis store's key with a lease that pays) in
 //! the service's `call`, for less than the general check (see
-//! `check::check_held`): built with the layer, for a configuration that
+//! `check::held`): built with the layer, for a configuration that
 //! allows it.
 
 use crate::decision::Decision;
@@ -9,12 +9,12 @@ use crate::key::Header;
 use crate::policy::Policy;
 use crate::store::HeldKeys;
 
-/// A layer that can use `check::check_held`: one policy of one quota, a
+/// A layer that can use `check::held`: one policy of one quota, a
 /// fixed cost, a [`Header`] key, a memory store or a Redis store whose
 /// leases pay on the policy, and nothing that waits, chooses or settles (no
 /// policy closure or table, no delay, shadow or settle mode).
 ///
-/// In the order `check_held` reads it (`repr(C)`, see `Config`).
+/// In the order `check::held` reads it (`repr(C)`, see `Config`).
 #[derive(Clone)]
 #[repr(C)]
 pub(crate) struct Held {

@@ -389,7 +389,7 @@ impl RateLimitLayer {
     }
 }
 
-/// What `check::check_held` needs, when `config` allows it (see [`Held`]).
+/// What `check::held` needs, when `config` allows it (see [`Held`]).
 fn held(config: &Config) -> Option<Held> {
     if config.select.is_some() || config.delay.is_some() || config.settle.is_some() || config.shadow
     {
@@ -400,8 +400,8 @@ fn held(config: &Config) -> Option<Held> {
     };
     let header = config.key.header()?.clone();
     let policy = config.limiter.policy();
-    // The storage key is `name:kind:value` (see `check::bucket_key`).
-    let start = format!("{}:{}:", policy.name(), config.key.name());
+    // The storage keys' start: `name:kind:`, before every value.
+    let start = policy.key_of(&[config.key.name(), ""]);
     let keys = config.limiter.store().held_keys(&start, policy, cost)?;
     Some(Held { header, keys })
 }

@@ -9,8 +9,9 @@
 #![doc = include_str!("../docs/stacking.md")]
 
 // A one-way stack; each file imports only from files to its left:
-// headers -> dyn_key -> options -> settle -> config -> outcome -> report ->
-// (http_answer | grpc) -> check, then body -> future -> service -> layer; and
+// headers -> media -> dyn_key -> options -> settle -> config -> outcome -> report ->
+// (http_answer | grpc) -> prepare -> decide -> check, then body -> future ->
+// service -> layer; and
 // the policy tables, options -> rule_key -> (grpc) -> rule -> table ->
 // (table_file) -> layer.
 // tests/layout.rs checks that no file of src/ imports, directly or not, a
@@ -19,6 +20,7 @@ mod bodies;
 mod body;
 mod check;
 mod config;
+mod decide;
 mod dyn_key;
 mod future;
 mod grpc;
@@ -27,8 +29,10 @@ mod held;
 mod http_answer;
 #[allow(clippy::module_inception)]
 mod layer;
+mod media;
 mod options;
 mod outcome;
+mod prepare;
 mod report;
 mod rule;
 mod rule_key;
@@ -38,6 +42,8 @@ mod settle;
 mod table;
 #[cfg(feature = "serde")]
 mod table_file;
+#[cfg(test)]
+mod tests;
 
 #[cfg(feature = "axum")]
 pub use bodies::AxumBody;

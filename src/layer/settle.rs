@@ -7,13 +7,12 @@ use std::sync::Arc;
 
 use http::{HeaderMap, HeaderValue, StatusCode};
 
-use super::grpc::{Grpc, media_type};
+use super::media::{Grpc, media_type};
 use crate::decision::Decision;
 use crate::limiter::RateLimiter;
 use crate::observe;
 use crate::policy::Policy;
 use crate::quota::MAX_EXACT;
-use crate::store::bucket::signed;
 /// What a response does to the cost its request was charged (see
 /// [`RateLimitLayer::settle`](super::RateLimitLayer::settle)).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -238,8 +237,7 @@ impl Ticket {
                 None => false,
             },
             By::Store => {
-                if let Some(memory) = limiter.store().as_memory() {
-                    memory.adjust_now(&key, &policy, delta);
+                if limiter.store().adjust_at_once(&key, &policy, delta) {
                     observe::settled(policy.name(), delta);
                     return true;
                 }
@@ -309,6 +307,11 @@ pub(crate) fn settle_now(
     }
     let charged = (*ticket).settle(&ResponseHead::new(status, headers, None));
     (None, charged)
+}
+
+/// `v` as a signed count of tokens (at most `i64::MAX`).
+fn signed(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
 }
 
 #[cfg(test)]

@@ -61,6 +61,20 @@ pub(crate) enum Unsent {
 }
 
 impl AnyStore {
+    /// Adjusts `key`'s buckets by `delta` tokens at once when this store
+    /// can (a memory store: true); false, having done nothing, for a store
+    /// that has to be asked.
+    pub(crate) fn adjust_at_once(&self, key: &str, policy: &Policy, delta: i64) -> bool {
+        match &self.inner {
+            Inner::Memory(store) => {
+                store.adjust_now(key, policy, delta);
+                true
+            }
+            #[cfg(feature = "redis")]
+            Inner::Redis(_) => false,
+        }
+    }
+
     /// [`Store::check`] as far as it goes without waiting: the decision (a
     /// memory store's, or a Redis store's deny cache), or what is left to
     /// send with [`send_unsent`](Self::send_unsent). Nothing is sent to a
@@ -74,11 +88,7 @@ impl AnyStore {
         match &self.inner {
             Inner::Memory(store) => Ok(store.check_now(key, policy, cost)),
             #[cfg(feature = "redis")]
-            Inner::Redis(store) => match store.check_now(key, policy, cost) {
-                Ok(Ok(decision)) => Ok(Ok(decision)),
-                Ok(Err(keys)) => Err(Unsent::Redis(keys)),
-                Err(error) => Ok(Err(error)),
-            },
+            Inner::Redis(store) => store.check_now(key, policy, cost).map_err(Unsent::Redis),
         }
     }
 

@@ -98,4 +98,9 @@ impl HeldKeys {
     pub(crate) fn fresh(&self) -> bool {
         matches!(self.at, At::Memory(..))
     }
+
+    /// The cost of every check.
+    pub(crate) fn cost(&self) -> u64 {
+        self.cost
+    }
 }

@@ -13,8 +13,6 @@
 
 use sha2::{Digest, Sha256};
 use std::borrow::Cow;
-use std::cell::RefCell;
-use std::thread::LocalKey;
 
 /// Longest client key kept verbatim; longer ones are hashed.
 pub const MAX_RAW_KEY_LEN: usize = 96;
@@ -35,39 +33,6 @@ pub fn safe_key_bytes(key: &[u8]) -> String {
         Ok(s) if is_safe(key) => s.to_owned(),
         _ => hashed(key),
     }
-}
-
-/// [`safe_key`] of an owned key: the key itself when it is safe, without a
-/// copy.
-pub(crate) fn into_safe_key(key: String) -> String {
-    if is_safe(key.as_bytes()) {
-        key
-    } else {
-        hashed(key.as_bytes())
-    }
-}
-
-/// Runs `f` on the string `write` makes, written into `buffer`: one per
-/// thread, grown to the longest string it has held, so a check that needs a
-/// key only for the length of `f` allocates none. Should `f` use the same
-/// buffer itself, its string goes on the heap.
-pub(crate) fn in_scratch<R>(
-    buffer: &'static LocalKey<RefCell<String>>,
-    write: impl Fn(&mut String),
-    f: impl FnOnce(&str) -> R,
-) -> R {
-    buffer.with(|buffer| match buffer.try_borrow_mut() {
-        Ok(mut scratch) => {
-            scratch.clear();
-            write(&mut scratch);
-            f(&scratch)
-        }
-        Err(_) => {
-            let mut own = String::new();
-            write(&mut own);
-            f(&own)
-        }
-    })
 }
 
 /// Whether `key` is its own storage-safe form ([`safe_key`] keeps it as it is).

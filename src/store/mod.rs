@@ -87,7 +87,6 @@ pub use contract::Store;
 pub use deny_cache::DEFAULT_DENY_CACHE;
 pub(crate) use held_keys::HeldKeys;
 pub use key::{MAX_RAW_KEY_LEN, hashed_key, safe_key, safe_key_bytes};
-pub(crate) use key::{in_scratch, into_safe_key};
 pub use memory::{DEFAULT_MAX_KEYS, MemoryStore};
 #[cfg(feature = "redis")]
 pub use redis::{

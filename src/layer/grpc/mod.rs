@@ -14,6 +14,7 @@ use http::Response;
 use http::request::Parts;
 
 use super::headers::{STORE_RETRY_AFTER, ceil_millis};
+use super::media::{Grpc, flavor};
 use super::options::HeaderStyle;
 use super::outcome::{Answer, StoreFailure};
 use super::report::add_report;
@@ -29,7 +30,6 @@ mod status;
 
 pub use status::GRPC_RETRY_PUSHBACK_MS;
 use status::{Code, Pushback, trailers_only};
-pub(crate) use status::{Grpc, flavor, media_type};
 
 /// True when `parts` is a gRPC call: a `POST` with a gRPC media type,
 /// `application/grpc`, `application/grpc-web` or `application/grpc-web-text`

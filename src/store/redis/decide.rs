@@ -110,8 +110,10 @@ impl RedisStore {
         key: &str,
         policy: &Policy,
         cost: u64,
-    ) -> Result<Result<Decision, Vec<String>>, Error> {
-        validate(policy, cost)?;
+    ) -> Result<Result<Decision, Error>, Vec<String>> {
+        if let Err(err) = validate(policy, cost) {
+            return Ok(Err(err));
+        }
         if cost > 0
             && let Some(decision) = self.leased(key, policy, cost)
         {
@@ -126,8 +128,8 @@ impl RedisStore {
         if let Some(retry_in) = self.inner.breaker.refusing() {
             let err = Error::CircuitOpen { retry_in };
             observe::store_error(STORE, &err, &self.inner.errors);
-            return Err(err);
+            return Ok(Err(err));
         }
-        Ok(Err(keys))
+        Err(keys)
     }
 }

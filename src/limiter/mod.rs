@@ -16,6 +16,16 @@ use crate::policy::Policy;
 use crate::quota::Quota;
 use crate::store::bucket::signed;
 use crate::store::{AnyStore, Store, Unsent};
+
+/// A check [`RateLimiter::decide_now`] could not answer at once: what is
+/// left to [`send`](RateLimiter::send).
+pub(crate) struct ToSend(Unsent);
+
+mod decided;
+
+pub(crate) use decided::Decided;
+use decided::{fell_back, report};
+
 /// Checks keys against a [`Policy`] (one quota or several) in a store.
 ///
 /// Takes any store ([`MemoryStore`](crate::MemoryStore),
@@ -60,23 +70,6 @@ pub struct RateLimiter {
     store: AnyStore,
     policy: Policy,
     fallback: Option<Fallback>,
-}
-
-/// How a check ended, for callers that need more than `Result<Decision>`.
-#[derive(Debug)]
-pub(crate) enum Decided {
-    /// The store decided.
-    Store(Decision),
-    /// The store failed with `error`; the fallback decided, under `policy`
-    /// (the quotas scaled to this instance's share).
-    Fallback {
-        decision: Decision,
-        policy: Policy,
-        error: Error,
-    },
-    /// No decision: the store failed (and the fallback too, if any), or the
-    /// cost can never be admitted.
-    Failed(Error),
 }
 
 impl RateLimiter {
@@ -138,197 +131,6 @@ impl RateLimiter {
             Decided::Store(decision) | Decided::Fallback { decision, .. } => Ok(decision),
             Decided::Failed(error) => Err(error),
         }
-    }
-
-    /// A check under `policy` (the layer chooses one per request), falling back
-    /// when the store fails, and reported to tracing and metrics under
-    /// `key_kind` (never the key itself).
-    pub(crate) async fn decide(
-        &self,
-        key: &str,
-        key_kind: &str,
-        policy: &Policy,
-        cost: u64,
-    ) -> Decided {
-        match self.decide_now(key, key_kind, policy, cost) {
-            Ok(decided) => decided,
-            // Boxed: a Redis call's future would otherwise grow every
-            // check's future, the memory store's too.
-            Err(unsent) => Box::pin(self.decide_unsent(unsent, key, key_kind, policy, cost)).await,
-        }
-    }
-
-    /// [`decide`](Self::decide) as far as it goes without waiting: the
-    /// decision when the store has it at once (a memory store; a Redis
-    /// store's deny cache), else what is left to send with
-    /// [`decide_unsent`](Self::decide_unsent). Nothing has been sent then.
-    pub(crate) fn decide_now(
-        &self,
-        key: &str,
-        key_kind: &str,
-        policy: &Policy,
-        cost: u64,
-    ) -> Result<Decided, Unsent> {
-        let result = self.store.check_now(key, policy, cost)?;
-        // A decision made at once by a store that has to be asked otherwise is
-        // a remembered denial: the store did not answer, so a fallback that
-        // decides while it fails goes on deciding.
-        let fresh = self.store.as_memory().is_some();
-        Ok(self.settle(result, fresh, key, key_kind, policy, cost))
-    }
-
-    /// Sends what [`decide_now`](Self::decide_now) left, and decides.
-    pub(crate) async fn decide_unsent(
-        &self,
-        unsent: Unsent,
-        key: &str,
-        key_kind: &str,
-        policy: &Policy,
-        cost: u64,
-    ) -> Decided {
-        self.send(unsent, key, key_kind, policy, cost).await
-    }
-
-    /// What [`decide_now`](Self::decide_now) left, as one named future that
-    /// owns the rest of the check: the store's own future (nothing sent
-    /// until it is polled), then the fallback and the reports. The layer
-    /// boxes this for a request it could not decide in `call`; a named
-    /// future keeps no copy of the arguments beside the store's.
-    pub(crate) fn send<'a>(
-        &'a self,
-        unsent: Unsent,
-        key: &'a str,
-        key_kind: &'a str,
-        policy: &'a Policy,
-        cost: u64,
-    ) -> Pending<'a, impl Future<Output = Result<(Decision, u64), Error>> + Send + 'a> {
-        Pending {
-            sent: self.store.send_unsent(unsent, policy, cost),
-            limiter: self,
-            key,
-            key_kind,
-            policy,
-            cost,
-        }
-    }
-
-    /// What [`settle`](Self::settle) does with a decision a store made at
-    /// once for the layer: a decision `fresh` from the store (a memory
-    /// store's, not a Redis store's from a hold) ends the fallback's
-    /// outage, and every decision is reported.
-    pub(crate) fn answered(
-        &self,
-        decision: &Decision,
-        policy: &Policy,
-        key_kind: &str,
-        fresh: bool,
-    ) {
-        if fresh && let Some(fallback) = &self.fallback {
-            fallback.store_answered();
-        }
-        let outcome = if decision.allowed() {
-            Outcome::Allowed
-        } else {
-            Outcome::Limited
-        };
-        observe::decision(policy.name(), key_kind, outcome);
-    }
-
-    /// The store's answer, with the fallback deciding when the store failed,
-    /// reported to tracing and metrics. `fresh`: the store itself answered
-    /// (not a denial it remembered), so a fallback that was deciding stops.
-    fn settle(
-        &self,
-        result: Result<Decision, Error>,
-        fresh: bool,
-        key: &str,
-        key_kind: &str,
-        policy: &Policy,
-        cost: u64,
-    ) -> Decided {
-        let decided = match result {
-            Ok(decision) => {
-                if fresh && let Some(fallback) = &self.fallback {
-                    fallback.store_answered();
-                }
-                Decided::Store(decision)
-            }
-            Err(error) if error.is_store_error() => match &self.fallback {
-                Some(fallback) => match fallback.check(key, policy, cost, &error) {
-                    Ok((decision, policy)) => Decided::Fallback {
-                        decision,
-                        policy,
-                        error,
-                    },
-                    // The fallback refused the request itself (never a store
-                    // problem): answer that, rather than forward it unlimited.
-                    Err(refused) if !refused.is_store_error() => Decided::Failed(refused),
-                    Err(_) => Decided::Failed(error),
-                },
-                None => Decided::Failed(error),
-            },
-            Err(error) => Decided::Failed(error),
-        };
-        report(policy, key_kind, &decided);
-        decided
-    }
-
-    /// A reservation under `policy` that may wait up to `max_wait` (the
-    /// layer's delay mode), falling back and reported like
-    /// [`decide`](Self::decide). The wait comes back with the decision: how
-    /// long until the reserved tokens are due when admitted, zero otherwise.
-    pub(crate) async fn decide_within(
-        &self,
-        key: &str,
-        key_kind: &str,
-        policy: &Policy,
-        cost: u64,
-        max_wait: Duration,
-    ) -> (Decided, Duration) {
-        let admitted = |r: &Reservation| {
-            if r.admitted() {
-                r.wait()
-            } else {
-                Duration::ZERO
-            }
-        };
-        let (decided, wait) = match self.store.reserve(key, policy, cost, max_wait).await {
-            Ok(reservation) => {
-                // A reservation that may wait (a microsecond or more, as the
-                // store counts) is never answered from the deny cache: the
-                // store answered.
-                if crate::quota::micros(max_wait) != 0
-                    && let Some(fallback) = &self.fallback
-                {
-                    fallback.store_answered();
-                }
-                let wait = admitted(&reservation);
-                (Decided::Store(reservation.into_decision()), wait)
-            }
-            Err(error) if error.is_store_error() => match &self.fallback {
-                Some(fallback) => match fallback.reserve(key, policy, cost, max_wait, &error).await
-                {
-                    Ok((reservation, policy)) => {
-                        let wait = admitted(&reservation);
-                        let decision = reservation.into_decision();
-                        let decided = Decided::Fallback {
-                            decision,
-                            policy,
-                            error,
-                        };
-                        (decided, wait)
-                    }
-                    Err(refused) if !refused.is_store_error() => {
-                        (Decided::Failed(refused), Duration::ZERO)
-                    }
-                    Err(_) => (Decided::Failed(error), Duration::ZERO),
-                },
-                None => (Decided::Failed(error), Duration::ZERO),
-            },
-            Err(error) => (Decided::Failed(error), Duration::ZERO),
-        };
-        report(policy, key_kind, &decided);
-        (decided, wait)
     }
 
     /// Reserves `cost` tokens, possibly ahead of their refill, if they are all
@@ -463,12 +265,172 @@ impl RateLimiter {
     /// `key` behind the policy's name: what the store keeps its buckets
     /// under (the layer's keys are `name:kind:value`).
     fn named(&self, key: &str) -> String {
-        let name = self.policy.name();
-        let mut named = String::with_capacity(name.len() + 1 + key.len());
-        named.push_str(name);
-        named.push(':');
-        named.push_str(key);
-        named
+        self.policy.key_of(&[key])
+    }
+}
+
+/// Deciding a check for [`RateLimiter::check`] and the layer: the store
+/// first, its fallback while it fails, each decision reported.
+impl RateLimiter {
+    /// A check under `policy` (the layer chooses one per request), falling back
+    /// when the store fails, and reported to tracing and metrics under
+    /// `key_kind` (never the key itself).
+    pub(crate) async fn decide(
+        &self,
+        key: &str,
+        key_kind: &str,
+        policy: &Policy,
+        cost: u64,
+    ) -> Decided {
+        match self.decide_now(key, key_kind, policy, cost) {
+            Ok(decided) => decided,
+            // Boxed: a Redis call's future would otherwise grow every
+            // check's future, the memory store's too.
+            Err(unsent) => Box::pin(self.send(unsent, key, key_kind, policy, cost)).await,
+        }
+    }
+
+    /// [`decide`](Self::decide) as far as it goes without waiting: the
+    /// decision when the store has it at once (a memory store; a Redis
+    /// store's deny cache), else what is left to [`send`](Self::send).
+    /// Nothing has been sent then.
+    pub(crate) fn decide_now(
+        &self,
+        key: &str,
+        key_kind: &str,
+        policy: &Policy,
+        cost: u64,
+    ) -> Result<Decided, ToSend> {
+        let result = self.store.check_now(key, policy, cost).map_err(ToSend)?;
+        // A decision made at once by a store that has to be asked otherwise is
+        // a remembered denial: the store did not answer, so a fallback that
+        // decides while it fails goes on deciding.
+        let fresh = self.store.as_memory().is_some();
+        Ok(self.settle(result, fresh, key, key_kind, policy, cost))
+    }
+
+    /// What [`decide_now`](Self::decide_now) left, as one named future that
+    /// owns the rest of the check: the store's own future (nothing sent
+    /// until it is polled), then the fallback and the reports. The layer
+    /// boxes this for a request it could not decide in `call`; a named
+    /// future keeps no copy of the arguments beside the store's.
+    pub(crate) fn send<'a>(
+        &'a self,
+        ToSend(unsent): ToSend,
+        key: &'a str,
+        key_kind: &'a str,
+        policy: &'a Policy,
+        cost: u64,
+    ) -> Pending<'a, impl Future<Output = Result<(Decision, u64), Error>> + Send + 'a> {
+        Pending {
+            sent: self.store.send_unsent(unsent, policy, cost),
+            limiter: self,
+            key,
+            key_kind,
+            policy,
+            cost,
+        }
+    }
+
+    /// What [`settle`](Self::settle) does with a decision a store made at
+    /// once for the layer: a decision `fresh` from the store (a memory
+    /// store's, not a Redis store's from a hold) ends the fallback's
+    /// outage, and every decision is reported.
+    pub(crate) fn answered(
+        &self,
+        decision: &Decision,
+        policy: &Policy,
+        key_kind: &str,
+        fresh: bool,
+    ) {
+        self.store_answered(fresh);
+        let outcome = if decision.allowed() {
+            Outcome::Allowed
+        } else {
+            Outcome::Limited
+        };
+        observe::decision(policy.name(), key_kind, outcome);
+    }
+
+    /// The store itself answered (`fresh`: not a denial it remembered, not
+    /// a hold): a fallback that was deciding stops.
+    fn store_answered(&self, fresh: bool) {
+        if fresh && let Some(fallback) = &self.fallback {
+            fallback.store_answered();
+        }
+    }
+
+    /// The fallback that decides for a store that failed with `error`:
+    /// `None` without one, or for an error that is not the store's (such as
+    /// a cost no bucket can ever hold).
+    fn fallback_for(&self, error: &Error) -> Option<&Fallback> {
+        self.fallback.as_ref().filter(|_| error.is_store_error())
+    }
+
+    /// The store's answer, with the fallback deciding when the store failed,
+    /// reported to tracing and metrics. `fresh`: the store itself answered
+    /// (not a denial it remembered), so a fallback that was deciding stops.
+    fn settle(
+        &self,
+        result: Result<Decision, Error>,
+        fresh: bool,
+        key: &str,
+        key_kind: &str,
+        policy: &Policy,
+        cost: u64,
+    ) -> Decided {
+        let decided = match result {
+            Ok(decision) => {
+                self.store_answered(fresh);
+                Decided::Store(decision)
+            }
+            Err(error) => match self.fallback_for(&error) {
+                Some(fallback) => fell_back(fallback.check(key, policy, cost, &error), error),
+                None => Decided::Failed(error),
+            },
+        };
+        report(policy, key_kind, &decided);
+        decided
+    }
+
+    /// A reservation under `policy` that may wait up to `max_wait` (the
+    /// layer's delay mode), falling back and reported like
+    /// [`decide`](Self::decide). The wait comes back with the decision: how
+    /// long until the reserved tokens are due when admitted, zero otherwise.
+    pub(crate) async fn decide_within(
+        &self,
+        key: &str,
+        key_kind: &str,
+        policy: &Policy,
+        cost: u64,
+        max_wait: Duration,
+    ) -> (Decided, Duration) {
+        // How long until the reserved tokens are due, when admitted.
+        let mut wait = Duration::ZERO;
+        let mut due = |reservation: Reservation| {
+            if reservation.admitted() {
+                wait = reservation.wait();
+            }
+            reservation.into_decision()
+        };
+        let decided = match self.store.reserve(key, policy, cost, max_wait).await {
+            Ok(reservation) => {
+                // A reservation that may wait (a microsecond or more, as the
+                // store counts) is never answered from the deny cache: the
+                // store answered.
+                self.store_answered(crate::quota::micros(max_wait) != 0);
+                Decided::Store(due(reservation))
+            }
+            Err(error) => match self.fallback_for(&error) {
+                Some(fallback) => {
+                    let answer = fallback.reserve(key, policy, cost, max_wait, &error).await;
+                    fell_back(answer.map(|(r, policy)| (due(r), policy)), error)
+                }
+                None => Decided::Failed(error),
+            },
+        };
+        report(policy, key_kind, &decided);
+        (decided, wait)
     }
 }
 
@@ -504,19 +466,6 @@ where
             *this.cost,
         ))
     }
-}
-
-/// Reports a decision to tracing and metrics.
-fn report(policy: &Policy, key_kind: &str, decided: &Decided) {
-    let outcome = match decided {
-        Decided::Store(d) if d.allowed() => Outcome::Allowed,
-        Decided::Store(_) => Outcome::Limited,
-        Decided::Fallback { decision, .. } if decision.allowed() => Outcome::FallbackAllowed,
-        Decided::Fallback { .. } => Outcome::FallbackLimited,
-        Decided::Failed(e) if e.is_store_error() => Outcome::StoreError,
-        Decided::Failed(_) => Outcome::Limited,
-    };
-    observe::decision(policy.name(), key_kind, outcome);
 }
 
 #[cfg(test)]
