@@ -35,7 +35,7 @@ impl Held {
 
     /// Whether the store itself answered (not a hold of a store that is
     /// asked otherwise): a memory store's decision ends a fallback's
-    /// outage, a decision from a hold does not (see `RateLimiter::settle`).
+    /// outage, a decision from a hold does not (see `RateLimiter::conclude`).
     pub(crate) fn fresh(&self) -> bool {
         self.keys.fresh()
     }

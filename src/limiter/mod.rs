@@ -306,7 +306,7 @@ impl RateLimiter {
         // a remembered denial: the store did not answer, so a fallback that
         // decides while it fails goes on deciding.
         let fresh = self.store.as_memory().is_some();
-        Ok(self.settle(result, fresh, key, key_kind, policy, cost))
+        Ok(self.conclude(result, fresh, key, key_kind, policy, cost))
     }
 
     /// What [`decide_now`](Self::decide_now) left, as one named future that
@@ -332,7 +332,7 @@ impl RateLimiter {
         }
     }
 
-    /// What [`settle`](Self::settle) does with a decision a store made at
+    /// What [`conclude`](Self::conclude) does with a decision a store made at
     /// once for the layer: a decision `fresh` from the store (a memory
     /// store's, not a Redis store's from a hold) ends the fallback's
     /// outage, and every decision is reported.
@@ -370,7 +370,7 @@ impl RateLimiter {
     /// The store's answer, with the fallback deciding when the store failed,
     /// reported to tracing and metrics. `fresh`: the store itself answered
     /// (not a denial it remembered), so a fallback that was deciding stops.
-    fn settle(
+    fn conclude(
         &self,
         result: Result<Decision, Error>,
         fresh: bool,
@@ -457,7 +457,7 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Decided> {
         let this = self.project();
         let result = std::task::ready!(this.sent.poll(cx));
-        Poll::Ready(this.limiter.settle(
+        Poll::Ready(this.limiter.conclude(
             result.map(|(decision, _)| decision),
             true,
             this.key,

@@ -94,7 +94,7 @@ impl HeldKeys {
 
     /// Whether the store itself answers (not a hold of a store that is
     /// asked otherwise): a memory store's decision ends a fallback's
-    /// outage, a decision from a hold does not (see `RateLimiter::settle`).
+    /// outage, a decision from a hold does not (see `RateLimiter::conclude`).
     pub(crate) fn fresh(&self) -> bool {
         matches!(self.at, At::Memory(..))
     }

@@ -68,7 +68,7 @@ use crate::policy::Policy;
 use crate::store::breaker::{Admit, Breaker, ProbeGuard};
 
 /// One check waiting for its call.
-pub(crate) struct Pending {
+pub(crate) struct Queued {
     pub(crate) keys: Vec<String>,
     pub(crate) policy: Policy,
     pub(crate) spend: Spend,
@@ -86,7 +86,7 @@ pub(crate) fn gives_back(spend: &Spend) -> bool {
 
 /// The queue of one store.
 pub(crate) struct Queue {
-    pending: Vec<Pending>,
+    pending: Vec<Queued>,
     in_flight: usize,
     window: Window,
 }
@@ -161,14 +161,12 @@ impl Batcher {
     }
 
     fn lock(&self) -> MutexGuard<'_, Queue> {
-        self.queue
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        crate::lock::lock(&self.queue)
     }
 
     /// Queues `check`, or hands it back alone; with a call that may start
     /// (see [`Turn`]) the caller then owns one in-flight slot.
-    pub(crate) fn enqueue(&self, check: Pending) -> Turn {
+    pub(crate) fn enqueue(&self, check: Queued) -> Turn {
         let mut queue = self.lock();
         if queue.in_flight >= queue.window.limit() {
             queue.pending.push(check);
@@ -187,7 +185,7 @@ impl Batcher {
     /// batch, keeping the slot, or `None`, giving it back (also when the
     /// limit fell below the calls in flight: another call is under way and
     /// takes what queues).
-    pub(crate) fn next(&self, round_trip: Option<Duration>) -> Option<Vec<Pending>> {
+    pub(crate) fn next(&self, round_trip: Option<Duration>) -> Option<Vec<Queued>> {
         let mut queue = self.lock();
         if let Some(round_trip) = round_trip {
             let waiting = queue.pending.len();
@@ -219,9 +217,9 @@ impl Batcher {
     /// (see [`Batch::run`](super::encode::Batch::run)), so a check batched
     /// with a refund could not be resent after a broken connection either;
     /// refunds go in calls of their own (several together).
-    fn take(&self, queue: &mut Queue) -> Vec<Pending> {
+    fn take(&self, queue: &mut Queue) -> Vec<Queued> {
         let n = queue.pending.len().min(self.max_batch);
-        let refund = |p: &Pending| gives_back(&p.spend);
+        let refund = |p: &Queued| gives_back(&p.spend);
         let first = queue.pending.first().is_some_and(refund);
         let run = queue
             .pending
@@ -246,10 +244,10 @@ pub(crate) enum Turn {
     Wait,
     /// Handed back: a call may start and no other check waits, so its
     /// caller sends it alone, holding the slot.
-    Own(Pending),
+    Own(Queued),
     /// A call may start and other checks wait: the batch to send now, the
     /// check among them, holding the slot.
-    Batch(Vec<Pending>),
+    Batch(Vec<Queued>),
 }
 
 impl Turn {
@@ -283,7 +281,7 @@ impl Slot {
 
     /// The next batch for this slot, or `None` with the slot given back;
     /// `round_trip`: what the call that ended took, if it succeeded.
-    pub(crate) fn next(&mut self, round_trip: Option<Duration>) -> Option<Vec<Pending>> {
+    pub(crate) fn next(&mut self, round_trip: Option<Duration>) -> Option<Vec<Queued>> {
         let next = self.queue.next(round_trip);
         self.held = next.is_some();
         next
@@ -303,9 +301,9 @@ mod tests {
     use super::*;
     use crate::quota::Quota;
 
-    fn pending(spend: Spend) -> Pending {
+    fn pending(spend: Spend) -> Queued {
         let (reply, _) = oneshot::channel();
-        Pending {
+        Queued {
             keys: vec!["k".to_owned()],
             policy: Policy::from(Quota::per_second(10).unwrap()),
             spend,

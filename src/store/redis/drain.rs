@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use super::batch::{Batcher, Pending, Slot, Turn, gives_back};
+use super::batch::{Batcher, Queued, Slot, Turn, gives_back};
 use super::encode::{Batch, SlotOf, Spend};
 use super::store::{RedisStore, STORE};
 use crate::decision::Decision;
@@ -51,7 +51,7 @@ impl RedisStore {
         }
         let (reply, answered) = oneshot::channel();
         let sent = Instant::now();
-        let check = Pending {
+        let check = Queued {
             keys,
             policy: policy.clone(),
             spend,
@@ -105,7 +105,7 @@ impl RedisStore {
     ) -> CheckResult {
         let (reply, answered) = oneshot::channel();
         let sent = Instant::now();
-        let check = Pending {
+        let check = Queued {
             keys,
             policy: policy.clone(),
             spend,
@@ -169,7 +169,7 @@ impl RedisStore {
     async fn inline(
         &self,
         mut handoff: Handoff<'_>,
-        check: Pending,
+        check: Queued,
         deadline: Instant,
     ) -> CheckResult {
         let once = gives_back(&check.spend);
@@ -215,7 +215,7 @@ impl RedisStore {
     /// Sends `checks`, then whatever queued meanwhile, until `queue` is
     /// empty. `spread`: a cluster node's queue, whose batches may hold
     /// clients of several slots.
-    async fn drain(&self, mut slot: Slot, mut checks: Vec<Pending>, spread: bool) {
+    async fn drain(&self, mut slot: Slot, mut checks: Vec<Queued>, spread: bool) {
         let nodes = self.inner.nodes.as_deref().filter(|_| spread);
         loop {
             if let Some(nodes) = nodes {
@@ -303,7 +303,7 @@ impl RedisStore {
 
     /// Sends one check of a batch on its own, routed by its slot; whether
     /// the store answered it (for a node's probe).
-    async fn alone(&self, check: Pending) -> bool {
+    async fn alone(&self, check: Queued) -> bool {
         if check.reply.is_closed() {
             return false;
         }
@@ -388,7 +388,7 @@ impl Drop for Handoff<'_> {
 /// The script call for `checks`, in order; `spread` for clients in several
 /// slots of one cluster node (see `cluster/nodes.rs`). The checks' keys move into
 /// the batch: [`Batch::take_keys`] hands them back after the call.
-pub(crate) fn batch_of(checks: &mut [Pending], spread: Option<SlotOf>) -> Batch {
+pub(crate) fn batch_of(checks: &mut [Queued], spread: Option<SlotOf>) -> Batch {
     let mut batch = Batch::with_capacity(checks.len(), None, spread);
     for c in checks {
         batch.push(std::mem::take(&mut c.keys), &c.policy, &c.spend);
@@ -400,7 +400,7 @@ pub(crate) fn batch_of(checks: &mut [Pending], spread: Option<SlotOf>) -> Batch 
 /// denials of plain checks go into `denials` first, and a check that spent
 /// forgets the denial cached for its buckets.
 pub(crate) fn answer(
-    checks: Vec<Pending>,
+    checks: Vec<Queued>,
     outcomes: Result<Vec<(Decision, u64)>, Error>,
     denials: Option<&DenyCache>,
 ) {
@@ -522,7 +522,7 @@ mod tests {
         for _ in 0..super::super::window::MIN_IN_FLIGHT {
             let (reply, answered) = tokio::sync::oneshot::channel();
             answers.push(answered);
-            let check = Pending {
+            let check = Queued {
                 keys: vec!["{a}".into()],
                 policy: policy.clone(),
                 spend: Spend::check(1),

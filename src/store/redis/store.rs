@@ -12,7 +12,7 @@ use std::{future::Future, pin::Pin};
 use redis::Value;
 use tokio::time::Instant;
 
-use super::batch::{Batcher, Pending};
+use super::batch::{Batcher, Queued};
 use super::connection::Link;
 use super::encode::SlotOf;
 use super::epoch::ServerEpoch;
@@ -301,7 +301,7 @@ pub(crate) trait PerNode: Send + Sync {
 
     /// Takes out of `checks` those of other clients in the first one's slot:
     /// they go apart, one call each.
-    fn apart(&self, checks: &mut Vec<Pending>) -> Vec<Pending>;
+    fn apart(&self, checks: &mut Vec<Queued>) -> Vec<Queued>;
 
     /// The script for a batch over several slots of one node, and how its
     /// batches find a key's slot.

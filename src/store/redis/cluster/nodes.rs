@@ -84,7 +84,7 @@ impl Nodes {
     }
 
     fn map(&self) -> MutexGuard<'_, Option<Arc<SlotMap>>> {
-        self.map.lock().unwrap_or_else(|p| p.into_inner())
+        crate::lock::lock(&self.map)
     }
 
     /// The queue of the primary that serves `key`'s slot by the last map;
@@ -109,7 +109,7 @@ impl Nodes {
     /// [`end_refresh`](Self::end_refresh), from a drop guard (`refresh.rs`), so
     /// a read whose task never finishes still ends.
     pub(crate) fn begin_refresh(&self, spaced: bool) -> bool {
-        let mut at = self.refreshed_at.lock().unwrap_or_else(|p| p.into_inner());
+        let mut at = crate::lock::lock(&self.refreshed_at);
         let now = Instant::now();
         if spaced && at.is_some_and(|at| now.duration_since(at) < REFRESH_INTERVAL) {
             return false;
@@ -256,9 +256,9 @@ mod tests {
     type Answer = tokio::sync::oneshot::Receiver<Result<(crate::Decision, u64), crate::Error>>;
 
     /// A check of `{a}` and where its answer would go.
-    fn pending() -> (super::super::super::batch::Pending, Answer) {
+    fn pending() -> (super::super::super::batch::Queued, Answer) {
         let (reply, answered) = tokio::sync::oneshot::channel();
-        let check = super::super::super::batch::Pending {
+        let check = super::super::super::batch::Queued {
             keys: vec!["{a}".into()],
             policy: crate::Policy::from(crate::Quota::per_second(1).unwrap()),
             spend: super::super::super::encode::Spend::check(1),

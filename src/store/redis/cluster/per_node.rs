@@ -7,7 +7,7 @@ use std::sync::Arc;
 #[cfg(feature = "test-util")]
 use std::{future::Future, pin::Pin};
 
-use super::super::batch::{Batcher, Pending};
+use super::super::batch::{Batcher, Queued};
 use super::super::encode::SlotOf;
 use super::super::script::Script;
 use super::super::store::{PerNode, RedisStore};
@@ -51,7 +51,7 @@ impl PerNode for Queues {
         refresh::refresh(store, &self.nodes);
     }
 
-    fn apart(&self, checks: &mut Vec<Pending>) -> Vec<Pending> {
+    fn apart(&self, checks: &mut Vec<Queued>) -> Vec<Queued> {
         others_in_first_slot(checks, |c| c.keys.first().map(String::as_str))
     }
 

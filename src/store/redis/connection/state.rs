@@ -63,9 +63,7 @@ pub(super) struct State {
 
 impl Inner {
     pub(super) fn lock(&self) -> MutexGuard<'_, State> {
-        self.state
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        crate::lock::lock(&self.state)
     }
 }
 
