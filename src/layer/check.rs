@@ -69,9 +69,6 @@ pub(crate) enum Verdict {
 /// extensions), or handed on as the one boxed future that decides it.
 #[inline]
 pub(crate) fn in_call<B>(config: &Arc<Config>, req: Request<B>) -> InCall<B> {
-    if let Some(result) = held(config, req.headers()) {
-        return decided(config, req, result);
-    }
     let (parts, body) = req.into_parts();
     match now(config, &parts) {
         Now::Decided(result) => decided(config, Request::from_parts(parts, body), result),
@@ -184,12 +181,38 @@ pub(super) async fn check_later(config: Arc<Config>, mut parts: Parts) -> Checke
     Checked { parts, verdict }
 }
 
-/// A request whose key the store holds so that it decides at once (a
-/// memory store's key, a leasing Redis store's key whose hold pays),
-/// decided for less than [`now`] decides it (the request is not taken
-/// apart, the storage key is not written out), to the same outcome.
-/// `None`, having changed nothing, for every other request (no key, a key
-/// the store does not hold as it is).
+/// The check of a request whose key the store holds so that it decides at
+/// once (a memory store's key, a leasing Redis store's key whose hold
+/// pays), from the service's `call` before [`in_call`]: decided for less
+/// than [`now`] decides it (the request is neither moved nor taken apart,
+/// the storage key is not written out), to the same outcome, with an
+/// admitted request's decision in its extensions: forward it with the
+/// `After` (`Ok`), or answer it (`Err`). `None`, having changed nothing,
+/// for every other request (no key, a key the store does not hold as it
+/// is): check it with [`in_call`].
+#[inline]
+pub(crate) fn held_in_call<B>(
+    config: &Config,
+    req: &mut Request<B>,
+) -> Option<Result<After, Response<Bytes>>> {
+    let result = held(config, req.headers())?;
+    Some(match place(config, req.extensions_mut(), result) {
+        Ok(after) => Ok(after),
+        Err(answer) => Err(refused(config, req, answer)),
+    })
+}
+
+/// The answer to a request [`held_in_call`] refused (out of its way: most
+/// requests are admitted).
+#[cold]
+fn refused<B>(config: &Config, req: &Request<B>, answer: Answer) -> Response<Bytes> {
+    match media::flavor_of(req.method(), req.headers()) {
+        Some(kind) => grpc::render(answer, kind, config.headers),
+        None => http_answer::render(answer, config.headers, &config.rejection),
+    }
+}
+
+/// [`held_in_call`]'s decision, before it is placed.
 fn held(config: &Config, headers: &HeaderMap) -> Option<Result<After, Answer>> {
     let held = config.held.as_ref()?;
     // Once an extractor of this layer (a missing key's fallback) has

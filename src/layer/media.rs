@@ -45,10 +45,15 @@ impl Grpc {
 /// with a bare 429. A `POST` answer is not stored by caches unless it says so,
 /// and every answer of the layer says `no-store`.
 pub(crate) fn flavor(parts: &Parts) -> Option<Grpc> {
-    if parts.method != Method::POST {
+    flavor_of(&parts.method, &parts.headers)
+}
+
+/// [`flavor`] of a request's method and headers.
+pub(crate) fn flavor_of(method: &Method, headers: &http::HeaderMap) -> Option<Grpc> {
+    if method != Method::POST {
         return None;
     }
-    media_type(parts.headers.get(CONTENT_TYPE)?.as_bytes())
+    media_type(headers.get(CONTENT_TYPE)?.as_bytes())
 }
 
 /// The gRPC kind a `content-type` value names: the type before any `;`

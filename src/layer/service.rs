@@ -9,7 +9,7 @@ use http::{Request, Response};
 use tower_service::Service;
 
 use super::bodies::{Bodies, Wrapped};
-use super::check::{InCall, in_call};
+use super::check::{InCall, held_in_call, in_call};
 use super::config::Config;
 use super::future::ResponseFuture;
 
@@ -82,7 +82,16 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+    fn call(&mut self, mut req: Request<ReqBody>) -> Self::Future {
+        // A key the store holds (the common case), decided without moving
+        // the request.
+        if let Some(result) = held_in_call(&self.config, &mut req) {
+            return match result {
+                Ok(after) if after.is_empty() => ResponseFuture::passing(self.inner.call(req)),
+                Ok(after) => ResponseFuture::calling(self.inner.call(req), after),
+                Err(res) => ResponseFuture::answered(res),
+            };
+        }
         match in_call(&self.config, req) {
             // Decided at once (the common case): the service driven to
             // readiness is called right away, or not at all. Each future is
