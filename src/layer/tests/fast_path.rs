@@ -9,7 +9,7 @@ use http::{Request, Response};
 use http_body_util::Full;
 use tower::{Layer, Service, ServiceExt};
 
-use crate::layer::{RateLimitLayer, StoreFailure};
+use crate::layer::RateLimitLayer;
 use crate::quota::Quota;
 use crate::store::MemoryStore;
 
@@ -103,7 +103,7 @@ async fn an_open_circuit_breaker_is_answered_in_call_without_cloning_the_service
         .layer(Counted(Arc::clone(&clones)));
     let failure = |res: &Response<_>| {
         res.extensions()
-            .get::<StoreFailure>()
+            .get::<crate::layer::StoreFailure>()
             .map(|f| matches!(f.error(), crate::Error::CircuitOpen { .. }))
     };
     // The first request goes to Redis (a boxed check that takes the

@@ -54,5 +54,10 @@ mod state;
 
 pub(crate) use conn::{Conn, RESENDS};
 pub(crate) use link::Link;
-pub(crate) use source::{Source, response_timeout};
+pub(crate) use source::Source;
+#[allow(
+    unused_imports,
+    reason = "used by cluster/ when the cluster feature is on"
+)]
+pub(crate) use source::response_timeout;
 pub(crate) use state::Inner;

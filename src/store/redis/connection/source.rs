@@ -34,7 +34,9 @@ pub(crate) enum Source {
     Pool(Pool),
     /// A Redis Cluster (cargo feature `cluster`): the store's own clients,
     /// or the application's cluster pool, whose client resends calls on its
-    /// own (see [`Link::resends`]).
+    /// own (see [`Link::resends`]). Without the feature, `ClusterSource`
+    /// has no values and nothing makes this variant.
+    #[allow(dead_code, reason = "made by cluster/ when the cluster feature is on")]
     Cluster(ClusterSource),
     /// Sentinels, asked for the primary on every connect.
     #[cfg(feature = "sentinel")]
