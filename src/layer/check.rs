@@ -21,7 +21,7 @@ use http::request::Parts;
 use http::{Extensions, HeaderMap, Request, Response};
 
 use super::config::Config;
-use super::decide::{ask_store, outcome};
+use super::decide::{admitted, ask_store, outcome};
 use super::dyn_key::BoxFuture;
 use super::grpc;
 use super::http_answer;
@@ -195,9 +195,10 @@ pub(crate) fn held_in_call<B>(
     config: &Config,
     req: &mut Request<B>,
 ) -> Option<Result<After, Response<Bytes>>> {
-    let result = held(config, req.headers())?;
-    Some(match place(config, req.extensions_mut(), result) {
-        Ok(after) => Ok(after),
+    // As `place` places it: a layer with held keys is not in shadow mode
+    // (see `layer::held`), so a refusal is answered.
+    Some(match held(config, req.headers())? {
+        Ok(after) => Ok(placed(config, req.extensions_mut(), after)),
         Err(answer) => Err(refused(config, req, answer)),
     })
 }
@@ -215,6 +216,7 @@ fn refused<B>(config: &Config, req: &Request<B>, answer: Answer) -> Response<Byt
 /// [`held_in_call`]'s decision, before it is placed.
 fn held(config: &Config, headers: &HeaderMap) -> Option<Result<After, Answer>> {
     let held = config.held.as_ref()?;
+    debug_assert!(!config.shadow, "held keys in shadow mode");
     // Once an extractor of this layer (a missing key's fallback) has
     // waited, every request is decided when its response future is polled.
     if config.waits.happened() {
@@ -242,13 +244,29 @@ fn held(config: &Config, headers: &HeaderMap) -> Option<Result<After, Answer>> {
         HeaderStyle::None => Cow::Borrowed(policy),
         _ => Cow::Owned(policy.thread_copy()),
     };
-    let request = KeyedRequest {
-        policy,
-        kind: Cow::Borrowed(kind),
-        value,
-        cost: held.keys.cost(),
-    };
-    Some(outcome(config, request, Decided::Store(decision), None))
+    if !decision.allowed() {
+        let request = KeyedRequest {
+            policy,
+            kind: Cow::Borrowed(kind),
+            value,
+            cost: held.keys.cost(),
+        };
+        return Some(held_refused(config, request, decision));
+    }
+    // As `outcome` builds it: a layer with held keys settles nothing by
+    // the response and marks nothing (see `layer::held`).
+    Some(Ok(admitted(config, policy, decision, None, None)))
+}
+
+/// [`held`]'s refusal, as [`outcome`] makes it (out of its way: most
+/// requests are admitted).
+#[cold]
+fn held_refused(
+    config: &Config,
+    request: KeyedRequest<'_>,
+    decision: Decision,
+) -> Result<After, Answer> {
+    outcome(config, request, Decided::Store(decision), None)
 }
 
 /// A value the header's extractor built, made safe as `prepare` makes it
@@ -276,11 +294,20 @@ fn place(
     extensions: &mut Extensions,
     result: Result<After, Answer>,
 ) -> Result<After, Answer> {
-    let mut after = match result {
-        Ok(after) => after,
-        Err(answer) if config.shadow => shadow_report(answer, config.headers),
-        Err(answer) => return Err(answer),
-    };
+    match result {
+        Ok(after) => Ok(placed(config, extensions, after)),
+        Err(answer) if config.shadow => Ok(placed(
+            config,
+            extensions,
+            shadow_report(answer, config.headers),
+        )),
+        Err(answer) => Err(answer),
+    }
+}
+
+/// [`place`] for a request that is forwarded.
+#[inline(always)]
+fn placed(config: &Config, extensions: &mut Extensions, mut after: After) -> After {
     if let Some(decision) = after.decision.take() {
         after.decision_in_response = config.decision_in_response;
         let headers = after.headers.is_some();
@@ -297,7 +324,7 @@ fn place(
             extensions.insert(shadow.clone());
         }
     }
-    Ok(after)
+    after
 }
 
 /// Puts an admitted request's decision into its `extensions`, where

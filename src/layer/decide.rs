@@ -60,13 +60,16 @@ pub(super) fn outcome(
         })
     };
     let after = match decided {
-        Decided::Store(decision) if decision.allowed() => After {
-            ticket: ticket(&decision, &policy, By::Store),
-            headers: Deferred::new(config.headers, policy),
-            decision: Some(decision),
-            decision_in_response: false,
-            marks: Marks::new(None, None, delayed),
-        },
+        Decided::Store(decision) if decision.allowed() => {
+            let ticket = ticket(&decision, &policy, By::Store);
+            admitted(
+                config,
+                policy,
+                decision,
+                ticket,
+                Marks::new(None, None, delayed),
+            )
+        }
         Decided::Store(decision) => {
             return Err(Answer::TooMany {
                 policy: policy.into_owned(),
@@ -80,13 +83,11 @@ pub(super) fn outcome(
             decision,
             policy,
             error,
-        } if decision.allowed() => After {
-            ticket: ticket(&decision, &policy, By::Fallback(policy.clone())),
-            headers: Deferred::new(config.headers, Cow::Owned(policy)),
-            decision: Some(decision),
-            decision_in_response: false,
-            marks: Marks::new(Some(StoreFailure::new(error)), None, delayed),
-        },
+        } if decision.allowed() => {
+            let ticket = ticket(&decision, &policy, By::Fallback(policy.clone()));
+            let marks = Marks::new(Some(StoreFailure::new(error)), None, delayed);
+            admitted(config, Cow::Owned(policy), decision, ticket, marks)
+        }
         Decided::Fallback {
             decision, policy, ..
         } => {
@@ -115,6 +116,27 @@ pub(super) fn outcome(
         }
     };
     Ok(after)
+}
+
+/// What an admitted request's response gets: its rate limit fields from
+/// `policy` (in the layer's header style), its `decision`, what settles it
+/// and its marks. The one place an admitted request's [`After`] is built:
+/// [`outcome`] and the held-key path in `check` both build it here.
+#[inline(always)]
+pub(super) fn admitted(
+    config: &Config,
+    policy: Cow<'_, Policy>,
+    decision: Decision,
+    ticket: Option<Box<Ticket>>,
+    marks: Option<Box<Marks>>,
+) -> After {
+    After {
+        ticket,
+        headers: Deferred::new(config.headers, policy),
+        decision: Some(decision),
+        decision_in_response: false,
+        marks,
+    }
 }
 
 /// Asks the store: a check or, in delay mode, a reservation that may wait up

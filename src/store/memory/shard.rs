@@ -260,6 +260,7 @@ impl Shard {
     /// (`hash` its hash), when this shard holds it as it is with `quota`'s
     /// bucket alone: as [`update_found`](Self::update_found) with
     /// [`spend`] would decide it. `None`, having changed nothing, otherwise.
+    #[inline]
     pub(super) fn check_held(
         &mut self,
         hash: u64,
