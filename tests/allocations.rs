@@ -18,7 +18,7 @@ use http::{Request, Response, StatusCode};
 use http_body_util::Full;
 use tollgate::key::Header;
 use tollgate::layer::{HeaderStyle, RateLimitLayer};
-use tollgate::{MemoryStore, Quota};
+use tollgate::{MemoryStore, Quota, RateLimiter};
 use tower::{Layer, Service, ServiceExt};
 
 #[global_allocator]
@@ -86,6 +86,10 @@ const DENIED: f64 = 8.0 + METRICS;
 /// A refusal from a Redis store's deny cache: [`DENIED`], and the list of
 /// the request's bucket keys in Redis (the list and one key per quota), and
 /// with `metrics` the cache hit's counter.
+/// A `RateLimiter::check` of a key seen before, on a memory store: nothing
+/// but its metrics labels (the storage key is not written out).
+const CHECKED: f64 = METRICS;
+
 #[cfg(feature = "redis")]
 const CACHED: f64 = DENIED + 2.0 + if cfg!(feature = "metrics") { 1.0 } else { 0.0 };
 
@@ -123,12 +127,30 @@ async fn requests_decided_at_once_allocate_only_for_their_data_and_the_deny_cach
     println!("per request: inner alone {base}, admitted {admitted}, denied {denied}");
     assert!(denied - base < DENIED + SLACK, "denied: {denied} - {base}");
 
+    a_limiter_check_of_a_known_key_allocates_nothing_of_its_own().await;
     #[cfg(feature = "axum")]
     axum_bodies_save_the_router_a_box_per_response().await;
     #[cfg(feature = "redis")]
     a_denial_from_the_deny_cache_allocates_as_the_memory_store_does(base).await;
     #[cfg(feature = "redis")]
     a_batched_redis_check_allocates_for_its_own_data(base).await;
+}
+
+/// See [`CHECKED`]. (Part of the test above: dhat counts for one test at a
+/// time.)
+async fn a_limiter_check_of_a_known_key_allocates_nothing_of_its_own() {
+    let limiter = RateLimiter::new(MemoryStore::new(), Quota::per_hour(1_000).unwrap());
+    let keys = ["c1", "c2", "c3"];
+    for key in keys {
+        assert!(limiter.check(key, 1).await.unwrap().allowed());
+    }
+    let before = allocated();
+    for i in 0..300 {
+        assert!(limiter.check(keys[i % 3], 1).await.unwrap().allowed());
+    }
+    let checked = (allocated() - before) as f64 / 300.0;
+    println!("per RateLimiter::check: {checked}");
+    assert!(checked < CHECKED + SLACK, "checked: {checked}");
 }
 
 /// An admitted request sent to Redis, batched with others (64 callers at

@@ -1,7 +1,9 @@
 //! [`RateLimiter`]: the engine without tower, for queues, jobs and databases.
 
+use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::OnceLock;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -15,7 +17,7 @@ use crate::observe::{self, Outcome};
 use crate::policy::Policy;
 use crate::quota::Quota;
 use crate::store::bucket::signed;
-use crate::store::{AnyStore, Store, Unsent};
+use crate::store::{AnyStore, HeldKeys, Store, Unsent};
 
 /// A check [`RateLimiter::decide_now`] could not answer at once: what is
 /// left to [`send`](RateLimiter::send).
@@ -64,12 +66,27 @@ use decided::{fell_back, report};
 /// # Ok(())
 /// # }
 /// ```
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 #[must_use]
 pub struct RateLimiter {
     store: AnyStore,
     policy: Policy,
     fallback: Option<Fallback>,
+    /// How [`check`](Self::check) decides one token for a key the store
+    /// holds, made at the first check (`None` inside when the store holds
+    /// no key so, see [`AnyStore::held_keys`]). Made at the first check, not
+    /// here: a memory store numbers only the key starts in use.
+    held: OnceLock<Option<HeldKeys>>,
+}
+
+impl fmt::Debug for RateLimiter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimiter")
+            .field("store", &self.store)
+            .field("policy", &self.policy)
+            .field("fallback", &self.fallback)
+            .finish_non_exhaustive()
+    }
 }
 
 impl RateLimiter {
@@ -80,6 +97,7 @@ impl RateLimiter {
             store: store.into(),
             policy: policy.into(),
             fallback: None,
+            held: OnceLock::new(),
         }
     }
 
@@ -126,6 +144,11 @@ impl RateLimiter {
         // runtime's worker from every other task and timer. Spending tokio's
         // cooperative budget makes such a loop yield now and then.
         tokio::task::coop::consume_budget().await;
+        if cost == 1
+            && let Some(decision) = self.check_held(key)
+        {
+            return Ok(decision);
+        }
         let key = self.named(key);
         match self.decide(&key, "limiter", &self.policy, cost).await {
             Decided::Store(decision) | Decided::Fallback { decision, .. } => Ok(decision),
@@ -266,6 +289,21 @@ impl RateLimiter {
     /// under (the layer's keys are `name:kind:value`).
     fn named(&self, key: &str) -> String {
         self.policy.key_of(&[key])
+    }
+
+    /// [`check`](Self::check) of one token for a key the store holds so
+    /// that it decides at once (a memory store's key, a leasing Redis
+    /// store's key whose hold pays), without writing out its storage key,
+    /// to the decision `decide` would make, reported as it reports it.
+    /// `None`, having changed nothing, for every other key.
+    fn check_held(&self, key: &str) -> Option<Decision> {
+        let held = self
+            .held
+            .get_or_init(|| self.store.held_keys(&self.named(""), &self.policy, 1))
+            .as_ref()?;
+        let decision = held.check_as_is(key, &self.policy)?;
+        self.answered(&decision, &self.policy, "limiter", held.fresh());
+        Some(decision)
     }
 }
 
@@ -473,6 +511,27 @@ mod tests {
     use super::*;
     use crate::store::MemoryStore;
     use tokio::time::Instant;
+
+    /// A check of one token (decided from the key the store holds) spends
+    /// from the bucket every other check, `peek` and `reset` use: the same
+    /// storage key, for a safe key and for keys made safe whole.
+    #[tokio::test(start_paused = true)]
+    async fn a_check_of_one_token_spends_from_the_bucket_every_check_uses() {
+        let policy = Policy::new("api", [Quota::per_hour(10).unwrap()]).unwrap();
+        let limiter = RateLimiter::new(MemoryStore::new(), policy);
+        for key in ["tenant-7", "a b", "#x", "\u{e9}t\u{e9}"] {
+            assert_eq!(limiter.check(key, 2).await.unwrap().remaining(), 8, "{key}");
+            assert_eq!(limiter.check(key, 1).await.unwrap().remaining(), 7, "{key}");
+            assert_eq!(limiter.check(key, 1).await.unwrap().remaining(), 6, "{key}");
+            assert_eq!(limiter.peek(key).await.unwrap().remaining(), 6, "{key}");
+            limiter.reset(key).await.unwrap();
+            assert_eq!(limiter.check(key, 1).await.unwrap().remaining(), 9, "{key}");
+            assert_eq!(limiter.check(key, 3).await.unwrap().remaining(), 6, "{key}");
+            assert_eq!(limiter.check(key, 1).await.unwrap().remaining(), 5, "{key}");
+        }
+        // Every key has a bucket of its own.
+        assert_eq!(limiter.check("other", 1).await.unwrap().remaining(), 9);
+    }
 
     /// A denied check charged nothing: a refund of it gives nothing back,
     /// and a charge of it charges nothing.

@@ -95,6 +95,17 @@ impl HeldKeys {
     /// Whether the store itself answers (not a hold of a store that is
     /// asked otherwise): a memory store's decision ends a fallback's
     /// outage, a decision from a hold does not (see `RateLimiter::conclude`).
+    /// [`check`](Self::check) of a key as its caller gave it, not made
+    /// safe: `None` for a key that is not safe (see `store::key`), whose
+    /// storage key is made safe whole, so it goes the whole way.
+    #[inline]
+    pub(crate) fn check_as_is(&self, key: &str, policy: &Policy) -> Option<Decision> {
+        if !super::key::is_safe(key.as_bytes()) {
+            return None;
+        }
+        self.check(key, policy)
+    }
+
     pub(crate) fn fresh(&self) -> bool {
         matches!(self.at, At::Memory(..))
     }
