@@ -214,6 +214,7 @@ fn refused<B>(config: &Config, req: &Request<B>, answer: Answer) -> Response<Byt
 }
 
 /// [`held_in_call`]'s decision, before it is placed.
+#[inline(always)]
 fn held(config: &Config, headers: &HeaderMap) -> Option<Result<After, Answer>> {
     let held = config.held.as_ref()?;
     debug_assert!(!config.shadow, "held keys in shadow mode");
