@@ -3,7 +3,7 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -74,9 +74,10 @@ pub struct RateLimiter {
     fallback: Option<Fallback>,
     /// How [`check`](Self::check) decides one token for a key the store
     /// holds, made at the first check (`None` inside when the store holds
-    /// no key so, see [`AnyStore::held_keys`]). Made at the first check, not
-    /// here: a memory store numbers only the key starts in use.
-    held: OnceLock<Option<HeldKeys>>,
+    /// no key so, see [`AnyStore::held_keys`]), and shared by clones made
+    /// before it. Made at the first check, not here: a memory store numbers
+    /// only the key starts in use.
+    held: Arc<OnceLock<Option<HeldKeys>>>,
 }
 
 impl fmt::Debug for RateLimiter {
@@ -97,7 +98,7 @@ impl RateLimiter {
             store: store.into(),
             policy: policy.into(),
             fallback: None,
-            held: OnceLock::new(),
+            held: Arc::default(),
         }
     }
 
