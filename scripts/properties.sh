@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The long run of the property tests: the model tests (both stores against an
 # independent model, quota changes included), the reservation and lease
-# models, and the library's own properties, each with CASES generated cases
-# instead of CI's few hundred. Property tests must never be flaky: run this
+# models, the leases of keys seen a few times (tests/leases.rs) and the
+# library's own properties, each with CASES generated cases instead of CI's
+# few hundred. Property tests must never be flaky: run this
 # before trusting a change to the engine.
 #
 #   scripts/properties.sh [CASES] [SERVER]
@@ -22,7 +23,7 @@ fi
 mkdir -p target
 started=$(date +%s)
 PROPTEST_CASES=$cases cargo test --all-features --lib \
-  --test model --test reservation_model --test lease_model 2>&1 |
+  --test model --test reservation_model --test lease_model --test leases 2>  --test model --test reservation_model --test lease_model 2>&1 |1 |
   tee target/properties.log |
   grep -E '^(test |test result|running|thread .* panicked)'
 echo "properties: $cases cases each, $(( $(date +%s) - started )) s"

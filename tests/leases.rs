@@ -194,10 +194,13 @@ async fn a_lease_whose_call_timed_out_is_given_back() {
         }
     }
     assert!(warm, "the store never answered");
-    // A key seen once asks for no lease; seen again within a period, it does.
-    assert!(store.check("k", &policy, 1).await.unwrap().allowed());
+    // A key seen a few times asks for no lease; a fourth check within a
+    // third of a period does.
+    for _ in 0..3 {
+        assert!(store.check("k", &policy, 1).await.unwrap().allowed());
+    }
     assert_eq!(store.lease_stats().requests, 0);
-    // Redis stalls: the second check of `k`, and the lease it asks for, time
+    // Redis stalls: the fourth check of `k`, and the lease it asks for, time
     // out; they run when Redis comes back, and so does what was sent after.
     server.freeze();
     let err = store.check("k", &policy, 1).await.unwrap_err();
@@ -527,4 +530,81 @@ async fn a_layer_spends_held_tokens_as_the_general_path_does() {
         jumps <= stats.requests,
         "{jumps} of {steps} steps were not one token: {stats:?}"
     );
+}
+
+/// Keys seen a few times cost what they cost without leases: random
+/// workloads of keys each checked one to three times (cost 1, in a random
+/// order, each key's checks as close together as the calls allow, under
+/// a random quota that leases pay on) never ask for a lease, so nothing is
+/// held for them in Redis and each check is one decision of the script, as
+/// on a store without leases. A key checked a fourth time then does ask.
+/// `PROPTEST_CASES` scales it (`scripts/properties.sh` runs it long).
+#[test]
+fn keys_seen_a_few_times_are_never_leased() {
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, TestRunner};
+
+    let cases = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(24);
+    let server = RedisServer::start();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let store = runtime.block_on(async { leased(&server, Duration::from_secs(1)) });
+    let case = AtomicU64::new(0);
+    let mut runner = TestRunner::new(Config {
+        cases,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let workload = (
+        prop::collection::vec(1..=3usize, 1..40),
+        any::<u64>(),
+        10..100_000u32,
+    );
+    runner
+        .run(&workload, |(counts, seed, per_second)| {
+            let case = case.fetch_add(1, Ordering::Relaxed);
+            let policy = Policy::from(Quota::per_second(per_second.into()).unwrap());
+            // Each key's checks, shuffled (xorshift from `seed`).
+            let mut order: Vec<usize> = counts
+                .iter()
+                .enumerate()
+                .flat_map(|(k, &n)| std::iter::repeat_n(k, n))
+                .collect();
+            let mut x = seed | 1;
+            for i in (1..order.len()).rev() {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                order.swap(i, (x % (i as u64 + 1)) as usize);
+            }
+            let before = store.lease_stats();
+            runtime.block_on(async {
+                for &k in &order {
+                    let key = format!("c{case}:k{k}");
+                    let decision = store.check(&key, &policy, 1).await.unwrap();
+                    prop_assert!(decision.allowed(), "{key}: {decision:?}");
+                }
+                Ok(())
+            })?;
+            let after = store.lease_stats();
+            prop_assert_eq!(after.requests, before.requests, "{:?}", after);
+            prop_assert_eq!(after.local_decisions, before.local_decisions);
+            prop_assert_eq!(after.held, 0);
+            Ok(())
+        })
+        .unwrap();
+    // The same checks on one key, one more time: it shows demand now.
+    runtime.block_on(async {
+        let policy = Policy::from(Quota::per_second(1_000).unwrap());
+        for _ in 0..4 {
+            assert!(store.check("busy", &policy, 1).await.unwrap().allowed());
+        }
+    });
+    // (Counted when the check asks, before the request is sent.)
+    assert_eq!(store.lease_stats().requests, 1, "{:?}", store.lease_stats());
 }

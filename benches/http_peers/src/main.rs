@@ -263,10 +263,8 @@ mod tollgate_limiter {
         if std::env::var_os("LEASES").is_some() {
             builder = builder.leases(leases);
         }
-        if leases {
-            if let Some(d) = lease_period {
-                builder = builder.lease_period(d);
-            }
+        if leases && let Some(d) = lease_period {
+            builder = builder.lease_period(d);
         }
         let store = builder.build()?;
         eprintln!("peer-server: {store:?}, {breaker:?}");

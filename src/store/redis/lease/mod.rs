@@ -12,6 +12,9 @@
 //! take, so the bucket's bound holds in every window, as without leases.
 //! What leases cost is under-admission, bounded by the holds outstanding.
 //!
+//! - **Demand first:** a key is leased only once it shows demand (about
+//!   three checks a period, see [`DEMAND_TO_LEASE`]); before, and for keys
+//!   seen a few times, checks go to Redis as without leases.
 //! - **Size:** a decayed count of the key's local demand (tokens asked for
 //!   over about one lease period), minus what is still held. Every lease
 //!   also names a roomy size and life ([`ROOMY`] periods, counted as at
@@ -73,6 +76,16 @@ pub const DEFAULT_LEASE_KEYS: usize = 100_000;
 
 /// The fewest tokens worth a lease: below it, checks go to Redis.
 pub(super) const MIN_LEASE: u64 = 2;
+
+/// The demand a key shows before it is leased, in checks of the cost of
+/// the one that would ask: its decayed count of tokens asked for before
+/// that check must be at least this many times its cost. That is three
+/// checks like it within about a third of a lease period, or a steady rate
+/// of about three a period (a rate `r` a period counts about `r + 1/2`).
+/// Keys seen a few times (an API keyed by client address sees many) are
+/// decided in Redis check by check, exactly as without leases, and leave
+/// nothing held there.
+pub(super) const DEMAND_TO_LEASE: f64 = 2.5;
 
 /// The share of the smallest capacity a lease covering [`ROOMY`] periods
 /// holds at most: 1 / this. What such a lease covers is at most that (or

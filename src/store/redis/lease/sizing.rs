@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::entry::Entry;
 use super::errand::{Asked, LeaseRequest};
-use super::{MAX_HOLDS, MIN_LEASE, ROOMY_SHARE};
+use super::{DEMAND_TO_LEASE, MAX_HOLDS, MIN_LEASE, ROOMY_SHARE};
 use crate::store::redis::encode::ROOMY;
 
 /// What sizing a lease needs to know of the map: its lease period.
@@ -30,16 +30,19 @@ impl Sizing {
     ) -> Option<LeaseRequest> {
         // LeaseRequest for the next lease when what is held runs low (see `low`),
         // or the newest hold is in its last quarter.
-        // A key that was not checked within about a period before this
-        // check (a decayed demand under half of this check's cost: no
-        // check in the last 0.7 periods, or a sparse trickle) gets no
-        // lease: a hold it would not spend before its expiry is debited
-        // whole, and a client seen once an hour would lose a lease's
-        // worth of tokens for every request.
+        // A key that has not shown demand gets no lease: one whose decayed
+        // demand before this check is under `DEMAND_TO_LEASE` times this
+        // check's cost (fewer than three checks like it within about a
+        // period, or a sparse trickle). A hold it would not spend before
+        // its expiry is debited whole, so a client seen once an hour would
+        // lose a lease's worth of tokens for every request; and a key
+        // checked once or a few times would cost a lease request, a report
+        // and its holds' room in Redis for the lease's life, where without
+        // leases its bucket is gone once full again.
         if entry.asking
             || entry.holds().len() >= MAX_HOLDS
             || now < entry.quiet_until
-            || prior < cost.max(1) as f64 / 2.0
+            || prior < cost.max(1) as f64 * DEMAND_TO_LEASE
         {
             return None;
         }
