@@ -27,7 +27,7 @@
 //!   call, so the script's clock lies in that interval; the answer must be the
 //!   model's at some time in it, and after an admission the stamp the script
 //!   stored says exactly when, so the model follows the store step by step;
-//! - **tokio's paused clock**: `MemoryStore::check` (its production clock) with
+//! - **tokio's paused clock** (with `test-util`): `MemoryStore::check` (its production clock) with
 //!   the clock advanced by exact microseconds.
 #![cfg(feature = "redis")]
 
@@ -1017,9 +1017,14 @@ fn redis_time_path_with_the_deny_cache_agrees_with_the_model() {
     redis_time_path(true);
 }
 
-/// `MemoryStore::check`, with its production clock (tokio's `Instant`) paused
-/// and advanced by exact microseconds, agrees with the model at every step.
+/// `MemoryStore::check`, with its production clock (tokio's `Instant` with
+/// `test-util`) paused and advanced by exact microseconds, agrees with the
+/// model at every step.
 #[test]
+#[cfg_attr(
+    not(feature = "test-util"),
+    ignore = "MemoryStore follows tokio's clock with `test-util` only"
+)]
 fn memory_paused_clock_path_agrees_with_the_model() {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -66,7 +66,6 @@
 //! denial is simply not cached.
 
 use std::collections::HashMap;
-use std::hash::BuildHasher;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;

@@ -12,12 +12,11 @@
 //! on the heap, and keys of several quotas (or of a quota the shard has no
 //! number left for) their buckets too.
 
-use std::collections::hash_map::RandomState;
-use std::hash::{BuildHasher, Hasher};
 use std::sync::Arc;
 
 use crate::quota::Quota;
 use crate::store::bucket::Level;
+use crate::store::table::Seed;
 
 /// The most bytes of a name, after its known start, an entry holds itself.
 pub(super) const INLINE: usize = 36;
@@ -215,15 +214,11 @@ impl Entry {
         }
     }
 
-    /// The name's hash, with the store's seed (as `hash_key` hashes it
-    /// written out: SipHash of bytes written in pieces is the hash of the
-    /// pieces written at once).
-    pub(super) fn hash(&self, hasher: &RandomState, known: &Known) -> u64 {
+    /// The name's hash, with the store's seed (as the table hashes it
+    /// written out).
+    pub(super) fn hash(&self, seed: &Seed, known: &Known) -> u64 {
         let (a, b) = self.pieces(known);
-        let mut state = hasher.build_hasher();
-        state.write(a);
-        state.write(b);
-        state.finish()
+        seed.hash_pair(a, b)
     }
 
     /// The number of the single bucket's quota, for a key of one bucket.
@@ -513,7 +508,7 @@ mod tests {
     #[test]
     fn a_name_is_its_key_however_it_is_held() {
         let q = Quota::per_second(1).unwrap();
-        let hasher = RandomState::new();
+        let hasher = Seed::default();
         let mut known = Known::default();
         for start in ["a:", "a:b:", "zz:"] {
             known.add_start(Arc::from(start));
@@ -527,11 +522,7 @@ mod tests {
             let entry = Entry::new(&mut known, name, &[q], &[level(1)], 0);
             assert_eq!(entry.is_short(), name != long, "{name}");
             assert_eq!(entry.name(&known), name);
-            assert_eq!(entry.hash(&hasher, &known), {
-                let mut s = hasher.build_hasher();
-                s.write(name.as_bytes());
-                s.finish()
-            });
+            assert_eq!(entry.hash(&hasher, &known), hasher.hash(name.as_bytes()));
             for other in names {
                 assert_eq!(entry.is(&known, other), other == name, "{name} {other}");
                 for (number, start) in

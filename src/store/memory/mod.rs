@@ -3,8 +3,6 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use tokio::time::Instant;
-
 use super::bucket::{Level, adjust, debt_for, spend};
 use super::contract::{Store, validate};
 use super::key::{MAX_RAW_KEY_LEN, is_safe, safe_key};
@@ -16,11 +14,13 @@ use crate::lock::lock;
 use crate::policy::Policy;
 use crate::quota::{Quota, micros};
 
+mod clock;
 mod entry;
 mod shard;
 #[cfg(feature = "test-util")]
 mod test_clock;
 
+use clock::Clock;
 use entry::MAX_KNOWN;
 use shard::{Found, Shard, Write, stamped_ahead, writes};
 
@@ -82,7 +82,11 @@ const MIN_PER_SHARD: usize = 1024;
 ///   is served and limited from its first request. Clients limited by the same
 ///   store under policies of very different rates compare by time: a key a
 ///   few seconds from full goes before one hours from full.
-/// - **Clock:** tokio's [`Instant`], so tests can pause and advance time.
+/// - **Clock:** the CPU's time-stamp counter where it is reliable (as
+///   governor's), the OS's monotonic clock elsewhere: reading
+///   `clock_gettime` would be a third of a check's cost. With the
+///   `test-util` feature, tokio's `Instant`, so tests can pause and advance
+///   time (`tokio::time::pause`).
 ///
 /// Clones share the same buckets.
 ///
@@ -106,7 +110,7 @@ pub struct MemoryStore {
 #[derive(Debug)]
 struct Inner {
     table: Table<Shard>,
-    epoch: Instant,
+    clock: Clock,
     /// The key starts numbered (see [`MemoryStore::key_start`]): every
     /// shard's `known` starts, in the same order.
     starts: Mutex<Vec<Arc<str>>>,
@@ -143,7 +147,7 @@ impl MemoryStore {
         MemoryStore {
             inner: Arc::new(Inner {
                 table: Table::new(shards, max_keys / shards),
-                epoch: Instant::now(),
+                clock: Clock::new(),
                 starts: Mutex::new(Vec::new()),
             }),
         }
@@ -170,8 +174,9 @@ impl MemoryStore {
         }
     }
 
+    #[inline]
     fn now(&self) -> u64 {
-        micros(self.inner.epoch.elapsed())
+        self.inner.clock.now_us()
     }
 
     /// The key's hash (computed once per check) and its shard, locked.

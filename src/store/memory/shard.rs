@@ -2,7 +2,6 @@
 //! and key starts they refer to by number, and the order in which a full
 //! shard forgets them.
 
-use std::collections::hash_map::RandomState;
 use std::collections::{BTreeMap, btree_map};
 
 use hashbrown::HashTable;
@@ -12,7 +11,7 @@ use crate::decision::Decision;
 use crate::policy::Policy;
 use crate::quota::Quota;
 use crate::store::bucket::{Level, spend_one};
-use crate::store::table::{self, KeyStart};
+use crate::store::table::{self, KeyStart, Seed};
 
 /// Writes the `levels` of `quotas` into `entry`'s buckets (`hash` its
 /// hash), and files it again in `order` (its shard's) if it is now full
@@ -148,7 +147,7 @@ impl Shard {
     /// Files the first key of `order` under its current `full_at` until the
     /// first one is current, and returns its place: `(filed_at, hash)`, its
     /// `filed_at` its `full_at` now.
-    fn first_current(&mut self, hasher: &RandomState) -> Option<(u64, u64)> {
+    fn first_current(&mut self, hasher: &Seed) -> Option<(u64, u64)> {
         loop {
             let (&(filed_at, hash), _) = self.order.first_key_value()?;
             let known = &self.known;
@@ -172,7 +171,7 @@ impl Shard {
     }
 
     /// Forgets the key that is full again soonest.
-    pub(super) fn forget_first(&mut self, hasher: &RandomState, now: u64) {
+    pub(super) fn forget_first(&mut self, hasher: &Seed, now: u64) {
         let Some((at, hash)) = self.first_current(hasher) else {
             return;
         };
@@ -199,7 +198,7 @@ impl Shard {
     fn count(&mut self, _refilled: bool) {}
 
     /// Forgets every key whose buckets are full at `now`.
-    pub(super) fn sweep(&mut self, hasher: &RandomState, now: u64) {
+    pub(super) fn sweep(&mut self, hasher: &Seed, now: u64) {
         while self
             .first_current(hasher)
             .is_some_and(|(full_at, _)| full_at <= now)
@@ -295,7 +294,7 @@ impl Shard {
     /// shard does not hold yet (`hash` is the key's).
     pub(super) fn insert(
         &mut self,
-        hasher: &RandomState,
+        hasher: &Seed,
         hash: u64,
         key: &str,
         quotas: &[Quota],
@@ -345,7 +344,7 @@ impl table::Shard for Shard {
 /// An entry filed at `at` whose key hashes to `hash` (the table's probe
 /// meets keys of other hashes too; only those filed at `at` are hashed).
 fn filed_as<'a>(
-    hasher: &'a RandomState,
+    hasher: &'a Seed,
     known: &'a Known,
     at: u64,
     hash: u64,

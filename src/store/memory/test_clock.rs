@@ -12,7 +12,7 @@ use crate::quota::micros;
 impl MemoryStore {
     /// `check` at an explicit microsecond clock (counted from the store's
     /// creation), for tests that control time (cargo feature `test-util`).
-    /// Production code uses [`Store::check`](crate::Store::check), whose clock is tokio's `Instant`.
+    /// Production code uses [`Store::check`](crate::Store::check), whose clock is the store's own (tokio's `Instant` with this feature).
     pub fn check_at(
         &self,
         key: &str,

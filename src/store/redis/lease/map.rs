@@ -1,6 +1,5 @@
 //! [`Leases`]: the lease map of one store, and a check decided from a hold.
 
-use std::hash::BuildHasher;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -227,10 +226,10 @@ impl Leases {
             return None;
         }
         let now = self.now();
-        // SipHash over bytes written in pieces is the hash of the pieces
-        // written at once (std's, today; were it not, a held key would
-        // only never be found here: `is_split` compares the bytes, and the
-        // check goes the general way, see the test of every split).
+        // The start and the value hash as the name written out (see
+        // `table::Seed`; were they not, a held key would only never be
+        // found here: `is_split` compares the bytes, and the check goes the
+        // general way, see the test of every split).
         let hash = start.hash(value.as_bytes());
         let mut guard = self.table.shard(hash);
         let (entries, counts) = guard.parts();
