@@ -99,8 +99,78 @@ pub(crate) fn unnamed_layer() {
     eprintln!("{HINT}");
 }
 
-/// One decision: a debug event and a counter.
-pub(crate) fn decision(policy: &str, key_kind: &str, outcome: Outcome) {
+/// The metrics keys of one policy's decisions (`tollgate_decisions_total`
+/// by `policy` and `outcome`), one per outcome, made once with the policy:
+/// a decision then builds no key (no label string, no vector of labels)
+/// and asks whichever recorder is current for its counter, so a recorder
+/// installed later, or a local one, counts from then on. Empty without the
+/// `metrics` feature.
+pub(crate) struct DecisionKeys {
+    #[cfg(feature = "metrics")]
+    keys: [metrics::Key; 5],
+}
+
+/// What the decision counters' registrations say of where they come from
+/// (what `metrics::counter!` here would say).
+#[cfg(feature = "metrics")]
+static DECISION_METADATA: metrics::Metadata<'static> =
+    metrics::Metadata::new(module_path!(), metrics::Level::INFO, Some(module_path!()));
+
+impl DecisionKeys {
+    /// The keys of the policy named `policy`.
+    pub(crate) fn new(policy: &str) -> Self {
+        #[cfg(feature = "metrics")]
+        {
+            let key = |outcome: Outcome| {
+                metrics::Key::from_parts(
+                    "tollgate_decisions_total",
+                    vec![
+                        metrics::Label::new("policy", policy.to_owned()),
+                        metrics::Label::new("outcome", outcome.as_str()),
+                    ],
+                )
+            };
+            DecisionKeys {
+                keys: [
+                    Outcome::Allowed,
+                    Outcome::Limited,
+                    Outcome::FallbackAllowed,
+                    Outcome::FallbackLimited,
+                    Outcome::StoreError,
+                ]
+                .map(key),
+            }
+        }
+        #[cfg(not(feature = "metrics"))]
+        {
+            let _ = policy;
+            DecisionKeys {}
+        }
+    }
+
+    #[cfg(feature = "metrics")]
+    fn of(&self, outcome: Outcome) -> &metrics::Key {
+        let [
+            allowed,
+            limited,
+            fallback_allowed,
+            fallback_limited,
+            store_error,
+        ] = &self.keys;
+        match outcome {
+            Outcome::Allowed => allowed,
+            Outcome::Limited => limited,
+            Outcome::FallbackAllowed => fallback_allowed,
+            Outcome::FallbackLimited => fallback_limited,
+            Outcome::StoreError => store_error,
+        }
+    }
+}
+
+/// One decision under the policy named `policy` (its keys `keys`): a
+/// debug event and a counter.
+#[inline]
+pub(crate) fn decision(policy: &str, keys: &DecisionKeys, key_kind: &str, outcome: Outcome) {
     #[cfg(feature = "tracing")]
     tracing::debug!(
         target: "tollgate",
@@ -110,14 +180,14 @@ pub(crate) fn decision(policy: &str, key_kind: &str, outcome: Outcome) {
         "rate limit decision"
     );
     #[cfg(feature = "metrics")]
-    metrics::counter!(
-        "tollgate_decisions_total",
-        "policy" => policy.to_owned(),
-        "outcome" => outcome.as_str()
-    )
+    metrics::with_recorder(|recorder| {
+        recorder.register_counter(keys.of(outcome), &DECISION_METADATA)
+    })
     .increment(1);
     #[cfg(not(any(feature = "tracing", feature = "metrics")))]
     let _ = (policy, key_kind, outcome);
+    #[cfg(not(feature = "metrics"))]
+    let _ = keys;
 }
 
 /// A settlement made (`delta` tokens charged, or given back when
@@ -340,6 +410,59 @@ impl LogThrottle {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A policy's decision keys are made once, and each decision counts
+    /// with the recorder of the moment: none, then one, then another.
+    #[cfg(feature = "metrics")]
+    #[test]
+    fn decisions_count_with_the_recorder_of_the_moment() {
+        use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+        fn counts(recorder: &DebuggingRecorder) -> Vec<(String, u64)> {
+            let mut out: Vec<(String, u64)> = recorder
+                .snapshotter()
+                .snapshot()
+                .into_vec()
+                .into_iter()
+                .filter_map(|(key, _, _, value)| {
+                    let key = key.key();
+                    let labels: Vec<String> = key
+                        .labels()
+                        .map(|l| format!("{}={}", l.key(), l.value()))
+                        .collect();
+                    match value {
+                        DebugValue::Counter(n) => {
+                            Some((format!("{}{{{}}}", key.name(), labels.join(",")), n))
+                        }
+                        _ => None,
+                    }
+                })
+                .collect();
+            out.sort();
+            out
+        }
+
+        let keys = DecisionKeys::new("p");
+        // No recorder yet: counted nowhere.
+        decision("p", &keys, "ip", Outcome::Allowed);
+        let first = DebuggingRecorder::new();
+        metrics::with_local_recorder(&first, || {
+            decision("p", &keys, "ip", Outcome::Allowed);
+            decision("p", &keys, "ip", Outcome::Allowed);
+            decision("p", &keys, "ip", Outcome::StoreError);
+        });
+        let second = DebuggingRecorder::new();
+        metrics::with_local_recorder(&second, || {
+            decision("p", &keys, "ip", Outcome::FallbackLimited);
+        });
+        let name =
+            |outcome: &str| format!("tollgate_decisions_total{{policy=p,outcome={outcome}}}");
+        assert_eq!(
+            counts(&first),
+            [(name("allowed"), 2), (name("store_error"), 1)]
+        );
+        assert_eq!(counts(&second), [(name("fallback_limited"), 1)]);
+    }
 
     #[test]
     fn the_stderr_line_names_the_store_the_error_and_what_to_enable() {

@@ -5,6 +5,7 @@ use std::fmt;
 use std::sync::{Arc, OnceLock};
 
 use crate::error::ConfigError;
+use crate::observe::DecisionKeys;
 
 use crate::quota::Quota;
 /// Longest policy name accepted by [`Policy::new`].
@@ -67,6 +68,8 @@ struct Inner {
     /// Values derived once per policy by the HTTP layer (its header values), so
     /// they are not rebuilt for every request.
     derived: OnceLock<Box<dyn std::any::Any + Send + Sync>>,
+    /// The metrics keys of its decisions, made once.
+    decision_keys: DecisionKeys,
 }
 
 impl Policy {
@@ -125,6 +128,7 @@ impl Policy {
                 #[cfg(feature = "redis")]
                 key_tails,
                 derived: OnceLock::new(),
+                decision_keys: DecisionKeys::new(name),
             }),
         }
     }
@@ -165,6 +169,11 @@ impl Policy {
     /// The policy name.
     pub fn name(&self) -> &str {
         &self.inner.name
+    }
+
+    /// The metrics keys of its decisions.
+    pub(crate) fn decision_keys(&self) -> &DecisionKeys {
+        &self.inner.decision_keys
     }
 
     /// Writes the key a store keeps `parts`' buckets under to `out`: the

@@ -69,9 +69,10 @@ fn inner() -> impl Service<Request<()>, Response = Response<Full<Bytes>>, Error 
 /// adds 1.0 to the average, far above this.
 const SLACK: f64 = 0.5;
 
-/// What counting a decision for metrics allocates (its labels), with the
-/// `metrics` feature on.
-const METRICS: f64 = if cfg!(feature = "metrics") { 2.0 } else { 0.0 };
+/// What counting a decision for metrics allocates, with the `metrics`
+/// feature on: nothing (its key is the policy's, made once; no recorder is
+/// installed here, so the counter is the no-op recorder's).
+const METRICS: f64 = 0.0;
 
 /// An admitted request: the key read from the header and the decision in
 /// the request's extensions (the extension map, its table and the boxed
@@ -87,7 +88,7 @@ const DENIED: f64 = 8.0 + METRICS;
 /// the request's bucket keys in Redis (the list and one key per quota), and
 /// with `metrics` the cache hit's counter.
 /// A `RateLimiter::check` of a key seen before, on a memory store: nothing
-/// but its metrics labels (the storage key is not written out).
+/// (the storage key is not written out, the metrics key is made once).
 const CHECKED: f64 = METRICS;
 
 #[cfg(feature = "redis")]

@@ -98,7 +98,7 @@ impl RateLimiter {
         } else {
             Outcome::Limited
         };
-        observe::decision(policy.name(), key_kind, outcome);
+        observe::decision(policy.name(), policy.decision_keys(), key_kind, outcome);
     }
 
     /// The store itself answered (`fresh`: not a denial it remembered, not

@@ -50,5 +50,5 @@ pub(super) fn report(policy: &Policy, key_kind: &str, decided: &Decided) {
         Decided::Failed(e) if e.is_store_error() => Outcome::StoreError,
         Decided::Failed(_) => Outcome::Limited,
     };
-    observe::decision(policy.name(), key_kind, outcome);
+    observe::decision(policy.name(), policy.decision_keys(), key_kind, outcome);
 }
