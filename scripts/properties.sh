@@ -23,7 +23,7 @@ fi
 mkdir -p target
 started=$(date +%s)
 PROPTEST_CASES=$cases cargo test --all-features --lib \
-  --test model --test reservation_model --test lease_model --test leases 2>  --test model --test reservation_model --test lease_model 2>&1 |1 |
+  --test model --test reservation_model --test lease_model --test leases 2>&1 |
   tee target/properties.log |
   grep -E '^(test |test result|running|thread .* panicked)'
 echo "properties: $cases cases each, $(( $(date +%s) - started )) s"
