@@ -80,6 +80,11 @@ const METRICS: f64 = 0.0;
 /// extensions get nothing (see `RateLimitLayer::decision_in_response`).
 const ADMITTED: f64 = 4.0 + METRICS;
 
+/// An admitted request of a layer that keeps the decision out of the
+/// request (`decision_in_request(false)`): nothing at all (the key is
+/// borrowed from the header, the decision lives on the stack).
+const KEPT_OUT: f64 = METRICS;
+
 /// A request refused at once: the key, the 429 answer's header map (2), its
 /// `Retry-After` value and body, and the decision in its extensions (3).
 const DENIED: f64 = 8.0 + METRICS;
@@ -110,6 +115,22 @@ async fn requests_decided_at_once_allocate_only_for_their_data_and_the_deny_cach
     assert!(
         admitted - base < ADMITTED + SLACK,
         "admitted: {admitted} - {base}"
+    );
+
+    // Without the decision in the request: no extension map for it.
+    let mut bare = RateLimitLayer::new(MemoryStore::new(), Quota::per_hour(1_000).unwrap())
+        .key(Header::new("x-client").unwrap().verbatim())
+        .headers(HeaderStyle::None)
+        .decision_in_request(false)
+        .layer(inner());
+    let _ = per_request(&mut bare, requests(&clients, 3), StatusCode::OK).await;
+    let kept_out = per_request(&mut bare, requests(&clients, 300), StatusCode::OK).await;
+    println!(
+        "per request: inner alone {base}, admitted {admitted}, without the decision {kept_out}"
+    );
+    assert!(
+        kept_out - base < KEPT_OUT + SLACK,
+        "admitted, decision kept out of the request: {kept_out} - {base}"
     );
 
     // Denied at once: the answer is the layer's own, with the decision in its

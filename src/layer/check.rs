@@ -329,20 +329,27 @@ fn placed(config: &Config, extensions: &mut Extensions, mut after: After) -> Aft
 }
 
 /// Puts an admitted request's decision into its `extensions`, where
-/// handlers read it, and gives it back only if the response needs it too:
-/// for its rate limit headers (`headers`) or its extensions.
+/// handlers read it (unless the layer was told not to), and gives it back
+/// only if the response needs it too: for its rate limit headers
+/// (`headers`) or its extensions.
 fn place_decision(
     config: &Config,
     extensions: &mut Extensions,
     decision: Decision,
     headers: bool,
 ) -> Option<Decision> {
-    if headers || config.decision_in_response {
-        extensions.insert(decision.clone());
-        Some(decision)
-    } else {
-        extensions.insert(decision);
-        None
+    let response = headers || config.decision_in_response;
+    match (config.decision_in_request, response) {
+        (true, true) => {
+            extensions.insert(decision.clone());
+            Some(decision)
+        }
+        (true, false) => {
+            extensions.insert(decision);
+            None
+        }
+        (false, true) => Some(decision),
+        (false, false) => None,
     }
 }
 

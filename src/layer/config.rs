@@ -68,6 +68,8 @@ pub(crate) struct Config {
     pub(crate) headers: HeaderStyle,
     /// The decision also goes into the inner service's responses.
     pub(crate) decision_in_response: bool,
+    /// The decision goes into the request's extensions (on by default).
+    pub(crate) decision_in_request: bool,
     /// The store and the default policy.
     pub(crate) limiter: RateLimiter,
     pub(crate) key: Extractor,
@@ -127,6 +129,7 @@ impl fmt::Debug for Config {
             .field("on_store_error", &self.on_store_error)
             .field("headers", &self.headers)
             .field("decision_in_response", &self.decision_in_response)
+            .field("decision_in_request", &self.decision_in_request)
             .field("rejection", &Rejection(self.rejection.clone()))
             .field("shadow", &self.shadow)
             .field("delay", &self.delay.as_ref().map(|h| h.delay))

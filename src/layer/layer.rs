@@ -75,6 +75,7 @@ impl RateLimitLayer {
                 on_store_error: OnStoreError::default(),
                 headers: HeaderStyle::default(),
                 decision_in_response: false,
+                decision_in_request: true,
                 rejection: Rejection::default().0,
                 shadow: false,
                 delay: None,
@@ -227,6 +228,26 @@ impl RateLimitLayer {
     /// See the [module docs](crate::layer#extensions).
     pub fn decision_in_response(self) -> Self {
         self.with(|c| c.decision_in_response = true)
+    }
+
+    /// Whether each forwarded request carries its [`Decision`] in its
+    /// extensions, for handlers to read (on by default). A request
+    /// usually arrives with no extension map, and making one costs three
+    /// allocations (the map, its table, the boxed decision), freed with the
+    /// request: about 60 ns a request in process, a third of what the
+    /// layer costs over a service that does nothing (see BENCHMARKS.md).
+    /// Turn it off when no handler or inner layer reads the decision there;
+    /// the layer's own answers (429, gRPC `RESOURCE_EXHAUSTED`) still carry
+    /// it, and so do forwarded responses with
+    /// [`decision_in_response`](Self::decision_in_response). A handler that
+    /// extracts it anyway (axum's `Extension<Decision>`) then fails, so
+    /// this stays on unless you are sure. The marks of a delayed,
+    /// store-failed or shadow-refused request
+    /// ([`Delayed`](super::Delayed), [`StoreFailure`](super::StoreFailure),
+    /// [`ShadowRejection`](super::ShadowRejection)) go into the request's
+    /// extensions either way.
+    pub fn decision_in_request(self, on: bool) -> Self {
+        self.with(|c| c.decision_in_request = on)
     }
 
     /// How to answer an HTTP request over its limit ([`Rejection::text`] by

@@ -17,7 +17,9 @@
 //!   tower_governor (keyed by the `x-client` header) and behind
 //!   `RateLimitLayer` (the same header, verbatim), with and without rate
 //!   limit headers; the layer's cost is the variant's time less the bare
-//!   service's of the same round;
+//!   service's of the same round; and `RateLimitLayer` again with
+//!   `decision_in_request(false)` (tower_governor puts no decision in the
+//!   request's extensions);
 //! - **two threads**: the engines again, two threads on one limiter, each
 //!   its half of the keys; nanoseconds of wall time a decision;
 //! - **Redis with leases** (with `REDIS_URL` set, up to 100 000 keys): the
@@ -214,7 +216,26 @@ fn main() -> Result<(), BoxError> {
             store(k)?,
             tollgate::Policy::new("headers", [tollgate_quota()])?,
         )
+        .key(header.clone())
+        .axum_body()
+        .layer(bare());
+        // The same two, without the decision in the request's extensions
+        // (`decision_in_request(false)`): tower_governor puts none there.
+        let mut toll_out = tollgate::layer::RateLimitLayer::new(
+            store(k)?,
+            tollgate::Policy::new("out", [tollgate_quota()])?,
+        )
+        .key(header.clone())
+        .headers(tollgate::layer::HeaderStyle::None)
+        .decision_in_request(false)
+        .axum_body()
+        .layer(bare());
+        let mut toll_out_headers = tollgate::layer::RateLimitLayer::new(
+            store(k)?,
+            tollgate::Policy::new("out-headers", [tollgate_quota()])?,
+        )
         .key(header)
+        .decision_in_request(false)
         .axum_body()
         .layer(bare());
         // A first pass over every key (not measured): keys seen before.
@@ -231,6 +252,8 @@ fn main() -> Result<(), BoxError> {
             drive(&mut gov_headers, &keys, warm).await;
             drive(&mut toll_layer, &keys, warm).await;
             drive(&mut toll_headers, &keys, warm).await;
+            drive(&mut toll_out, &keys, warm).await;
+            drive(&mut toll_out_headers, &keys, warm).await;
         });
         // With REDIS_URL: the engine and the layer on Redis with leases.
         let redis = match std::env::var("REDIS_URL") {
@@ -271,6 +294,8 @@ fn main() -> Result<(), BoxError> {
             "layer tollgate, headers",
             "engine governor, 2 threads",
             "engine tollgate, 2 threads",
+            "layer tollgate, no decision in request",
+            "layer tollgate, headers, none in request",
             "engine tollgate, Redis",
             "layer tollgate, Redis",
         ]
@@ -314,13 +339,15 @@ fn main() -> Result<(), BoxError> {
                 }
                 start.elapsed().as_nanos() as f64 / ops as f64
             }));
-            let (b, g, t, gh, th) = rt.block_on(async {
+            let (b, g, t, gh, th, to, toh) = rt.block_on(async {
                 let b = drive(&mut plain, &keys, ops).await;
                 let g = drive(&mut gov_layer, &keys, ops).await;
                 let t = drive(&mut toll_layer, &keys, ops).await;
                 let gh = drive(&mut gov_headers, &keys, ops).await;
                 let th = drive(&mut toll_headers, &keys, ops).await;
-                (b, g, t, gh, th)
+                let to = drive(&mut toll_out, &keys, ops).await;
+                let toh = drive(&mut toll_out_headers, &keys, ops).await;
+                (b, g, t, gh, th, to, toh)
             });
             rows[2].1.push(b);
             // The layers' own cost: less the bare service of the same round.
@@ -328,6 +355,8 @@ fn main() -> Result<(), BoxError> {
             rows[4].1.push(t - b);
             rows[5].1.push(gh - b);
             rows[6].1.push(th - b);
+            rows[9].1.push(to - b);
+            rows[10].1.push(toh - b);
             rows[7].1.push(two_threads(ops, k, |i| {
                 assert!(gov.check_key(&keys[i]).is_ok());
             }));
@@ -347,15 +376,15 @@ fn main() -> Result<(), BoxError> {
                 });
                 warm_layer(&rt, layer, &keys);
                 let l = rt.block_on(drive(layer, &keys, ops)) - b;
-                rows[9].1.push(e);
-                rows[10].1.push(l);
+                rows[11].1.push(e);
+                rows[12].1.push(l);
             }
         }
         rows.retain(|(_, v)| !v.is_empty());
         let m: Vec<f64> = rows.iter().map(|(_, v)| median(v.clone())).collect();
         println!("\n{k} keys");
         for ((name, _), v) in rows.iter().zip(&m) {
-            println!("  {name:<26} {v:>8.0}");
+            println!("  {name:<40} {v:>8.0}");
         }
         println!(
             "  ratio engine tollgate / governor          {:.2}x",
@@ -373,14 +402,22 @@ fn main() -> Result<(), BoxError> {
             "  ratio engine tollgate / governor, 2 threads {:.2}x",
             m[8] / m[7]
         );
-        if m.len() > 10 {
+        println!(
+            "  ratio layer tollgate, no decision in request / governor          {:.2}x",
+            m[9] / m[3]
+        );
+        println!(
+            "  ratio layer tollgate, headers, none in request / governor, headers {:.2}x",
+            m[10] / m[5]
+        );
+        if m.len() > 12 {
             println!(
                 "  ratio engine Redis leases / memory        {:.2}x",
-                m[9] / m[1]
+                m[11] / m[1]
             );
             println!(
                 "  ratio layer Redis leases / memory         {:.2}x",
-                m[10] / m[4]
+                m[12] / m[4]
             );
         }
     }

@@ -77,6 +77,37 @@ async fn forwarded_responses_carry_the_decision_only_when_asked() {
     assert_eq!(limit(&res), Some(3));
 }
 
+/// Without the decision in the request: the handler finds none, and
+/// everything else is as before: the rate limit headers, the decision in
+/// the response when asked, and in the layer's own answer.
+#[tokio::test]
+async fn a_layer_told_to_keep_the_decision_out_of_requests_keeps_it_out() {
+    let inner = tower::service_fn(|req: Request<()>| {
+        let remaining = req.extensions().get::<Decision>().map(Decision::remaining);
+        async move { text(format!("{remaining:?}")) }
+    });
+    let svc = RateLimitLayer::new(MemoryStore::new(), Quota::per_minute(2).unwrap())
+        .key(crate::key::Global)
+        .decision_in_request(false)
+        .decision_in_response()
+        .layer(inner);
+    let res = svc.clone().oneshot(Request::new(())).await.unwrap();
+    assert_eq!(res.headers()["ratelimit"], "\"default\";r=1;t=30");
+    assert_eq!(res.extensions().get::<Decision>().unwrap().remaining(), 1);
+    assert_eq!(body_text(res).await, "None");
+    let bare = RateLimitLayer::new(MemoryStore::new(), Quota::per_minute(1).unwrap())
+        .key(crate::key::Global)
+        .headers(crate::layer::HeaderStyle::None)
+        .decision_in_request(false)
+        .layer(inner);
+    let res = bare.clone().oneshot(Request::new(())).await.unwrap();
+    assert!(res.extensions().get::<Decision>().is_none());
+    assert_eq!(body_text(res).await, "None");
+    let res = bare.oneshot(Request::new(())).await.unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(!res.extensions().get::<Decision>().unwrap().allowed());
+}
+
 #[tokio::test]
 async fn inner_errors_pass_through_unchanged() {
     let inner = tower::service_fn(|_: Request<()>| async {
