@@ -146,8 +146,8 @@ pub(crate) fn ratelimit_value(policy: &Policy, decision: &Decision) -> String {
     out
 }
 
-/// The last `RateLimit` value a thread wrote for a one-quota policy, and
-/// what it says.
+/// A `RateLimit` value a thread wrote for a one-quota policy, and what it
+/// says.
 struct Written {
     item: Box<str>,
     r: u64,
@@ -155,17 +155,33 @@ struct Written {
     value: HeaderValue,
 }
 
+/// How many values a thread keeps (see [`one_item_value`]).
+const KEPT: usize = 32;
+
 thread_local! {
-    /// See [`one_item_value`].
-    static WRITTEN: RefCell<Option<Written>> = const { RefCell::new(None) };
+    /// See [`one_item_value`]: the value of `r` and `t` in slot
+    /// [`slot`]`(r, t)`.
+    static WRITTEN: RefCell<[Option<Written>; KEPT]> =
+        const { RefCell::new([const { None }; KEPT]) };
 }
 
-/// The `RateLimit` header value of a one-quota policy's item. The value a
-/// thread wrote last is kept and given again (a counted reference, no
-/// formatting) while the next ones say the same: clients with room to
-/// spare, the common case, all hear the same `r` and `t` (`r` one below the
-/// capacity for a client whose bucket refilled since its last request).
-/// `value` writes it when it is not kept.
+/// Where a value of `r` and `t` is kept: consecutive `r`s in consecutive
+/// slots.
+fn slot(r: u64, t: Option<u64>) -> usize {
+    let t = t.map_or(0, |t| t.wrapping_add(1));
+    let mixed = r.wrapping_add(t.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    usize::try_from(mixed % KEPT as u64).unwrap_or(0)
+}
+
+/// The `RateLimit` header value of a one-quota policy's item. A thread
+/// keeps the values it wrote last, one for each of [`KEPT`] slots, and
+/// gives one again (a counted reference, no formatting) when the next value
+/// says the same: clients with room to spare, the common case, all hear the
+/// same `r` and `t` (`r` one below the capacity for a client whose bucket
+/// refilled since its last request), and decisions made from a lease's
+/// hold say what is left of it, a few small numbers that come back again
+/// and again across keys (one kept value rewrote nearly every one of
+/// them). `value` writes it when it is not kept.
 fn one_item_value(
     item: &str,
     r: u64,
@@ -179,7 +195,8 @@ fn one_item_value(
         let Ok(mut written) = written.try_borrow_mut() else {
             return write();
         };
-        if let Some(w) = written.as_ref()
+        let kept = written.get_mut(slot(r, t))?;
+        if let Some(w) = kept.as_ref()
             && w.r == r
             && w.t == t
             && *w.item == *item
@@ -187,7 +204,7 @@ fn one_item_value(
             return Some(w.value.clone());
         }
         let value = write()?;
-        match written.as_mut() {
+        match kept.as_mut() {
             Some(w) => {
                 if *w.item != *item {
                     w.item = item.into();
@@ -195,7 +212,7 @@ fn one_item_value(
                 (w.r, w.t, w.value) = (r, t, value.clone());
             }
             None => {
-                *written = Some(Written {
+                *kept = Some(Written {
                     item: item.into(),
                     r,
                     t,
@@ -457,6 +474,14 @@ mod tests {
         let elsewhere = store.decide_at("o", &other, 1, 0).unwrap();
         assert_eq!(header(&other, &elsewhere), "\"other\";r=9;t=1");
         assert_eq!(header(&p, &first), "\"p\";r=9;t=1");
+        // Values that alternate are each kept: decisions from holds of
+        // different sizes.
+        let (nine, eight) = (header(&p, &first), header(&p, &second));
+        for _ in 0..3 {
+            let again = (header(&p, &first), header(&p, &second));
+            assert_eq!(again.0.as_bytes().as_ptr(), nine.as_bytes().as_ptr());
+            assert_eq!(again.1.as_bytes().as_ptr(), eight.as_bytes().as_ptr());
+        }
         // A denial's value too.
         let _ = store.decide_at("c", &p, 10, 0).unwrap();
         let denied = store.decide_at("c", &p, 1, 0).unwrap();

@@ -23,7 +23,7 @@
 //! - **two threads**: the engines again, two threads on one limiter, each
 //!   its half of the keys; nanoseconds of wall time a decision;
 //! - **Redis with leases** (with `REDIS_URL` set, up to 100 000 keys): the
-//!   engine and the layer (no headers) on a `RedisStore` with leases on
+//!   engine and the layer (without headers and with) on a `RedisStore` with leases on
 //!   (a tenth of `OPS` each round, after passes over every key that give
 //!   each one a lease, see below);
 //! - **bytes a key**: the resident memory a limiter takes for `K` keys
@@ -273,14 +273,21 @@ fn main() -> Result<(), BoxError> {
                     tollgate::Policy::new("leased", [tollgate_quota()])?,
                 );
                 let layer = tollgate::layer::RateLimitLayer::new(
-                    store,
+                    store.clone(),
                     tollgate::Policy::new("leased-layer", [tollgate_quota()])?,
                 )
                 .key(tollgate::key::Header::new(KEY_HEADER)?.verbatim())
                 .headers(tollgate::layer::HeaderStyle::None)
                 .axum_body()
                 .layer(bare());
-                Ok::<_, BoxError>((limiter, layer))
+                let with_headers = tollgate::layer::RateLimitLayer::new(
+                    store,
+                    tollgate::Policy::new("leased-headers", [tollgate_quota()])?,
+                )
+                .key(tollgate::key::Header::new(KEY_HEADER)?.verbatim())
+                .axum_body()
+                .layer(bare());
+                Ok::<_, BoxError>((limiter, layer, with_headers))
             })?),
             None => None,
         };
@@ -298,6 +305,7 @@ fn main() -> Result<(), BoxError> {
             "layer tollgate, headers, none in request",
             "engine tollgate, Redis",
             "layer tollgate, Redis",
+            "layer tollgate, Redis, headers",
         ]
         .into_iter()
         .map(|n| (n, Vec::new()))
@@ -361,7 +369,7 @@ fn main() -> Result<(), BoxError> {
                 assert!(gov.check_key(&keys[i]).is_ok());
             }));
             rows[8].1.push(two_threads_async(ops, k, &toll, &keys));
-            if let Some((limiter, layer)) = leased.as_mut() {
+            if let Some((limiter, layer, with_headers)) = leased.as_mut() {
                 // A tenth of the decisions: a check that goes to Redis takes
                 // tens of microseconds.
                 let ops = (ops / 10).max(1);
@@ -376,8 +384,11 @@ fn main() -> Result<(), BoxError> {
                 });
                 warm_layer(&rt, layer, &keys);
                 let l = rt.block_on(drive(layer, &keys, ops)) - b;
+                warm_layer(&rt, with_headers, &keys);
+                let h = rt.block_on(drive(with_headers, &keys, ops)) - b;
                 rows[11].1.push(e);
                 rows[12].1.push(l);
+                rows[13].1.push(h);
             }
         }
         rows.retain(|(_, v)| !v.is_empty());
@@ -418,6 +429,10 @@ fn main() -> Result<(), BoxError> {
             println!(
                 "  ratio layer Redis leases / memory         {:.2}x",
                 m[12] / m[4]
+            );
+            println!(
+                "  ratio layer Redis leases / memory, headers {:.2}x",
+                m[13] / m[6]
             );
         }
     }
