@@ -195,7 +195,9 @@ fn one_item_value(
         let Ok(mut written) = written.try_borrow_mut() else {
             return write();
         };
-        let kept = written.get_mut(slot(r, t))?;
+        let Some(kept) = written.get_mut(slot(r, t)) else {
+            return write();
+        };
         if let Some(w) = kept.as_ref()
             && w.r == r
             && w.t == t

@@ -128,6 +128,37 @@ fn bare() -> impl Service<Request<Body>, Response = Response<Body>, Error = Infa
     })
 }
 
+/// `RateLimitLayer` over `store` under a policy `name`d, keyed by the
+/// `x-client` header verbatim, around the bare service: with the IETF rate
+/// limit headers or none, with the decision in the request's extensions or
+/// not.
+fn tollgate_layer(
+    store: impl Into<tollgate::AnyStore>,
+    name: &str,
+    headers: bool,
+    in_request: bool,
+) -> Result<
+    impl Service<Request<Body>, Response = Response<Body>, Error: std::fmt::Debug + Send, Future: Send>
+    + Clone
+    + Send
+    + 'static,
+    BoxError,
+> {
+    let style = match headers {
+        true => tollgate::layer::HeaderStyle::Ietf,
+        false => tollgate::layer::HeaderStyle::None,
+    };
+    Ok(tollgate::layer::RateLimitLayer::new(
+        store,
+        tollgate::Policy::new(name, [tollgate_quota()])?,
+    )
+    .key(tollgate::key::Header::new(KEY_HEADER)?.verbatim())
+    .headers(style)
+    .decision_in_request(in_request)
+    .axum_body()
+    .layer(bare()))
+}
+
 /// Runs `ops` requests through `svc`, keys in turn; nanoseconds a request.
 async fn drive<S>(svc: &mut S, keys: &[String], ops: usize) -> f64
 where
@@ -207,41 +238,12 @@ fn main() -> Result<(), BoxError> {
         let mut plain = bare();
         let mut gov_layer = tower_governor::GovernorLayer::new(gov_cfg).layer(bare());
         let mut gov_headers = tower_governor::GovernorLayer::new(gov_hdr_cfg).layer(bare());
-        let header = tollgate::key::Header::new(KEY_HEADER)?.verbatim();
-        let mut toll_layer = tollgate::layer::RateLimitLayer::new(
-            store(k)?,
-            tollgate::Policy::new("bare", [tollgate_quota()])?,
-        )
-        .key(header.clone())
-        .headers(tollgate::layer::HeaderStyle::None)
-        .axum_body()
-        .layer(bare());
-        let mut toll_headers = tollgate::layer::RateLimitLayer::new(
-            store(k)?,
-            tollgate::Policy::new("headers", [tollgate_quota()])?,
-        )
-        .key(header.clone())
-        .axum_body()
-        .layer(bare());
+        let mut toll_layer = tollgate_layer(store(k)?, "bare", false, true)?;
+        let mut toll_headers = tollgate_layer(store(k)?, "headers", true, true)?;
         // The same two, without the decision in the request's extensions
         // (`decision_in_request(false)`): tower_governor puts none there.
-        let mut toll_out = tollgate::layer::RateLimitLayer::new(
-            store(k)?,
-            tollgate::Policy::new("out", [tollgate_quota()])?,
-        )
-        .key(header.clone())
-        .headers(tollgate::layer::HeaderStyle::None)
-        .decision_in_request(false)
-        .axum_body()
-        .layer(bare());
-        let mut toll_out_headers = tollgate::layer::RateLimitLayer::new(
-            store(k)?,
-            tollgate::Policy::new("out-headers", [tollgate_quota()])?,
-        )
-        .key(header)
-        .decision_in_request(false)
-        .axum_body()
-        .layer(bare());
+        let mut toll_out = tollgate_layer(store(k)?, "out", false, false)?;
+        let mut toll_out_headers = tollgate_layer(store(k)?, "out-headers", true, false)?;
         // A first pass over every key (not measured): keys seen before.
         let warm = k.max(10_000);
         per_op(warm, |i| {
@@ -276,21 +278,8 @@ fn main() -> Result<(), BoxError> {
                     store.clone(),
                     tollgate::Policy::new("leased", [tollgate_quota()])?,
                 );
-                let layer = tollgate::layer::RateLimitLayer::new(
-                    store.clone(),
-                    tollgate::Policy::new("leased-layer", [tollgate_quota()])?,
-                )
-                .key(tollgate::key::Header::new(KEY_HEADER)?.verbatim())
-                .headers(tollgate::layer::HeaderStyle::None)
-                .axum_body()
-                .layer(bare());
-                let with_headers = tollgate::layer::RateLimitLayer::new(
-                    store,
-                    tollgate::Policy::new("leased-headers", [tollgate_quota()])?,
-                )
-                .key(tollgate::key::Header::new(KEY_HEADER)?.verbatim())
-                .axum_body()
-                .layer(bare());
+                let layer = tollgate_layer(store.clone(), "leased-layer", false, true)?;
+                let with_headers = tollgate_layer(store, "leased-headers", true, true)?;
                 Ok::<_, BoxError>((limiter, layer, with_headers))
             })?),
             None => None,
