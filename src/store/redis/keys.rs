@@ -40,7 +40,7 @@ impl RedisStore {
 
 /// `{prefix}{{{key}` and the quota's `tail` (`}:` and its period), in one
 /// allocation.
-fn storage_key(prefix: &str, key: &str, tail: &str) -> String {
+pub(super) fn storage_key(prefix: &str, key: &str, tail: &str) -> String {
     let mut out = String::with_capacity(prefix.len() + 1 + key.len() + tail.len());
     out.push_str(prefix);
     out.push('{');
@@ -88,5 +88,45 @@ mod tests {
             store.bucket_key("user:42", &bare.quotas()[0]),
             "app:rl:{user:42}:10/s:b20"
         );
+    }
+
+    /// The lease map writes a key's storage keys out from the store's
+    /// prefix, the key's storage-safe name and its policy when it asks for
+    /// a lease (it keeps none): the keys the store's own checks use, for a
+    /// key that is its own safe form and for one that is not.
+    #[test]
+    fn a_lease_asks_for_the_keys_the_store_checks() {
+        let store = RedisStore::builder()
+            .url("redis://127.0.0.1:1")
+            .prefix("app:rl:")
+            .build()
+            .unwrap();
+        let leases = store
+            .inner
+            .leases
+            .as_ref()
+            .expect("leases are on by default");
+        let named = Policy::new(
+            "p",
+            [
+                Quota::per_second(100).unwrap(),
+                Quota::per_minute(6_000).unwrap().burst(500).unwrap(),
+            ],
+        )
+        .unwrap();
+        let bare = Policy::from(Quota::per_second(100).unwrap().burst(200).unwrap());
+        for policy in [&named, &bare] {
+            for key in ["user:42", "a key with spaces", &"x".repeat(300)] {
+                let name = safe_key(key);
+                let ask = (0..8)
+                    .find_map(|_| {
+                        let mut errand = crate::store::redis::lease::Errand::default();
+                        let _ = leases.check(&name, policy, 1, &mut errand);
+                        errand.lease
+                    })
+                    .expect("a key checked at once asks for a lease");
+                assert_eq!(ask.asked.keys, store.keys_of(key, policy), "{key}");
+            }
+        }
     }
 }

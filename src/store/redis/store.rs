@@ -183,6 +183,7 @@ impl RedisStore {
             .per_node
             .is_none()
             .then(|| Arc::new(ServerEpoch::new(&parts.prefix)));
+        let lease_prefix: Arc<str> = Arc::from(parts.prefix.as_str());
         let script = match &epoch {
             Some(epoch) => Script::production().with_epoch(Arc::clone(epoch)),
             None => Script::production(),
@@ -216,7 +217,7 @@ impl RedisStore {
                 denials: (parts.deny_cache > 0).then(|| DenyCache::new(parts.deny_cache)),
                 leases: parts
                     .leases
-                    .map(|config| Leases::new(config, STORE, epoch.clone())),
+                    .map(|config| Leases::new(config, STORE, epoch.clone(), lease_prefix)),
                 epoch,
             }),
         }

@@ -27,13 +27,7 @@ impl RedisStore {
         }
         let mut errand = Errand::default();
         let name = safe_key(key);
-        let decision = leases.check(
-            &name,
-            || self.keys_of(key, policy),
-            policy,
-            cost,
-            &mut errand,
-        );
+        let decision = leases.check(&name, policy, cost, &mut errand);
         self.run_errand(errand);
         decision
     }

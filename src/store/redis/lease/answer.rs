@@ -75,7 +75,7 @@ impl Leases {
                 // below it, one at a time); one past them goes back.
                 if let Err(hold) = entry.push_hold(hold) {
                     out.push(self.report(
-                        &asked.keys,
+                        asked.keys.clone(),
                         &asked.policy,
                         hold,
                         now,
@@ -146,7 +146,7 @@ impl Leases {
             let back = granted.min(tokens - given);
             given += back;
             reports.push(HoldReport {
-                keys: entry.cold.keys.clone(),
+                keys: self.keys(entry),
                 policy: entry.policy.clone(),
                 id,
                 spent: granted - back,

@@ -102,8 +102,6 @@ pub(super) struct Cold {
     /// earlier one (forgotten by a reset, or evicted, while the lease was
     /// under way) is not this entry's to use.
     pub(super) serial: u64,
-    /// The storage keys of its buckets, for lease requests and reports.
-    pub(super) keys: Vec<String>,
     /// The hold whose partial report rides with the lease under way: a
     /// refund is not given back to it until the answer says what Redis
     /// debited.
@@ -111,13 +109,7 @@ pub(super) struct Cold {
 }
 
 impl Entry {
-    pub(super) fn new(
-        name: &str,
-        policy: &Policy,
-        serial: u64,
-        keys: Vec<String>,
-        now: u64,
-    ) -> Self {
+    pub(super) fn new(name: &str, policy: &Policy, serial: u64, now: u64) -> Self {
         let given = name.as_bytes();
         let mut bytes = [0; SHORT_NAME];
         let (name_len, long_name) = match (bytes.get_mut(..given.len()), u8::try_from(given.len()))
@@ -147,7 +139,6 @@ impl Entry {
                 rest: [HoldRest::default(); MAX_HOLDS],
                 spent: VecDeque::new(),
                 serial,
-                keys,
                 partial: None,
             }),
         }

@@ -16,6 +16,7 @@ use crate::policy::Policy;
 use crate::quota::{ceil_div, micros};
 use crate::store::key::{MAX_RAW_KEY_LEN, is_safe_tail};
 use crate::store::redis::epoch::ServerEpoch;
+use crate::store::redis::keys::storage_key;
 use crate::store::table::{self, KeyStart, Table};
 
 /// A part of the map, with the counts of the checks decided from its
@@ -82,6 +83,10 @@ pub(crate) struct Leases {
     /// The server's epoch (`None` on a cluster): holds are spent only
     /// while it confirms the one they were granted in.
     server: Option<Arc<ServerEpoch>>,
+    /// The store's key prefix: a key's storage keys are written out from
+    /// it, its name and its policy when a lease request or a report needs
+    /// them (kept in every entry, they took about a fifth of its bytes).
+    prefix: Arc<str>,
     /// No sweep of quiet keys' holds before then (map clock).
     next_sweep: AtomicU64,
 }
@@ -91,6 +96,7 @@ impl Leases {
         config: LeaseConfig,
         label: &'static str,
         server: Option<Arc<ServerEpoch>>,
+        prefix: Arc<str>,
     ) -> Self {
         let shards = config.max_keys.clamp(1, 16);
         let table = Table::new(shards, config.max_keys.div_ceil(shards));
@@ -111,8 +117,22 @@ impl Leases {
             counters: Counters::default(),
             label,
             server,
+            prefix,
             next_sweep: AtomicU64::new(0),
         }
+    }
+
+    /// The storage keys of `entry`'s buckets, one per quota of its policy:
+    /// what `RedisStore::bucket_keys` gives the key whose storage-safe form
+    /// is the entry's name.
+    pub(super) fn keys(&self, entry: &Entry) -> Vec<String> {
+        let name = String::from_utf8_lossy(entry.name());
+        entry
+            .policy
+            .key_tails()
+            .iter()
+            .map(|tail| storage_key(&self.prefix, &name, tail))
+            .collect()
     }
 
     /// A lease holds about this long's worth of a key's local demand.
@@ -173,7 +193,6 @@ impl Leases {
     pub(crate) fn check(
         &self,
         name: &str,
-        keys: impl FnOnce() -> Vec<String>,
         policy: &Policy,
         cost: u64,
         errand: &mut Errand,
@@ -191,7 +210,7 @@ impl Leases {
                     self.evict(entries, counts.outstanding, errand);
                 }
                 let serial = self.next_serial.fetch_add(1, Ordering::Relaxed);
-                let entry = Entry::new(name, policy, serial, keys(), now);
+                let entry = Entry::new(name, policy, serial, now);
                 entries
                     .insert_unique(hash, entry, |e| self.hash(e.name()))
                     .into_mut()
@@ -289,7 +308,7 @@ impl Leases {
                 break;
             };
             let granted = hold.granted;
-            let report = self.report(&entry.cold.keys, &entry.policy, hold, now, outstanding);
+            let report = self.report(self.keys(entry), &entry.policy, hold, now, outstanding);
             if report.left == 0 && !report.expired && entry.cold.spent.len() < MAX_HOLDS {
                 entry.cold.spent.push_back((report.id, granted));
             } else {
@@ -323,6 +342,7 @@ impl Leases {
         };
         if let Some(mut ask) = sizing.next_lease(entry, now, prior, cost, errand.verify) {
             ask.asked.generation = self.generation();
+            ask.asked.keys = self.keys(entry);
             errand.lease = Some(ask);
         }
         decided
@@ -380,7 +400,7 @@ impl Leases {
         }
         entry.generation = current;
         for hold in entry.take_holds() {
-            reports.push(self.report(&entry.cold.keys, &entry.policy, hold, now, outstanding));
+            reports.push(self.report(self.keys(entry), &entry.policy, hold, now, outstanding));
         }
         entry.cold.spent.clear();
     }

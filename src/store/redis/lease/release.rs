@@ -55,12 +55,13 @@ impl Leases {
         outstanding: &mut u64,
     ) -> Vec<HoldReport> {
         let holds = entry.take_holds();
+        let keys = self.keys(entry);
         let mut out: Vec<HoldReport> = entry
             .cold
             .spent
             .drain(..)
             .map(|(id, _)| HoldReport {
-                keys: entry.cold.keys.clone(),
+                keys: keys.clone(),
                 policy: entry.policy.clone(),
                 id,
                 spent: WHOLE,
@@ -69,7 +70,7 @@ impl Leases {
             })
             .collect();
         for hold in holds {
-            out.push(self.report(&entry.cold.keys, &entry.policy, hold, now, outstanding));
+            out.push(self.report(self.keys(entry), &entry.policy, hold, now, outstanding));
         }
         out
     }
@@ -78,7 +79,7 @@ impl Leases {
     /// tokens are `outstanding`) at `now`.
     pub(super) fn report(
         &self,
-        keys: &[String],
+        keys: Vec<String>,
         policy: &Policy,
         hold: Hold,
         now: u64,
@@ -91,7 +92,7 @@ impl Leases {
             .fetch_sub(hold.granted, Ordering::Relaxed);
         observe::lease_held(self.label, held.saturating_sub(hold.granted));
         HoldReport {
-            keys: keys.to_vec(),
+            keys,
             policy: policy.clone(),
             id: hold.id,
             spent: hold.granted - hold.left,

@@ -19,7 +19,7 @@ impl Sizing {
     /// is due: when what is held runs low, the newest hold is in its last
     /// quarter, or a confirmation of the epoch is due (`verify`). `prior` is
     /// the key's demand before this check, decayed to now. The caller sets
-    /// the epoch's generation it is asked in.
+    /// the epoch's generation it is asked in, and the storage keys.
     pub(super) fn next_lease(
         &self,
         entry: &mut Entry,
@@ -131,7 +131,7 @@ impl Sizing {
                 asked: Asked {
                     name: entry.name_boxed(),
                     serial: entry.cold.serial,
-                    keys: entry.cold.keys.clone(),
+                    keys: Vec::new(),
                     policy: entry.policy.clone(),
                     id: 0,
                     generation: 0,

@@ -1,5 +1,6 @@
 //! The lease map's unit tests.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -17,7 +18,7 @@ fn leases() -> Leases {
         period: Duration::from_secs(1),
         max_keys: 100,
     };
-    Leases::new(config, "test", None)
+    Leases::new(config, "test", None, Arc::from("t:"))
 }
 
 fn grant(granted: u64, life: Duration) -> Grant {
@@ -39,7 +40,7 @@ fn policy(quotas: &[Quota]) -> Policy {
 fn check(leases: &Leases, key: &str, policy: &Policy) -> (Option<Decision>, Errand) {
     let mut errand = Errand::default();
     let name = safe_key(key);
-    let decided = leases.check(&name, || vec![format!("{key}:k")], policy, 1, &mut errand);
+    let decided = leases.check(&name, policy, 1, &mut errand);
     (decided, errand)
 }
 
@@ -269,6 +270,7 @@ fn shards_spread_keys_without_narrowing_their_tags() {
         },
         "test",
         None,
+        Arc::from("t:"),
     );
     let shards = leases.table.shard_count();
     assert_eq!(shards, 16);
