@@ -119,8 +119,10 @@ async fn a_flooded_key_costs_redis_one_call_per_refill_and_no_false_denial() {
     );
     // 3 at once, then one every 500 ms: 6 or 7 in 1.6 s.
     assert!((5..=7).contains(&admitted), "{admitted} admitted");
+    // Relative, not a count: each turn is a real round trip, and a loaded
+    // machine may make only a few dozen in 1.6 s.
     assert!(
-        denied > 500,
+        denied > 5 * admitted,
         "only {denied} denials: the flood was not a flood"
     );
     // One call per admission and about one per refill that found the bucket

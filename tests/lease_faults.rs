@@ -310,6 +310,7 @@ async fn a_store_whose_acl_forbids_the_watch_channel_still_decides_from_holds() 
             "redis://limited:secret@127.0.0.1:{}",
             server.port()
         ))
+        .timeout(Duration::from_secs(5))
         .leases(true)
         .build()
         .unwrap();

@@ -294,6 +294,7 @@ async fn a_local_decision_never_overstates_what_remains() {
     let plain = RedisStore::builder()
         .pool(server.pool())
         .leases(false)
+        .timeout(Duration::from_secs(5))
         .build()
         .unwrap();
     let policy = Policy::from(Quota::per_minute(600).unwrap());
