@@ -60,7 +60,9 @@
 -- carried into the quota's (`carry`): the same share of the capacity, so a
 -- client that had spent its burst has none of the new one. Every check
 -- (never a peek) writes a carried bucket back under its own figures,
--- admitted or refused, so the old rate stops at the first; an adjustment
+-- admitted or refused, so the old rate stops at the first; the figures are
+-- a bucket's units ("full,num"), so quotas that count alike (`5/min` and
+-- `60/min`) carry nothing and a refusal writes nothing; an adjustment
 -- carries it back and keeps it under its figures (see `adjust`). A value
 -- without figures (two fields) is taken as the quota's own.
 --

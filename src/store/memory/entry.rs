@@ -265,7 +265,11 @@ impl Entry {
     /// The levels of `quotas` at `now_us`: this key's buckets brought up to
     /// date, full for a quota it has no bucket of. A bucket kept under other
     /// figures of its quota's period (a changed quota) is refilled under
-    /// them, then carried into the quota's; true when one was.
+    /// them, then carried into the quota's; true when one was carried into
+    /// other units (another full bucket or refill a microsecond: `5/min`
+    /// and `60/min` count their buckets alike, so one kept under either is
+    /// the other's as it is, and the script, which keeps a bucket's units
+    /// and not its quota, finds nothing to carry).
     pub(super) fn levels(
         &self,
         known: &Known,
@@ -279,7 +283,7 @@ impl Entry {
             *level = match self.get(known, q, carries) {
                 Some((kept, stored)) if kept.same_bucket(q) => stored.refilled(q, now_us),
                 Some((kept, stored)) => {
-                    carried = true;
+                    carried |= kept.full() != q.full() || kept.num() != q.num();
                     stored.refilled(kept, now_us).carried(kept.full(), q.full())
                 }
                 None => Level::full(q, now_us),
