@@ -430,15 +430,7 @@ fn main() -> Result<(), BoxError> {
         }
     }
     if let Some(&k) = counts.iter().max() {
-        let exe = std::env::current_exe()?;
-        let mut bytes = Vec::new();
-        for which in ["governor", "tollgate"] {
-            let out = std::process::Command::new(&exe)
-                .args(["bytes", which, &k.to_string()])
-                .output()?;
-            let text = String::from_utf8(out.stdout)?;
-            bytes.push(text.trim().parse::<f64>()?);
-        }
+        let bytes = [fresh_bytes("governor", k)?, fresh_bytes("tollgate", k)?];
         println!("\nresident bytes a key, {k} keys (fresh processes)");
         println!("  governor {:>8.0}\n  tollgate {:>8.0}", bytes[0], bytes[1]);
         println!("  ratio tollgate / governor {:.2}x", bytes[1] / bytes[0]);
@@ -446,14 +438,7 @@ fn main() -> Result<(), BoxError> {
         // holding a lease), against the memory store's at the same count.
         if std::env::var("REDIS_URL").is_ok() {
             let k = k.min(LEASED_BYTES_KEYS);
-            let mut bytes = Vec::new();
-            for which in ["tollgate", "leased"] {
-                let out = std::process::Command::new(&exe)
-                    .args(["bytes", which, &k.to_string()])
-                    .output()?;
-                let text = String::from_utf8(out.stdout)?;
-                bytes.push(text.trim().parse::<f64>()?);
-            }
+            let bytes = [fresh_bytes("tollgate", k)?, fresh_bytes("leased", k)?];
             println!("\nresident bytes a key, {k} keys, each holding a lease (fresh processes)");
             println!(
                 "  memory store {:>8.0}\n  lease map    {:>8.0}",
@@ -525,6 +510,15 @@ fn resident() -> Result<f64, BoxError> {
     let statm = std::fs::read_to_string("/proc/self/statm")?;
     let pages: f64 = statm.split_whitespace().nth(1).ok_or("statm")?.parse()?;
     Ok(pages * 4096.0)
+}
+
+/// The resident bytes a key that `which` takes for `k` keys, measured by a
+/// fresh process of this program (`bytes which k`).
+fn fresh_bytes(which: &str, k: usize) -> Result<f64, BoxError> {
+    let out = std::process::Command::new(std::env::current_exe()?)
+        .args(["bytes", which, &k.to_string()])
+        .output()?;
+    Ok(String::from_utf8(out.stdout)?.trim().parse::<f64>()?)
 }
 
 /// Prints the resident bytes a key that `which` takes for `k` keys.

@@ -53,13 +53,19 @@ pub(super) fn storage_key(prefix: &str, key: &str, tail: &str) -> String {
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_checks_keys_are_the_bucket_keys_of_its_quotas() {
-        let store = RedisStore::builder()
+    /// A store that never connects (nothing here calls Redis), keys under
+    /// `app:rl:`.
+    fn store() -> RedisStore {
+        RedisStore::builder()
             .url("redis://127.0.0.1:1")
             .prefix("app:rl:")
             .build()
-            .unwrap();
+            .unwrap()
+    }
+
+    #[test]
+    fn a_checks_keys_are_the_bucket_keys_of_its_quotas() {
+        let store = store();
         let policy = Policy::new(
             "p",
             [
@@ -96,11 +102,7 @@ mod tests {
     /// key that is its own safe form and for one that is not.
     #[test]
     fn a_lease_asks_for_the_keys_the_store_checks() {
-        let store = RedisStore::builder()
-            .url("redis://127.0.0.1:1")
-            .prefix("app:rl:")
-            .build()
-            .unwrap();
+        let store = store();
         let leases = store
             .inner
             .leases
