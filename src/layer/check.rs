@@ -21,18 +21,20 @@ use http::request::Parts;
 use http::{Extensions, HeaderMap, Request, Response};
 
 use super::config::Config;
-use super::decide::{admitted, ask_store, outcome};
+use super::decide::{ask_store, outcome};
 use super::dyn_key::BoxFuture;
 use super::grpc;
 use super::http_answer;
 use super::media;
 use super::options::HeaderStyle;
-use super::outcome::{After, Answer, Delayed};
+use super::outcome::{After, Answer, Deferred, Delayed};
 use super::prepare::{KeyedRequest, Prepared, into_safe, prepare};
 use super::report::shadow_report;
 use crate::decision::Decision;
 use crate::limiter::Decided;
 use crate::limiter::ToSend;
+use crate::policy::Policy;
+use crate::store::bucket::Spent;
 
 /// What the service's `call` does with a request.
 #[allow(
@@ -198,9 +200,51 @@ pub(crate) fn held_in_call<B>(
     // As `place` places it: a layer with held keys is not in shadow mode
     // (see `layer::held`), so a refusal is answered.
     Some(match held(config, req.headers())? {
-        Ok(after) => Ok(placed(config, req.extensions_mut(), after)),
+        Ok(Admitted::Held(spent, policy)) => {
+            Ok(held_placed(config, req.extensions_mut(), spent, policy))
+        }
+        Ok(Admitted::After(after)) => Ok(placed(config, req.extensions_mut(), after)),
         Err(answer) => Err(refused(config, req, answer)),
     })
+}
+
+/// As [`placed`] places an admitted request's decision, for one
+/// [`held_in_call`] admitted with `spent` under `policy`: the decision is
+/// built where it goes (the request's extensions, the response's
+/// headers), not moved there through every call (a held check leaves
+/// nothing else to place: no ticket, no marks; see `layer::held`).
+#[inline]
+fn held_placed(
+    config: &Config,
+    extensions: &mut Extensions,
+    spent: Spent,
+    policy: Cow<'_, Policy>,
+) -> After {
+    let Some(held) = config.held.as_ref() else {
+        unreachable!("a held check without held keys")
+    };
+    let headers = Deferred::new(config.headers, policy);
+    let response = headers.is_some() || config.decision_in_response;
+    let decision = match (config.decision_in_request, response) {
+        (true, true) => {
+            let decision = held.decision(spent);
+            extensions.insert(decision.clone());
+            Some(decision)
+        }
+        (true, false) => {
+            extensions.insert(held.decision(spent));
+            None
+        }
+        (false, true) => Some(held.decision(spent)),
+        (false, false) => None,
+    };
+    After {
+        ticket: None,
+        headers,
+        decision,
+        decision_in_response: config.decision_in_response,
+        marks: None,
+    }
 }
 
 /// The answer to a request [`held_in_call`] refused (out of its way: most
@@ -215,7 +259,7 @@ fn refused<B>(config: &Config, req: &Request<B>, answer: Answer) -> Response<Byt
 
 /// [`held_in_call`]'s decision, before it is placed.
 #[inline(always)]
-fn held(config: &Config, headers: &HeaderMap) -> Option<Result<After, Answer>> {
+fn held<'c>(config: &'c Config, headers: &HeaderMap) -> Option<Result<Admitted<'c>, Answer>> {
     let held = config.held.as_ref()?;
     debug_assert!(!config.shadow, "held keys in shadow mode");
     // Once an extractor of this layer (a missing key's fallback) has
@@ -234,29 +278,38 @@ fn held(config: &Config, headers: &HeaderMap) -> Option<Result<After, Answer>> {
         Cow::Owned(value) => made_safe(value),
     };
     let policy = config.limiter.policy();
-    let decision = held.check(&value, policy)?;
+    let spent = held.check(&value, policy)?;
     let kind = config.key.name();
     config
         .limiter
-        .answered(&decision, policy, kind, held.fresh());
+        .answered(spent.allowed, policy, kind, held.fresh());
     // The headers get this thread's copy of the policy (see
     // `Policy::thread_copy`).
     let policy = match config.headers {
         HeaderStyle::None => Cow::Borrowed(policy),
         _ => Cow::Owned(policy.thread_copy()),
     };
-    if !decision.allowed() {
+    if !spent.allowed {
         let request = KeyedRequest {
             policy,
             kind: Cow::Borrowed(kind),
             value,
             cost: held.keys.cost(),
         };
-        return Some(held_refused(config, request, decision));
+        return Some(held_refused(config, request, held.decision(spent)).map(Admitted::After));
     }
     // As `outcome` builds it: a layer with held keys settles nothing by
-    // the response and marks nothing (see `layer::held`).
-    Some(Ok(admitted(config, policy, decision, None, None)))
+    // the response and marks nothing (see `layer::held`), and the
+    // decision is built where `held_placed` places it.
+    Some(Ok(Admitted::Held(spent, policy)))
+}
+
+/// What [`held`] admitted: a held check's figures under the policy its
+/// headers get, or (for a refusal that is forwarded all the same, as
+/// [`outcome`] decides) what to forward with.
+enum Admitted<'c> {
+    Held(Spent, Cow<'c, Policy>),
+    After(After),
 }
 
 /// [`held`]'s refusal, as [`outcome`] makes it (out of its way: most

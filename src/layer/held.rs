@@ -8,6 +8,7 @@ use crate::decision::Decision;
 use crate::key::Header;
 use crate::policy::Policy;
 use crate::store::HeldKeys;
+use crate::store::bucket::Spent;
 
 /// A layer that can use `check::held`: one policy of one quota, a
 /// fixed cost, a [`Header`] key, a memory store or a Redis store whose
@@ -28,9 +29,17 @@ impl Held {
     /// under `policy` (the layer's), when the store holds that key so that
     /// it can decide it at once: as the general check would. `None`, having
     /// changed nothing, for every other key.
+    /// As figures (see `HeldKeys::decide`): [`decision`](Self::decision)
+    /// builds the decision where it is placed.
     #[inline]
-    pub(crate) fn check(&self, value: &str, policy: &Policy) -> Option<Decision> {
-        self.keys.check(value, policy)
+    pub(crate) fn check(&self, value: &str, policy: &Policy) -> Option<Spent> {
+        self.keys.decide(value, policy)
+    }
+
+    /// The decision `spent` (an answer of [`check`](Self::check)) is.
+    #[inline]
+    pub(crate) fn decision(&self, spent: Spent) -> Decision {
+        self.keys.decision(spent)
     }
 
     /// Whether the store itself answered (not a hold of a store that is

@@ -85,15 +85,10 @@ impl RateLimiter {
     /// once for the layer: a decision `fresh` from the store (a memory
     /// store's, not a Redis store's from a hold) ends the fallback's
     /// outage, and every decision is reported.
-    pub(crate) fn answered(
-        &self,
-        decision: &Decision,
-        policy: &Policy,
-        key_kind: &str,
-        fresh: bool,
-    ) {
+    #[inline]
+    pub(crate) fn answered(&self, allowed: bool, policy: &Policy, key_kind: &str, fresh: bool) {
         self.store_answered(fresh);
-        let outcome = if decision.allowed() {
+        let outcome = if allowed {
             Outcome::Allowed
         } else {
             Outcome::Limited
@@ -103,6 +98,7 @@ impl RateLimiter {
 
     /// The store itself answered (`fresh`: not a denial it remembered, not
     /// a hold): a fallback that was deciding stops.
+    #[inline]
     fn store_answered(&self, fresh: bool) {
         if fresh && let Some(fallback) = &self.fallback {
             fallback.store_answered();

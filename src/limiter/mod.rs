@@ -12,6 +12,7 @@ use crate::fallback::Fallback;
 use crate::observe;
 use crate::policy::Policy;
 use crate::quota::Quota;
+use crate::store::bucket::Spent;
 use crate::store::bucket::signed;
 use crate::store::{AnyStore, HeldKeys, Store, Unsent};
 
@@ -138,9 +139,9 @@ impl RateLimiter {
     pub async fn check(&self, key: &str, cost: u64) -> Result<Decision, Error> {
         cooperate().await;
         if cost == 1
-            && let Some(decision) = self.check_held(key)
+            && let Some((held, answer)) = self.check_held(key)
         {
-            return Ok(decision);
+            return Ok(held.decision(answer));
         }
         let key = self.named(key);
         match self.decide(&key, "limiter", &self.policy, cost).await {
@@ -287,16 +288,18 @@ impl RateLimiter {
     /// [`check`](Self::check) of one token for a key the store holds so
     /// that it decides at once (a memory store's key, a leasing Redis
     /// store's key whose hold pays), without writing out its storage key,
-    /// to the decision `decide` would make, reported as it reports it.
-    /// `None`, having changed nothing, for every other key.
-    fn check_held(&self, key: &str) -> Option<Decision> {
+    /// to the decision `decide` would make (built by the held keys,
+    /// returned with them), reported as it reports it. `None`, having
+    /// changed nothing, for every other key.
+    #[inline]
+    fn check_held(&self, key: &str) -> Option<(&HeldKeys, Spent)> {
         let held = self
             .held
             .get_or_init(|| self.store.held_keys(&self.named(""), &self.policy, 1))
             .as_ref()?;
-        let decision = held.check_as_is(key, &self.policy)?;
-        self.answered(&decision, &self.policy, "limiter", held.fresh());
-        Some(decision)
+        let answer = held.decide_as_is(key, &self.policy)?;
+        self.answered(answer.allowed, &self.policy, "limiter", held.fresh());
+        Some((held, answer))
     }
 }
 

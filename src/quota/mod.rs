@@ -273,6 +273,7 @@ impl Quota {
     /// Whether `other` counts the same way: the same rate and burst,
     /// whatever their lock-outs (a bucket kept under one needs no carrying
     /// over into the other).
+    #[inline]
     pub(crate) fn same_bucket(&self, other: &Quota) -> bool {
         (self.tokens, self.period_us, self.capacity)
             == (other.tokens, other.period_us, other.capacity)

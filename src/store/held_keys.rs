@@ -8,6 +8,7 @@
 //! fast paths need is inside; the layer sees none of it.
 
 use super::any::AnyStore;
+use super::bucket::Spent;
 use super::memory::MemoryStore;
 #[cfg(feature = "redis")]
 use super::redis::RedisStore;
@@ -79,9 +80,11 @@ impl HeldKeys {
     /// layer makes it) under `policy` (the one this was built for), when
     /// the store holds that key so that it can decide it at once: as the
     /// general check would. `None`, having changed nothing, for every other
-    /// key.
+    /// key. Its answer is not yet a [`Decision`]: the caller builds that
+    /// where it places it ([`decision`](Self::decision)), so it is written
+    /// once, not moved through every call (it is four words until then).
     #[inline]
-    pub(crate) fn check(&self, value: &str, policy: &Policy) -> Option<Decision> {
+    pub(crate) fn decide(&self, value: &str, policy: &Policy) -> Option<Spent> {
         match &self.at {
             At::Memory(store, start) => {
                 let _ = policy;
@@ -92,20 +95,26 @@ impl HeldKeys {
         }
     }
 
-    /// Whether the store itself answers (not a hold of a store that is
-    /// asked otherwise): a memory store's decision ends a fallback's
-    /// outage, a decision from a hold does not (see `RateLimiter::conclude`).
-    /// [`check`](Self::check) of a key as its caller gave it, not made
+    /// The decision `spent` (an answer of [`decide`](Self::decide)) is.
+    #[inline]
+    pub(crate) fn decision(&self, spent: Spent) -> Decision {
+        spent.decision(&self.quota)
+    }
+
+    /// [`decide`](Self::decide) of a key as its caller gave it, not made
     /// safe: `None` for a key that is not safe (see `store::key`), whose
     /// storage key is made safe whole, so it goes the whole way.
     #[inline]
-    pub(crate) fn check_as_is(&self, key: &str, policy: &Policy) -> Option<Decision> {
+    pub(crate) fn decide_as_is(&self, key: &str, policy: &Policy) -> Option<Spent> {
         if !super::key::is_safe(key.as_bytes()) {
             return None;
         }
-        self.check(key, policy)
+        self.decide(key, policy)
     }
 
+    /// Whether the store itself answers (not a hold of a store that is
+    /// asked otherwise): a memory store's decision ends a fallback's
+    /// outage, a decision from a hold does not (see `RateLimiter::conclude`).
     pub(crate) fn fresh(&self) -> bool {
         matches!(self.at, At::Memory(..))
     }

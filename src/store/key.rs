@@ -36,6 +36,7 @@ pub fn safe_key_bytes(key: &[u8]) -> String {
 }
 
 /// Whether `key` is its own storage-safe form ([`safe_key`] keeps it as it is).
+#[inline]
 pub(crate) fn is_safe(key: &[u8]) -> bool {
     key.first().is_some_and(|b| *b != b'#') && key.len() <= MAX_RAW_KEY_LEN && is_safe_tail(key)
 }

@@ -19,4 +19,4 @@ mod spend;
 
 pub(crate) use adjust::adjust;
 pub(crate) use level::{Level, signed};
-pub(crate) use spend::{debt_for, spend, spend_one};
+pub(crate) use spend::{Spent, debt_for, spend, spend_one_figures};

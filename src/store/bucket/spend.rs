@@ -67,7 +67,7 @@ pub(crate) fn spend(
     // One quota's state stays inline (no allocation); several are collected.
     if let ([q], [l]) = (quotas, &mut *levels) {
         let debt = debt(0, q, l);
-        let state = spent(q, l, cost, now, allowed, debt, &mut wait_us);
+        let state = spent(q, l, cost, now, allowed, debt, &mut wait_us).state(q);
         return (Decision::new(allowed, States::One(state)), wait_us);
     }
     let states: Vec<QuotaState> = quotas
@@ -76,7 +76,7 @@ pub(crate) fn spend(
         .enumerate()
         .map(|(i, (q, l))| {
             let debt = debt(i, q, l);
-            spent(q, l, cost, now, allowed, debt, &mut wait_us)
+            spent(q, l, cost, now, allowed, debt, &mut wait_us).state(q)
         })
         .collect();
     (Decision::new(allowed, states), wait_us)
@@ -86,14 +86,57 @@ pub(crate) fn spend(
 /// never waits), the common case, without the slices.
 #[inline]
 pub(crate) fn spend_one(q: &Quota, l: &mut Level, cost: u64, now: u64) -> Decision {
+    spend_one_figures(q, l, cost, now).decision(q)
+}
+
+/// What a check of one quota decided, as figures: the [`Decision`] it makes
+/// with its quota ([`Spent::decision`]), kept apart from the quota until
+/// the caller needs it, so that a fast path moves four words, not a whole
+/// decision, until it answers.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Spent {
+    pub(crate) allowed: bool,
+    remaining: u64,
+    retry_us: u64,
+    reset_us: u64,
+}
+
+impl Spent {
+    /// An admission that leaves `remaining` tokens, full again in
+    /// `reset_us`.
+    #[inline]
+    pub(crate) fn admitted(remaining: u64, reset_us: u64) -> Self {
+        Spent {
+            allowed: true,
+            remaining,
+            retry_us: 0,
+            reset_us,
+        }
+    }
+
+    /// The decision of `q` (the quota these figures were spent from).
+    #[inline]
+    pub(crate) fn decision(self, q: &Quota) -> Decision {
+        Decision::new(self.allowed, States::One(self.state(q)))
+    }
+
+    /// `q`'s state in the decision.
+    #[inline]
+    pub(crate) fn state(self, q: &Quota) -> QuotaState {
+        QuotaState::new(*q, self.remaining, self.retry_us, self.reset_us)
+    }
+}
+
+/// [`spend_one`], as figures.
+#[inline]
+pub(crate) fn spend_one_figures(q: &Quota, l: &mut Level, cost: u64, now: u64) -> Spent {
     let debt = match q.lockout_units() {
         0 => 0,
         _ => room(q, l, now, 0),
     };
     let allowed = l.level - signed(cost * q.den()) >= -debt;
     let mut wait_us = 0;
-    let state = spent(q, l, cost, now, allowed, debt, &mut wait_us);
-    Decision::new(allowed, States::One(state))
+    spent(q, l, cost, now, allowed, debt, &mut wait_us)
 }
 
 /// One bucket of a check decided `allowed`: spends `cost` from it if so,
@@ -119,7 +162,7 @@ fn spent(
     allowed: bool,
     debt: i64,
     wait_us: &mut u64,
-) -> QuotaState {
+) -> Spent {
     let need = signed(cost * q.den());
     let locks = q.lockout_units() > 0;
     if locks
@@ -159,7 +202,12 @@ fn spent(
     // A quota of a token or more per microsecond counts whole tokens: no
     // division.
     let remaining = if q.den() == 1 { units } else { units / q.den() };
-    QuotaState::new(*q, remaining, retry_us, reset_us)
+    Spent {
+        allowed,
+        remaining,
+        retry_us,
+        reset_us,
+    }
 }
 
 #[cfg(test)]

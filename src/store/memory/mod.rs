@@ -3,7 +3,7 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use super::bucket::{Level, adjust, debt_for, spend};
+use super::bucket::{Level, Spent, adjust, debt_for, spend};
 use super::contract::{Store, validate};
 use super::key::{MAX_RAW_KEY_LEN, is_safe, safe_key};
 use super::sealed::Sealed;
@@ -224,18 +224,20 @@ impl MemoryStore {
     /// changed nothing, for any other key: check it with `check_now`.
     /// `start` must come from this store's [`key_start`](Self::key_start),
     /// and `cost` must be at most `quota`'s capacity.
+    #[inline]
     pub(crate) fn check_held(
         &self,
         start: &KeyStart,
         value: &str,
         quota: &Quota,
         cost: u64,
-    ) -> Option<Decision> {
+    ) -> Option<Spent> {
         self.check_held_at(start, value, quota, cost, self.now())
     }
 
     /// [`check_held`](Self::check_held) at the microsecond `now_us` of this
     /// store's clock.
+    #[inline]
     fn check_held_at(
         &self,
         start: &KeyStart,
@@ -243,7 +245,7 @@ impl MemoryStore {
         quota: &Quota,
         cost: u64,
         now_us: u64,
-    ) -> Option<Decision> {
+    ) -> Option<Spent> {
         // As `update_at`: only a key of at most `MAX_RAW_KEY_LEN` bytes is
         // looked up as it is.
         if start.text().len() + value.len() > MAX_RAW_KEY_LEN {
@@ -296,7 +298,7 @@ impl MemoryStore {
                 let (decision, wait) = spend(quotas, levels, cost, now_us, &debts);
                 // A bucket carried into changed figures is kept under them from
                 // its first check on, refused or not (as the script writes it).
-                let write = writes(&decision, cost, levels, now_us, ahead)
+                let write = writes(decision.allowed(), cost, levels, now_us, ahead)
                     || (found == Found::Carried && cost != 0);
                 ((decision, wait), if write { Write::Yes } else { Write::No })
             }),
@@ -488,7 +490,10 @@ mod tests {
                 let value = format!("c{key}");
                 let full = format!("p:k:{value}");
                 let expected = plain.decide_at(&full, &policy, cost, now).unwrap();
-                let got = match held.check_held_at(&prefix, &value, &quota, cost, now) {
+                let got = match held
+                    .check_held_at(&prefix, &value, &quota, cost, now)
+                    .map(|spent| spent.decision(&quota))
+                {
                     Some(decision) => {
                         proptest::prop_assert!(stored.contains(&key), "held a key never stored");
                         decision
@@ -523,8 +528,11 @@ mod tests {
                 .unwrap()
                 .allowed()
         );
-        assert_eq!(store.check_held_at(&prefix, "v", &a, 1, 0), None);
-        let d = store.check_held_at(&prefix, "v", &b, 1, 0).unwrap();
+        assert!(store.check_held_at(&prefix, "v", &a, 1, 0).is_none());
+        let d = store
+            .check_held_at(&prefix, "v", &b, 1, 0)
+            .unwrap()
+            .decision(&b);
         assert_eq!(d.remaining(), 3);
         // A key too long to be held as it is is stored hashed: declined.
         let long = "x".repeat(MAX_RAW_KEY_LEN);
@@ -534,7 +542,7 @@ mod tests {
                 .unwrap()
                 .allowed()
         );
-        assert_eq!(store.check_held_at(&prefix, &long, &a, 1, 0), None);
+        assert!(store.check_held_at(&prefix, &long, &a, 1, 0).is_none());
         // And a prefix no raw key can start with is refused.
         assert!(store.key_start("#p:").is_none());
     }

@@ -7,10 +7,9 @@ use std::collections::{BTreeMap, btree_map};
 use hashbrown::HashTable;
 
 use super::entry::{Entry, Known};
-use crate::decision::Decision;
 use crate::policy::Policy;
 use crate::quota::Quota;
-use crate::store::bucket::{Level, spend_one};
+use crate::store::bucket::{Level, Spent, spend_one_figures};
 use crate::store::table::{self, KeyStart, Seed};
 
 /// Writes the `levels` of `quotas` into `entry`'s buckets (`hash` its
@@ -56,18 +55,13 @@ fn unfile(order: &mut Order, at: u64, hash: u64) {
     }
 }
 
-/// Whether a check of `cost` decided `decision` changed its buckets: an
-/// admission of something, or a refusal that locked a bucket out (one more
-/// of `levels` stamped ahead of `now` than the `ahead` before it). A peek, or
-/// another refusal, changes nothing.
-pub(super) fn writes(
-    decision: &Decision,
-    cost: u64,
-    levels: &[Level],
-    now: u64,
-    ahead: usize,
-) -> bool {
-    cost != 0 && (decision.allowed() || stamped_ahead(levels, now) > ahead)
+/// Whether a check of `cost` that `allowed` it (or not) changed its
+/// buckets: an admission of something, or a refusal that locked a bucket
+/// out (one more of `levels` stamped ahead of `now` than the `ahead` before
+/// it). A peek, or another refusal, changes nothing.
+#[inline]
+pub(super) fn writes(allowed: bool, cost: u64, levels: &[Level], now: u64, ahead: usize) -> bool {
+    cost != 0 && (allowed || stamped_ahead(levels, now) > ahead)
 }
 
 /// Whether a check found its key stored, and whether a bucket of it was
@@ -93,6 +87,7 @@ pub(super) enum Write {
 
 /// How many of `levels` are stamped after `now`: locked out, or by a clock
 /// that went back.
+#[inline]
 pub(super) fn stamped_ahead(levels: &[Level], now: u64) -> usize {
     levels.iter().filter(|l| l.stamp > now).count()
 }
@@ -268,7 +263,7 @@ impl Shard {
         quota: &Quota,
         cost: u64,
         now_us: u64,
-    ) -> Option<Decision> {
+    ) -> Option<Spent> {
         let known = &self.known;
         let entry = self.map.find_mut(hash, |e| {
             e.is_held(known, start.number(), start.text(), value)
@@ -277,8 +272,14 @@ impl Shard {
         let stored = entry.held_level(known, quota)?;
         let mut level = stored.refilled(quota, now_us);
         let ahead = usize::from(level.stamp > now_us);
-        let decision = spend_one(quota, &mut level, cost, now_us);
-        if writes(&decision, cost, std::slice::from_ref(&level), now_us, ahead) {
+        let spent = spend_one_figures(quota, &mut level, cost, now_us);
+        if writes(
+            spent.allowed,
+            cost,
+            std::slice::from_ref(&level),
+            now_us,
+            ahead,
+        ) {
             // An admission (or a lock-out) only moves the key's `full_at`
             // later (see `Shard`): it stays where it is filed.
             debug_assert!(
@@ -287,7 +288,7 @@ impl Shard {
             );
             *stored = level;
         }
-        Some(decision)
+        Some(spent)
     }
 
     /// Stores the `levels` of `quotas` as the buckets of `key`, a key this

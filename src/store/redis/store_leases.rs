@@ -14,6 +14,7 @@ use crate::decision::Decision;
 use crate::error::ErrorKind;
 use crate::policy::Policy;
 use crate::quota::micros;
+use crate::store::bucket::Spent;
 use crate::store::key::safe_key;
 use crate::store::table::KeyStart;
 
@@ -46,7 +47,7 @@ impl RedisStore {
         value: &str,
         policy: &Policy,
         cost: u64,
-    ) -> Option<Decision> {
+    ) -> Option<Spent> {
         let leases = self.inner.leases.as_ref()?;
         let mut errand = Errand::default();
         let decision = leases.check_held(start, value, policy, cost, &mut errand);

@@ -11,9 +11,10 @@ use super::entry::Entry;
 use super::errand::{Errand, HoldReport};
 use super::sizing::{Sizing, decay};
 use super::{Counters, LeaseConfig, LeaseStats, MAX_HOLDS, MIN_LEASE};
-use crate::decision::{Decision, QuotaState, States};
+use crate::decision::Decision;
 use crate::policy::Policy;
 use crate::quota::{ceil_div, micros};
+use crate::store::bucket::Spent;
 use crate::store::key::{MAX_RAW_KEY_LEN, is_safe_tail};
 use crate::store::redis::epoch::ServerEpoch;
 use crate::store::redis::keys::storage_key;
@@ -216,16 +217,18 @@ impl Leases {
                     .into_mut()
             }
         };
-        self.spend_from(entry, now, policy, cost, counts, errand)
+        self.spend_from(entry, now, cost, counts, errand)
+            .map(|left| local_decision(policy, left))
     }
 
     /// [`check`](Self::check) of the key `start` + `value` (`start` from
     /// [`start`](Self::start)) when this map holds it with a hold that
     /// pays for `cost` now (the common case, for a key with room to
-    /// spare): the same decision (`Some`), found without writing the key
-    /// out. `None`, having changed nothing, for any other key (one that is
-    /// not its own storage-safe form among them): check it with `check`.
-    /// `cost` must be at least 1.
+    /// spare): the same decision (`Some`), as the figures of `policy`'s one
+    /// quota, found without writing the key out. `None`, having changed
+    /// nothing, for any other key (one that is not its own storage-safe
+    /// form among them) and for a policy of several quotas: check it with
+    /// `check`. `cost` must be at least 1.
     pub(crate) fn check_held(
         &self,
         start: &KeyStart,
@@ -233,11 +236,14 @@ impl Leases {
         policy: &Policy,
         cost: u64,
         errand: &mut Errand,
-    ) -> Option<Decision> {
+    ) -> Option<Spent> {
         // `start` + `value` is its own safe form (so `check` names it the
         // same) when `value`'s bytes are all safe and the whole is not too
         // long: `start` is a safe key's, so it is not empty and starts with
         // no `#`.
+        let [quota] = policy.quotas() else {
+            return None;
+        };
         if cost == 0
             || start.text().len() + value.len() > MAX_RAW_KEY_LEN
             || !is_safe_tail(value.as_bytes())
@@ -266,21 +272,22 @@ impl Leases {
         {
             return None;
         }
-        self.spend_from(entry, now, policy, cost, counts, errand)
+        let left = self.spend_from(entry, now, cost, counts, errand)?;
+        Some(local_figures(quota, left))
     }
 
     /// The rest of a check of `cost` at `now` for `entry`: its demand
     /// counted, its holds used up or past their time reported, a hold spent
-    /// from if one pays, and the next lease asked for when it is due.
+    /// from if one pays, and the next lease asked for when it is due. The
+    /// tokens left in the hold spent from, if one paid.
     fn spend_from(
         &self,
         entry: &mut Entry,
         now: u64,
-        policy: &Policy,
         cost: u64,
         counts: Counts<'_>,
         errand: &mut Errand,
-    ) -> Option<Decision> {
+    ) -> Option<u64> {
         let Counts {
             local,
             spent,
@@ -330,7 +337,7 @@ impl Leases {
             *local += 1;
             *spent += cost;
             *outstanding -= cost;
-            decided = Some(local_decision(policy, hold.left));
+            decided = Some(hold.left);
             // Spending keeps the epoch confirmed; a check that goes to
             // Redis confirms it by its reply.
             errand.verify = self.server.as_ref().is_some_and(|s| s.verify_due(now));
@@ -446,12 +453,21 @@ impl Leases {
 /// and what remains is what this instance can still spend for sure (never
 /// more than the bucket holds).
 fn local_decision(policy: &Policy, left: u64) -> Decision {
-    let state = |q: &crate::quota::Quota| {
-        let missing = q.capacity().saturating_sub(left).saturating_mul(q.den());
-        QuotaState::new(*q, left, 0, ceil_div(missing, q.num()))
-    };
     match policy.quotas() {
-        [q] => Decision::new(true, States::One(state(q))),
-        quotas => Decision::new(true, quotas.iter().map(state).collect::<Vec<_>>()),
+        [q] => local_figures(q, left).decision(q),
+        quotas => Decision::new(
+            true,
+            quotas
+                .iter()
+                .map(|q| local_figures(q, left).state(q))
+                .collect::<Vec<_>>(),
+        ),
     }
+}
+
+/// [`local_decision`]'s figures for quota `q`.
+#[inline]
+fn local_figures(q: &crate::quota::Quota, left: u64) -> Spent {
+    let missing = q.capacity().saturating_sub(left).saturating_mul(q.den());
+    Spent::admitted(left, ceil_div(missing, q.num()))
 }

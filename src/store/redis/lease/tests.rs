@@ -318,6 +318,7 @@ fn names_of_every_length_are_found_in_pieces() {
             let mut errand = Errand::default();
             let decided = leases.check_held(&leases.start(head), tail, &p, 1, &mut errand);
             left -= 1;
+            let decided = decided.map(|spent| spent.decision(&p.quotas()[0]));
             assert_eq!(decided.map(|d| d.remaining()), Some(left), "{len} {split}");
         }
         let mut errand = Errand::default();
