@@ -24,6 +24,7 @@ use super::config::Config;
 use super::decide::{ask_store, outcome};
 use super::dyn_key::BoxFuture;
 use super::grpc;
+use super::held::Held;
 use super::http_answer;
 use super::media;
 use super::options::HeaderStyle;
@@ -209,35 +210,24 @@ pub(crate) fn held_in_call<B>(
 }
 
 /// As [`placed`] places an admitted request's decision, for one
-/// [`held_in_call`] admitted with `spent` under `policy`: the decision is
-/// built where it goes (the request's extensions, the response's
-/// headers), not moved there through every call (a held check leaves
-/// nothing else to place: no ticket, no marks; see `layer::held`).
+/// [`held_in_call`] admitted with `spent` (by `held`) under `policy`: the
+/// decision is built where it goes (the request's extensions, the
+/// response's headers), not moved there through every call (a held check
+/// leaves nothing else to place: no ticket, no marks; see `layer::held`).
 #[inline]
 fn held_placed(
     config: &Config,
     extensions: &mut Extensions,
-    spent: Spent,
+    (held, spent): (&Held, Spent),
     policy: Cow<'_, Policy>,
 ) -> After {
-    let Some(held) = config.held.as_ref() else {
-        unreachable!("a held check without held keys")
-    };
     let headers = Deferred::new(config.headers, policy);
-    let response = headers.is_some() || config.decision_in_response;
-    let decision = match (config.decision_in_request, response) {
-        (true, true) => {
-            let decision = held.decision(spent);
-            extensions.insert(decision.clone());
-            Some(decision)
-        }
-        (true, false) => {
-            extensions.insert(held.decision(spent));
-            None
-        }
-        (false, true) => Some(held.decision(spent)),
-        (false, false) => None,
-    };
+    let decision = place_decision(
+        config,
+        extensions,
+        || held.decision(spent),
+        headers.is_some(),
+    );
     After {
         ticket: None,
         headers,
@@ -301,14 +291,16 @@ fn held<'c>(config: &'c Config, headers: &HeaderMap) -> Option<Result<Admitted<'
     // As `outcome` builds it: a layer with held keys settles nothing by
     // the response and marks nothing (see `layer::held`), and the
     // decision is built where `held_placed` places it.
-    Some(Ok(Admitted::Held(spent, policy)))
+    Some(Ok(Admitted::Held((held, spent), policy)))
 }
 
-/// What [`held`] admitted: a held check's figures under the policy its
-/// headers get, or (for a refusal that is forwarded all the same, as
-/// [`outcome`] decides) what to forward with.
+/// What [`held`] forwards: an admitted check's figures (with the held
+/// keys that build its decision) under the policy its headers get, or what
+/// [`outcome`] forwards a refusal with (never, as it stands: `outcome`
+/// answers a store's refusal, and a layer with held keys is not in shadow
+/// mode; the held path follows whatever `outcome` decides all the same).
 enum Admitted<'c> {
-    Held(Spent, Cow<'c, Policy>),
+    Held((&'c Held, Spent), Cow<'c, Policy>),
     After(After),
 }
 
@@ -365,7 +357,7 @@ fn placed(config: &Config, extensions: &mut Extensions, mut after: After) -> Aft
     if let Some(decision) = after.decision.take() {
         after.decision_in_response = config.decision_in_response;
         let headers = after.headers.is_some();
-        after.decision = place_decision(config, extensions, decision, headers);
+        after.decision = place_decision(config, extensions, || decision, headers);
     }
     if let Some(marks) = &after.marks {
         if let Some(delayed) = marks.delayed {
@@ -384,24 +376,27 @@ fn placed(config: &Config, extensions: &mut Extensions, mut after: After) -> Aft
 /// Puts an admitted request's decision into its `extensions`, where
 /// handlers read it (unless the layer was told not to), and gives it back
 /// only if the response needs it too: for its rate limit headers
-/// (`headers`) or its extensions.
+/// (`headers`) or its extensions. The decision is built (`decision`) only
+/// where it goes.
+#[inline]
 fn place_decision(
     config: &Config,
     extensions: &mut Extensions,
-    decision: Decision,
+    decision: impl FnOnce() -> Decision,
     headers: bool,
 ) -> Option<Decision> {
     let response = headers || config.decision_in_response;
     match (config.decision_in_request, response) {
         (true, true) => {
+            let decision = decision();
             extensions.insert(decision.clone());
             Some(decision)
         }
         (true, false) => {
-            extensions.insert(decision);
+            extensions.insert(decision());
             None
         }
-        (false, true) => Some(decision),
+        (false, true) => Some(decision()),
         (false, false) => None,
     }
 }

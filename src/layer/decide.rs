@@ -120,8 +120,9 @@ pub(super) fn outcome(
 
 /// What an admitted request's response gets: its rate limit fields from
 /// `policy` (in the layer's header style), its `decision`, what settles it
-/// and its marks. The one place an admitted request's [`After`] is built:
-/// [`outcome`] and the held-key path in `check` both build it here.
+/// and its marks. [`outcome`] builds an admitted request's [`After`] here;
+/// the held-key path in `check` builds its own (`held_placed`: no ticket,
+/// no marks, the decision built where it goes).
 #[inline(always)]
 pub(super) fn admitted(
     config: &Config,

@@ -29,6 +29,7 @@ impl Held {
     /// under `policy` (the layer's), when the store holds that key so that
     /// it can decide it at once: as the general check would. `None`, having
     /// changed nothing, for every other key.
+    ///
     /// As figures (see `HeldKeys::decide`): [`decision`](Self::decision)
     /// builds the decision where it is placed.
     #[inline]

@@ -219,9 +219,10 @@ impl MemoryStore {
 
     /// A check of the key `start` + `value` at once, when this store holds
     /// the key as it is (a key seen before: the common case) with one bucket,
-    /// `quota`'s: the decision [`check_now`](Self::check_now) would make, for
-    /// less (no key written out, the start hashed once). `None`, having
-    /// changed nothing, for any other key: check it with `check_now`.
+    /// `quota`'s: the decision [`check_now`](Self::check_now) would make, as
+    /// its figures ([`Spent::decision`] builds it with `quota`), for less (no
+    /// key written out, the start hashed once). `None`, having changed
+    /// nothing, for any other key: check it with `check_now`.
     /// `start` must come from this store's [`key_start`](Self::key_start),
     /// and `cost` must be at most `quota`'s capacity.
     #[inline]

@@ -35,7 +35,8 @@ impl RedisStore {
 
     /// A check of the key `start` + `value` under `policy` decided from a
     /// hold, when the leases hold that key with tokens that pay for `cost`
-    /// now: the decision [`leased`](Self::leased) would make, for less (the
+    /// now: the decision [`leased`](Self::leased) would make, as the figures
+    /// of `policy`'s one quota (`Spent::decision` builds it), for less (the
     /// key's storage keys are not written out). `None`, having changed
     /// nothing, for any other key: check it the general way. `start` is a
     /// layer's `policy:kind:` ([`lease_start`](Self::lease_start)), `cost` at least 1 and at most `policy`'s

@@ -237,13 +237,13 @@ impl Leases {
         cost: u64,
         errand: &mut Errand,
     ) -> Option<Spent> {
+        let [quota] = policy.quotas() else {
+            return None;
+        };
         // `start` + `value` is its own safe form (so `check` names it the
         // same) when `value`'s bytes are all safe and the whole is not too
         // long: `start` is a safe key's, so it is not empty and starts with
         // no `#`.
-        let [quota] = policy.quotas() else {
-            return None;
-        };
         if cost == 0
             || start.text().len() + value.len() > MAX_RAW_KEY_LEN
             || !is_safe_tail(value.as_bytes())
