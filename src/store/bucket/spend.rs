@@ -103,7 +103,8 @@ pub(crate) struct Spent {
 
 impl Spent {
     /// An admission that leaves `remaining` tokens, full again in
-    /// `reset_us`.
+    /// `reset_us` (a lease hold's).
+    #[cfg(feature = "redis")]
     #[inline]
     pub(crate) fn admitted(remaining: u64, reset_us: u64) -> Self {
         Spent {
