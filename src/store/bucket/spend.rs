@@ -67,8 +67,8 @@ pub(crate) fn spend(
     // One quota's state stays inline (no allocation); several are collected.
     if let ([q], [l]) = (quotas, &mut *levels) {
         let debt = debt(0, q, l);
-        let state = spent(q, l, cost, now, allowed, debt, &mut wait_us).state(q);
-        return (Decision::new(allowed, States::One(state)), wait_us);
+        let decision = spent(q, l, cost, now, allowed, debt, &mut wait_us).decision(q);
+        return (decision, wait_us);
     }
     let states: Vec<QuotaState> = quotas
         .iter()
