@@ -65,6 +65,7 @@ mod any;
 #[cfg(feature = "redis")]
 mod breaker;
 pub(crate) mod bucket;
+mod clock;
 mod contract;
 #[cfg(feature = "redis")]
 mod deny_cache;

@@ -14,13 +14,12 @@ use crate::lock::lock;
 use crate::policy::Policy;
 use crate::quota::{Quota, micros};
 
-mod clock;
 mod entry;
 mod shard;
 #[cfg(feature = "test-util")]
 mod test_clock;
 
-use clock::Clock;
+use super::clock::Clock;
 use entry::MAX_KNOWN;
 use shard::{Found, Shard, Write, stamped_ahead, writes};
 

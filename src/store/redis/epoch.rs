@@ -22,9 +22,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use tokio::time::Instant;
-
 use crate::quota::micros;
+use crate::store::clock::Clock;
 
 /// A hold is spent only within this long of sending a call whose reply
 /// confirmed the epoch it was granted in. The script's stand-in holds after a
@@ -42,9 +41,8 @@ pub(crate) const VERIFY_AFTER: Duration = Duration::from_millis(750);
 pub(crate) struct ServerEpoch {
     /// The epoch key (`{prefix}epoch`).
     key: String,
-    /// Times below are microseconds since this instant (tokio's clock, so
-    /// tests can pause it).
-    base: Instant,
+    /// Times below are microseconds of this clock (the lease map's too).
+    clock: Clock,
     known: Mutex<Known>,
     /// Bumped whenever the known epoch changes: holds remember the
     /// generation they were granted in.
@@ -87,7 +85,7 @@ impl ServerEpoch {
     pub(crate) fn new(prefix: &str) -> Self {
         ServerEpoch {
             key: format!("{prefix}epoch"),
-            base: Instant::now(),
+            clock: Clock::new(),
             known: Mutex::new(Known::default()),
             generation: AtomicU64::new(0),
             confirmed: AtomicU64::new(0),
@@ -101,9 +99,9 @@ impl ServerEpoch {
         }
     }
 
-    /// The instant times are counted from.
-    pub(crate) fn base(&self) -> Instant {
-        self.base
+    /// The clock times are counted on.
+    pub(crate) fn clock(&self) -> &Clock {
+        &self.clock
     }
 
     /// The epoch key.
@@ -111,9 +109,10 @@ impl ServerEpoch {
         &self.key
     }
 
-    /// Now, in microseconds since `base`.
+    /// Now, in microseconds of the epoch's clock.
+    #[inline]
     pub(crate) fn now(&self) -> u64 {
-        micros(self.base.elapsed())
+        self.clock.now_us()
     }
 
     /// A new connection was made: a restarted server, or another one after

@@ -4,8 +4,6 @@
 
 use std::sync::atomic::Ordering;
 
-use tokio::time::Instant;
-
 use super::decode::LeaseReply;
 use super::encode::{ROOMY, Reports, Spend};
 use super::lease::{Asked, Errand, Grant, LeaseRequest, LeaseStats, Leases, WHOLE};
@@ -52,7 +50,11 @@ impl RedisStore {
         let leases = self.inner.leases.as_ref()?;
         let mut errand = Errand::default();
         let decision = leases.check_held(start, value, policy, cost, &mut errand);
-        self.run_errand(errand);
+        // Most checks leave nothing to do: the errand is moved only when
+        // it has something to send.
+        if !errand.is_empty() {
+            self.run_errand(errand);
+        }
         decision
     }
 
@@ -133,12 +135,14 @@ impl RedisStore {
                 verifies: errand.verify,
             };
             let life_us = micros(life);
+            // Sent no later than this (the task may start later): a hold
+            // counted from it ends no later than one counted from the send.
+            let sent = leases.now();
             runtime.spawn(async move {
                 let mut guard = guard;
                 let Some(asking) = guard.asked.as_ref() else {
                     return;
                 };
-                let sent = Instant::now();
                 // A hold spent whole is reported as spending "everything":
                 // the script debits no more than the hold.
                 let spend = Spend::Lease {

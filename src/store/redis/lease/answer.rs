@@ -69,7 +69,7 @@ impl Leases {
                     granted: grant.granted,
                     left: grant.granted,
                     life,
-                    until: Self::until(self.at(grant.sent), life),
+                    until: Self::until(grant.sent, life),
                 };
                 // Never more than `MAX_HOLDS` (a lease is asked for only
                 // below it, one at a time); one past them goes back.

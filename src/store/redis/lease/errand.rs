@@ -4,8 +4,6 @@
 
 use std::time::Duration;
 
-use tokio::time::Instant;
-
 use crate::policy::Policy;
 use crate::store::redis::encode::Spend;
 
@@ -37,6 +35,7 @@ pub(crate) struct Errand {
 
 impl Errand {
     /// Whether there is nothing to send.
+    #[inline]
     pub(crate) fn is_empty(&self) -> bool {
         self.lease.is_none() && self.reports.is_empty() && !self.verify && !self.sweep
     }
@@ -79,13 +78,13 @@ pub(crate) struct Asked {
 }
 
 /// What Redis answered a lease: `granted` tokens (0: none), held for
-/// `life` from a request sent at `sent`; `roomy` when the script granted
+/// `life` from a request sent at `sent` (the lease map's clock); `roomy` when the script granted
 /// the roomy size and life; `found` when the report it carried found its
 /// hold.
 #[derive(Clone, Copy)]
 pub(crate) struct Grant {
     pub(crate) granted: u64,
-    pub(crate) sent: Instant,
+    pub(crate) sent: u64,
     pub(crate) life: Duration,
     pub(crate) roomy: bool,
     pub(crate) found: bool,

@@ -5,7 +5,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use hashbrown::HashTable;
-use tokio::time::Instant;
 
 use super::entry::Entry;
 use super::errand::{Errand, HoldReport};
@@ -15,6 +14,7 @@ use crate::decision::Decision;
 use crate::policy::Policy;
 use crate::quota::{ceil_div, micros};
 use crate::store::bucket::Spent;
+use crate::store::clock::Clock;
 use crate::store::key::{MAX_RAW_KEY_LEN, is_safe_tail};
 use crate::store::redis::epoch::ServerEpoch;
 use crate::store::redis::keys::storage_key;
@@ -70,9 +70,8 @@ pub(crate) struct Leases {
     pub(super) config: LeaseConfig,
     /// The lease period in microseconds.
     pub(super) period_us: u64,
-    /// The map's clock starts here: times in entries are microseconds
-    /// since (tokio's clock, so tests can pause it).
-    epoch: Instant,
+    /// The map's clock: times in entries are its microseconds.
+    clock: Clock,
     /// Where this instance's lease ids start.
     instance: u64,
     next_id: AtomicU64,
@@ -111,7 +110,9 @@ impl Leases {
             config,
             // The server epoch's clock, when there is one: times compare
             // without another reading.
-            epoch: server.as_ref().map_or_else(Instant::now, |s| s.base()),
+            clock: server
+                .as_ref()
+                .map_or_else(Clock::new, |s| s.clock().clone()),
             instance,
             next_id: AtomicU64::new(1),
             next_serial: AtomicU64::new(0),
@@ -169,14 +170,10 @@ impl Leases {
         self.table.hash(name)
     }
 
-    /// Now, on the map's clock (microseconds since `epoch`).
-    pub(super) fn now(&self) -> u64 {
-        micros(self.epoch.elapsed())
-    }
-
-    /// `at` on the map's clock.
-    pub(super) fn at(&self, at: Instant) -> u64 {
-        micros(at.saturating_duration_since(self.epoch))
+    /// Now, on the map's clock.
+    #[inline]
+    pub(crate) fn now(&self) -> u64 {
+        self.clock.now_us()
     }
 
     /// Used here until `sent + life - margin`; the margin (a tenth of the

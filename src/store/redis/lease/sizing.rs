@@ -154,13 +154,22 @@ impl Sizing {
 /// `exp(-x)` for `x >= 0`: for the small `x` of a key checked often (the
 /// time since its last check, in lease periods), by its Taylor series to
 /// `x^6` (off by under `x^7 / 5040`, 6e-15 below 1/32), without a call
-/// to the math library on every check.
+/// to the math library on every check. Its coefficients are constants, so
+/// it multiplies and adds: a division each (they were `x / 3` and so on)
+/// made a chain of five divisions, a tenth of a held check's time.
 #[inline]
 pub(super) fn decay(x: f64) -> f64 {
+    /// `(-1)^k / k!`, `k` from 6 down to 1 (the constant term is 1).
+    const C: [f64; 6] = [
+        1.0 / 720.0,
+        -1.0 / 120.0,
+        1.0 / 24.0,
+        -1.0 / 6.0,
+        1.0 / 2.0,
+        -1.0,
+    ];
     if x < 1.0 / 32.0 {
-        1.0 - x
-            * (1.0
-                - x / 2.0 * (1.0 - x / 3.0 * (1.0 - x / 4.0 * (1.0 - x / 5.0 * (1.0 - x / 6.0)))))
+        C.iter().fold(0.0, |p, c| (p + c) * x) + 1.0
     } else {
         (-x).exp()
     }

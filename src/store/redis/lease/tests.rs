@@ -3,8 +3,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::time::Instant;
-
 use super::entry::SHORT_NAME;
 use super::sizing::decay;
 use super::*;
@@ -21,10 +19,11 @@ fn leases() -> Leases {
     Leases::new(config, "test", None, Arc::from("t:"))
 }
 
-fn grant(granted: u64, life: Duration) -> Grant {
+/// A grant of a request sent now (`leases`'s clock).
+fn grant(leases: &Leases, granted: u64, life: Duration) -> Grant {
     Grant {
         granted,
-        sent: Instant::now(),
+        sent: leases.now(),
         life,
         roomy: false,
         found: false,
@@ -52,7 +51,7 @@ fn held(leases: &Leases, key: &str, policy: &Policy, id: u64, granted: u64) {
         .expect("a key checked four times at once asks for a lease");
     let back = leases.answered(
         &Asked { id, ..ask.asked },
-        Some(grant(granted, Duration::from_secs(60))),
+        Some(grant(leases, granted, Duration::from_secs(60))),
     );
     assert!(back.is_empty(), "the hold is the key's");
 }
@@ -100,7 +99,7 @@ fn a_lease_answered_after_a_reset_is_given_back_not_used() {
         }
         let back = leases.answered(
             &Asked { id: 7, ..ask.asked },
-            Some(grant(10, Duration::from_secs(60))),
+            Some(grant(&leases, 10, Duration::from_secs(60))),
         );
         let decided = check(&leases, "c", &p).0;
         if reset {
@@ -132,7 +131,7 @@ fn the_hold_that_ends_first_is_spent_first() {
             policy: ask.asked.policy.clone(),
             ..ask.asked
         };
-        leases.answered(&asked, Some(grant(granted, life)))
+        leases.answered(&asked, Some(grant(&leases, granted, life)))
     };
     // A roomy hold, then a plain one behind it that ends much sooner.
     assert!(answer(1, 10, Duration::from_secs(60)).is_empty());
@@ -237,7 +236,7 @@ fn a_partial_report_answered_after_its_hold_was_used_up_counts_once() {
         &Asked { id: 2, ..ask.asked },
         Some(Grant {
             found: true,
-            ..grant(5, Duration::from_secs(60))
+            ..grant(&leases, 5, Duration::from_secs(60))
         }),
     );
     assert!(back.is_empty());

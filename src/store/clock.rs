@@ -1,4 +1,6 @@
-//! [`Clock`]: the memory store's microseconds since it was built.
+//! [`Clock`]: microseconds since a clock was made, for the checks decided
+//! in process: the memory store's, and the lease map's and server epoch's
+//! of a Redis store (one clock between those two, so their times compare).
 //!
 //! A check reads the clock once, and on most machines reading it is the
 //! largest part of a check decided in process: `clock_gettime` (what
@@ -19,7 +21,7 @@
 
 /// Microseconds since the clock was made.
 #[derive(Clone, Debug)]
-pub(super) struct Clock {
+pub(crate) struct Clock {
     #[cfg(not(any(test, feature = "test-util")))]
     clock: quanta::Clock,
     #[cfg(not(any(test, feature = "test-util")))]
@@ -30,7 +32,7 @@ pub(super) struct Clock {
 
 impl Clock {
     /// A clock at 0 now.
-    pub(super) fn new() -> Self {
+    pub(crate) fn new() -> Self {
         #[cfg(not(any(test, feature = "test-util")))]
         {
             let clock = quanta::Clock::new();
@@ -45,7 +47,7 @@ impl Clock {
 
     /// Microseconds since the clock was made.
     #[inline]
-    pub(super) fn now_us(&self) -> u64 {
+    pub(crate) fn now_us(&self) -> u64 {
         #[cfg(not(any(test, feature = "test-util")))]
         {
             self.clock.delta_as_nanos(self.epoch, self.clock.raw()) / 1_000
