@@ -33,8 +33,11 @@
 //!   request confirms it). It carries the report of a hold spent whole and
 //!   a partial one of the live hold that spent most.
 //! - **Expiry:** a hold is used here until its life, counted from when its
-//!   request was *sent*, less a margin; Redis counts it from when it ran
-//!   the call, later.
+//!   request was asked for (no later than it was *sent*), less a margin;
+//!   Redis counts it from when it ran the call, later. Times are read on
+//!   the memory store's clock (the CPU's time-stamp counter where it is
+//!   reliable), one clock with the server epoch's; with the `test-util`
+//!   feature, tokio's `Instant`, so tests can pause time.
 //! - **Retries:** every lease has an id unique to this instance; a lease
 //!   sent again is answered as the first time, a report sent again does
 //!   nothing.
