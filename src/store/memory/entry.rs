@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use crate::quota::Quota;
 use crate::store::bucket::Level;
-use crate::store::table::Seed;
+use crate::store::table::{Seed, same_bytes};
 
 /// The most bytes of a name, after its known start, an entry holds itself.
 pub(super) const INLINE: usize = 36;
@@ -209,7 +209,9 @@ impl Entry {
                 len,
                 rest,
                 ..
-            } if Some(*held) == number => rest.get(..usize::from(*len)) == Some(value.as_bytes()),
+            } if Some(*held) == number => rest
+                .get(..usize::from(*len))
+                .is_some_and(|rest| same_bytes(rest, value.as_bytes())),
             _ => same(self.pieces(known), (start.as_bytes(), value.as_bytes())),
         }
     }

@@ -5,6 +5,7 @@ use std::collections::VecDeque;
 
 use super::MAX_HOLDS;
 use crate::policy::Policy;
+use crate::store::table::same_bytes;
 
 /// One hold of this instance on a key's buckets, whole: as it comes into
 /// an entry and leaves it (an entry keeps what a check reads of it apart
@@ -170,8 +171,9 @@ impl Entry {
     pub(super) fn is_split(&self, start: &[u8], value: &[u8], policy: &Policy) -> bool {
         let name = self.name();
         name.len() == start.len() + value.len()
-            && name.get(..start.len()) == Some(start)
-            && name.get(start.len()..) == Some(value)
+            && name
+                .split_at_checked(start.len())
+                .is_some_and(|(a, b)| same_bytes(a, start) && same_bytes(b, value))
             && self.policy.same_counting(policy)
     }
 
