@@ -7,17 +7,21 @@
 //! `std::time::Instant` and tokio's read) takes about 30 ns even through the
 //! vDSO, a third of a whole decision. The production clock reads the CPU's
 //! time-stamp counter instead (quanta, as governor does: about 12 ns), scaled
-//! to nanoseconds by a calibration made once per process; where the counter
-//! is not reliable (not invariant, or not synchronized across cores) quanta
-//! reads the OS's monotonic clock.
+//! to nanoseconds by a calibration made once per process (up to 200 ms, the
+//! first time a store is built); where the CPU reports no invariant counter,
+//! quanta reads the OS's monotonic clock.
 //!
 //! With the `test-util` feature (and in the crate's own unit tests) the clock
 //! is tokio's [`Instant`](tokio::time::Instant), so tests can pause and
 //! advance time (`tokio::time::pause`, `start_paused`).
 //!
-//! Either way the clock is monotonic, and the engine is exact under any
-//! clock: a reading that comes back earlier than a bucket's stamp (another
-//! core's reading a little ahead) refills nothing.
+//! The counter is not promised to be monotonic as the OS's clock is: another
+//! core's reading may be a little behind, and a suspend may reset it. The
+//! engine is exact under any clock: a reading earlier than a bucket's stamp
+//! refills nothing. A clock behind the times of lease holds would keep them
+//! longer: the server epoch spends no hold confirmed after the clock's
+//! reading, and ends every hold granted before a clock that fell behind
+//! the OS's (see `redis::epoch`).
 
 /// Microseconds since the clock was made.
 #[derive(Clone, Debug)]

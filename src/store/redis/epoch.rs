@@ -22,6 +22,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use crate::quota::micros;
 use crate::store::clock::Clock;
 
@@ -37,12 +39,25 @@ pub(crate) const CONFIRMED_FOR: Duration = Duration::from_secs(1);
 /// come back, and a store whose lease requests come more often sends none.
 pub(crate) const VERIFY_AFTER: Duration = Duration::from_millis(750);
 
+/// Whether a clock that reads `now` lost time against the OS's monotonic
+/// clock, which reads `monotonic` (microseconds since both started): it is
+/// behind by over a second and a hundredth of the time since. A time-stamp
+/// counter calibrated against the OS's clock keeps within that of it; one
+/// that a suspend reset to 0 reads 0 until it passes the count it started
+/// at, then falls behind by the whole time it had run.
+fn behind(now: u64, monotonic: u64) -> bool {
+    now.saturating_add(1_000_000 + monotonic / 100) < monotonic
+}
+
 /// What a store knows of its server's epoch.
 pub(crate) struct ServerEpoch {
     /// The epoch key (`{prefix}epoch`).
     key: String,
     /// Times below are microseconds of this clock (the lease map's too).
     clock: Clock,
+    /// The OS's monotonic clock, started with `clock` (tokio's `Instant`,
+    /// as `clock` under `test-util`): see [`behind`].
+    reference: Instant,
     known: Mutex<Known>,
     /// Bumped whenever the known epoch changes: holds remember the
     /// generation they were granted in.
@@ -78,6 +93,9 @@ struct Known {
     /// When the call that told it was sent: a reply to an earlier call that
     /// names another epoch is older news.
     told_at: u64,
+    /// Microseconds the clock lost against the OS's monotonic clock (see
+    /// `heard_at`).
+    lost: u64,
 }
 
 impl ServerEpoch {
@@ -86,6 +104,7 @@ impl ServerEpoch {
         ServerEpoch {
             key: format!("{prefix}epoch"),
             clock: Clock::new(),
+            reference: Instant::now(),
             known: Mutex::new(Known::default()),
             generation: AtomicU64::new(0),
             confirmed: AtomicU64::new(0),
@@ -175,6 +194,33 @@ impl ServerEpoch {
     /// `identifies`: the connection count the call's identity check was
     /// made for, if it made one.
     pub(crate) fn heard(&self, sent: u64, heard: u64, identifies: Option<u64>) {
+        self.heard_at(
+            sent,
+            heard,
+            identifies,
+            (self.now(), micros(self.reference.elapsed())),
+        );
+    }
+
+    /// [`heard`](Self::heard) with the clock reading `now` and the OS's
+    /// monotonic clock reading `monotonic` (both since they started).
+    ///
+    /// A clock found [`behind`] the OS's lost time (a time-stamp counter
+    /// reset by a suspend): the times of holds and of confirmations were
+    /// read before, so they may lie ahead of every reading for a long
+    /// while, and the holds would be spent again once the clock caught up
+    /// with them. Their generation ends instead, so they never are, and
+    /// the times of confirmations and breaks start again from this one; a
+    /// reply to a call sent before (its time ahead of the clock's) confirms
+    /// nothing. The time lost is remembered, so the next reply does not
+    /// find the clock behind again for it.
+    fn heard_at(
+        &self,
+        sent: u64,
+        heard: u64,
+        identifies: Option<u64>,
+        (now, monotonic): (u64, u64),
+    ) {
         if let Some(connections) = identifies {
             self.identified.fetch_max(connections, Ordering::AcqRel);
         }
@@ -182,6 +228,16 @@ impl ServerEpoch {
             self.watch_wanted.store(true, Ordering::Release);
         }
         let mut known = self.lock();
+        if behind(now, monotonic.saturating_sub(known.lost)) {
+            known.lost = monotonic.saturating_sub(now);
+            self.generation.fetch_add(1, Ordering::AcqRel);
+            self.confirmed.store(0, Ordering::Release);
+            self.broken.store(0, Ordering::Release);
+            known.told_at = 0;
+        }
+        if sent > now.saturating_add(micros(CONFIRMED_FOR)) {
+            return;
+        }
         if heard >> 1 == known.heard >> 1 {
             known.heard |= heard & 1;
             self.confirmed.fetch_max(sent + 1, Ordering::AcqRel);
@@ -202,11 +258,13 @@ impl ServerEpoch {
         self.generation.load(Ordering::Acquire)
     }
 
-    /// Whether holds granted in `generation` may be spent at `now`.
+    /// Whether holds granted in `generation` may be spent at `now`: a
+    /// confirmation after `now` (a clock that went back) confirms nothing.
     pub(crate) fn spendable(&self, generation: u64, now: u64) -> bool {
         let confirmed = self.confirmed.load(Ordering::Acquire);
         generation == self.generation()
             && confirmed != 0
+            && confirmed <= now + 1
             && confirmed > self.broken.load(Ordering::Acquire)
             && (self.watching.load(Ordering::Acquire) || !self.watch_kept.load(Ordering::Acquire))
             && (now + 1).saturating_sub(confirmed) < micros(CONFIRMED_FOR)
@@ -223,6 +281,11 @@ impl ServerEpoch {
     /// The confirmation taken by [`verify_due`](Self::verify_due) ended.
     pub(crate) fn verified(&self) {
         self.verifying.store(false, Ordering::Release);
+    }
+
+    #[cfg(test)]
+    fn confirmed(&self) -> u64 {
+        self.confirmed.load(Ordering::Acquire)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Known> {
@@ -268,6 +331,42 @@ mod tests {
         // A late reply to a call sent before the news does not undo it.
         epoch.heard(sent.saturating_sub(1), 43, None);
         assert_eq!(epoch.argument().0, "45");
+    }
+
+    /// A clock that goes back (a time-stamp counter reset by a suspend):
+    /// confirmations read before it are ahead of it and confirm nothing,
+    /// and the first reply that finds the clock behind the OS's ends the
+    /// generation of every hold granted before, so none is spent once the
+    /// clock has caught up with their times.
+    #[test]
+    fn a_clock_that_went_back_spends_no_hold_granted_before() {
+        let epoch = ServerEpoch::new("p:");
+        let (t, day) = (3_600_000_000, 86_400_000_000);
+        epoch.heard_at(t, 43, None, (t, t));
+        let generation = epoch.generation();
+        assert!(epoch.spendable(generation, t + 1_000));
+        // The counter restarted: the clock reads far less than before.
+        assert!(!epoch.spendable(generation, 5));
+        // The first reply after it: the old generation ends.
+        epoch.heard_at(10, 43, None, (10, t + 20));
+        let after = epoch.generation();
+        assert_ne!(after, generation);
+        assert!(epoch.spendable(after, 11));
+        // A late reply to a call sent before the jump confirms nothing.
+        epoch.heard_at(t + 5, 43, None, (12, t + 22));
+        assert_eq!(epoch.confirmed(), 11);
+        // Caught up with the times before the jump: holds granted then stay
+        // unspent, and the time lost is not found again.
+        let later = t + 1_000;
+        epoch.heard_at(later, 43, None, (later, later + t));
+        assert_eq!(epoch.generation(), after, "the same loss, found once");
+        assert!(!epoch.spendable(generation, later + 1));
+        assert!(epoch.spendable(after, later + 1));
+        // A clock that only drifts a little is not behind.
+        assert!(!behind(day - day / 200, day));
+        assert!(behind(day - day / 50, day));
+        assert!(!behind(500_000, 1_400_000));
+        assert!(behind(0, 1_100_000));
     }
 
     #[tokio::test(start_paused = true)]

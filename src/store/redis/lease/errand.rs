@@ -78,9 +78,9 @@ pub(crate) struct Asked {
 }
 
 /// What Redis answered a lease: `granted` tokens (0: none), held for
-/// `life` from a request sent at `sent` (the lease map's clock); `roomy` when the script granted
-/// the roomy size and life; `found` when the report it carried found its
-/// hold.
+/// `life` from a request sent at `sent` (the lease map's clock); `roomy`
+/// when the script granted the roomy size and life; `found` when the
+/// report it carried found its hold.
 #[derive(Clone, Copy)]
 pub(crate) struct Grant {
     pub(crate) granted: u64,

@@ -34,9 +34,10 @@
 //!   a partial one of the live hold that spent most.
 //! - **Expiry:** a hold is used here until its life, counted from when its
 //!   request was asked for (no later than it was *sent*), less a margin;
-//!   Redis counts it from when it ran the call, later. Times are read on
-//!   the memory store's clock (the CPU's time-stamp counter where it is
-//!   reliable), one clock with the server epoch's; with the `test-util`
+//!   Redis counts it from when it ran the call, later. Times are read on a
+//!   clock of the memory store's kind (`store::clock::Clock`: the CPU's
+//!   time-stamp counter), one with the server epoch's, which ends every
+//!   hold should that clock fall behind the OS's; with the `test-util`
 //!   feature, tokio's `Instant`, so tests can pause time.
 //! - **Retries:** every lease has an id unique to this instance; a lease
 //!   sent again is answered as the first time, a report sent again does
