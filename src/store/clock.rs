@@ -8,8 +8,9 @@
 //! vDSO, a third of a whole decision. The production clock reads the CPU's
 //! time-stamp counter instead (quanta, as governor does: about 12 ns), scaled
 //! to nanoseconds by a calibration made once per process (up to 200 ms, the
-//! first time a store is built); where the CPU reports no invariant counter,
-//! quanta reads the OS's monotonic clock.
+//! first time a store is built). quanta reads the counter on x86-64 CPUs
+//! that report it invariant (and RDTSCP) and on aarch64, the OS's monotonic
+//! clock elsewhere.
 //!
 //! With the `test-util` feature (and in the crate's own unit tests) the clock
 //! is tokio's [`Instant`](tokio::time::Instant), so tests can pause and
@@ -19,9 +20,11 @@
 //! core's reading may be a little behind, and a suspend may reset it. The
 //! engine is exact under any clock: a reading earlier than a bucket's stamp
 //! refills nothing. A clock behind the times of lease holds would keep them
-//! longer: the server epoch spends no hold confirmed after the clock's
-//! reading, and ends every hold granted before a clock that fell behind
-//! the OS's (see `redis::epoch`).
+//! longer: on one server or Sentinel, the server epoch spends no hold
+//! confirmed after the clock's reading, and ends every hold granted before
+//! a clock that fell behind the OS's (see `redis::epoch`). A cluster's
+//! lease map has no epoch, and no such guard (leases are off on a cluster
+//! by default).
 
 /// Microseconds since the clock was made.
 #[derive(Clone, Debug)]

@@ -194,32 +194,33 @@ impl ServerEpoch {
     /// `identifies`: the connection count the call's identity check was
     /// made for, if it made one.
     pub(crate) fn heard(&self, sent: u64, heard: u64, identifies: Option<u64>) {
-        self.heard_at(
-            sent,
-            heard,
-            identifies,
-            (self.now(), micros(self.reference.elapsed())),
-        );
+        self.heard_at(sent, heard, identifies, || {
+            (self.now(), micros(self.reference.elapsed()))
+        });
     }
 
-    /// [`heard`](Self::heard) with the clock reading `now` and the OS's
-    /// monotonic clock reading `monotonic` (both since they started).
+    /// [`heard`](Self::heard) with `read` reading the clock and the OS's
+    /// monotonic clock (both since they started), once the known epoch is
+    /// locked: a reading taken before (by a thread a suspend stopped) would
+    /// be older than what another reply found.
     ///
     /// A clock found [`behind`] the OS's lost time (a time-stamp counter
     /// reset by a suspend): the times of holds and of confirmations were
     /// read before, so they may lie ahead of every reading for a long
     /// while, and the holds would be spent again once the clock caught up
     /// with them. Their generation ends instead, so they never are, and
-    /// the times of confirmations and breaks start again from this one; a
-    /// reply to a call sent before (its time ahead of the clock's) confirms
-    /// nothing. The time lost is remembered, so the next reply does not
-    /// find the clock behind again for it.
+    /// the connection counts as broken now: only a call sent after this
+    /// reading confirms the epoch again (a clock stuck at 0 after a reset
+    /// confirms nothing until it moves). A reply to a call sent before the
+    /// clock went back (its time ahead of the clock's) confirms nothing.
+    /// The time lost is remembered, so the next reply does not find the
+    /// clock behind again for it.
     fn heard_at(
         &self,
         sent: u64,
         heard: u64,
         identifies: Option<u64>,
-        (now, monotonic): (u64, u64),
+        read: impl FnOnce() -> (u64, u64),
     ) {
         if let Some(connections) = identifies {
             self.identified.fetch_max(connections, Ordering::AcqRel);
@@ -228,11 +229,12 @@ impl ServerEpoch {
             self.watch_wanted.store(true, Ordering::Release);
         }
         let mut known = self.lock();
+        let (now, monotonic) = read();
         if behind(now, monotonic.saturating_sub(known.lost)) {
             known.lost = monotonic.saturating_sub(now);
             self.generation.fetch_add(1, Ordering::AcqRel);
             self.confirmed.store(0, Ordering::Release);
-            self.broken.store(0, Ordering::Release);
+            self.broken.store(now + 1, Ordering::Release);
             known.told_at = 0;
         }
         if sent > now.saturating_add(micros(CONFIRMED_FOR)) {
@@ -258,14 +260,23 @@ impl ServerEpoch {
         self.generation.load(Ordering::Acquire)
     }
 
-    /// Whether holds granted in `generation` may be spent at `now`: a
-    /// confirmation after `now` (a clock that went back) confirms nothing.
+    /// Whether holds granted in `generation` (its low 32 bits, as an entry
+    /// keeps it) may be spent at `now`: a confirmation after `now` (a clock
+    /// that went back) confirms nothing. The generation is read last: a
+    /// confirmation or a break written after it ended (`heard_at`) is read
+    /// with the generation that ended it.
     pub(crate) fn spendable(&self, generation: u64, now: u64) -> bool {
         let confirmed = self.confirmed.load(Ordering::Acquire);
-        generation == self.generation()
-            && confirmed != 0
+        let broken = self.broken.load(Ordering::Acquire);
+        let current = self.generation();
+        #[expect(
+            clippy::cast_possible_truncation,
+            reason = "generations are compared by their low 32 bits"
+        )]
+        let same = generation as u32 == current as u32;
+        same && confirmed != 0
             && confirmed <= now + 1
-            && confirmed > self.broken.load(Ordering::Acquire)
+            && confirmed > broken
             && (self.watching.load(Ordering::Acquire) || !self.watch_kept.load(Ordering::Acquire))
             && (now + 1).saturating_sub(confirmed) < micros(CONFIRMED_FOR)
     }
@@ -337,31 +348,43 @@ mod tests {
     /// confirmations read before it are ahead of it and confirm nothing,
     /// and the first reply that finds the clock behind the OS's ends the
     /// generation of every hold granted before, so none is spent once the
-    /// clock has caught up with their times.
+    /// clock has caught up with their times; only a call sent after that
+    /// reply confirms again, and a clock stuck at 0 confirms nothing.
     #[test]
     fn a_clock_that_went_back_spends_no_hold_granted_before() {
         let epoch = ServerEpoch::new("p:");
         let (t, day) = (3_600_000_000, 86_400_000_000);
-        epoch.heard_at(t, 43, None, (t, t));
+        epoch.heard_at(t, 43, None, || (t, t));
         let generation = epoch.generation();
         assert!(epoch.spendable(generation, t + 1_000));
         // The counter restarted: the clock reads far less than before.
         assert!(!epoch.spendable(generation, 5));
-        // The first reply after it: the old generation ends.
-        epoch.heard_at(10, 43, None, (10, t + 20));
+        // The first reply after it: the old generation ends, and the reply
+        // (to a call sent before it was found) confirms nothing.
+        epoch.heard_at(10, 43, None, || (10, t + 20));
         let after = epoch.generation();
         assert_ne!(after, generation);
-        assert!(epoch.spendable(after, 11));
+        assert!(!epoch.spendable(after, 11));
+        // A call sent after it confirms.
+        epoch.heard_at(11, 43, None, || (12, t + 22));
+        assert!(epoch.spendable(after, 12));
         // A late reply to a call sent before the jump confirms nothing.
-        epoch.heard_at(t + 5, 43, None, (12, t + 22));
-        assert_eq!(epoch.confirmed(), 11);
+        epoch.heard_at(t + 5, 43, None, || (13, t + 23));
+        assert_eq!(epoch.confirmed(), 12);
         // Caught up with the times before the jump: holds granted then stay
         // unspent, and the time lost is not found again.
         let later = t + 1_000;
-        epoch.heard_at(later, 43, None, (later, later + t));
+        epoch.heard_at(later, 43, None, || (later, later + t));
         assert_eq!(epoch.generation(), after, "the same loss, found once");
         assert!(!epoch.spendable(generation, later + 1));
         assert!(epoch.spendable(after, later + 1));
+        // Stuck at 0 after a reset: found behind, and nothing sent at 0
+        // confirms.
+        let stuck = ServerEpoch::new("p:");
+        stuck.heard_at(t, 43, None, || (t, t));
+        stuck.heard_at(0, 43, None, || (0, t + 20));
+        stuck.heard_at(0, 43, None, || (0, t + 30));
+        assert!(!stuck.spendable(stuck.generation(), 0));
         // A clock that only drifts a little is not behind.
         assert!(!behind(day - day / 200, day));
         assert!(behind(day - day / 50, day));

@@ -373,14 +373,9 @@ impl Leases {
     /// server's, confirmed within the last second (always, on a cluster).
     #[inline]
     pub(super) fn spendable(&self, entry: &Entry, now: u64) -> bool {
-        self.server.as_ref().is_none_or(|s| {
-            #[expect(
-                clippy::cast_possible_truncation,
-                reason = "generations are compared by their low 32 bits"
-            )]
-            let current = s.generation() as u32;
-            entry.generation == current && s.spendable(s.generation(), now)
-        })
+        self.server
+            .as_ref()
+            .is_none_or(|s| s.spendable(u64::from(entry.generation), now))
     }
 
     /// Moves `entry` to the server's current epoch: holds granted in an

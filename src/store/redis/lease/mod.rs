@@ -37,7 +37,8 @@
 //!   Redis counts it from when it ran the call, later. Times are read on a
 //!   clock of the memory store's kind (`store::clock::Clock`: the CPU's
 //!   time-stamp counter), one with the server epoch's, which ends every
-//!   hold should that clock fall behind the OS's; with the `test-util`
+//!   hold should that clock fall behind the OS's (not on a cluster, which
+//!   has no epoch); with the `test-util`
 //!   feature, tokio's `Instant`, so tests can pause time.
 //! - **Retries:** every lease has an id unique to this instance; a lease
 //!   sent again is answered as the first time, a report sent again does
