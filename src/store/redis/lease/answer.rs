@@ -24,7 +24,7 @@ impl Leases {
         let mut out = Vec::new();
         let now = self.now();
         let found = shard.entries.find_mut(hash, |e| {
-            e.name() == asked.name.as_bytes() && e.cold.serial == asked.serial
+            e.name() == asked.name.as_bytes() && e.has_serial(asked.serial)
         });
         let same_epoch = asked.generation == self.generation();
         let Some(entry) = found else {
@@ -35,7 +35,9 @@ impl Leases {
         };
         entry.asking = false;
         entry.roomy = grant.is_some_and(|g| g.roomy);
-        entry.cold.partial = None;
+        if let Some(cold) = entry.cold.as_mut() {
+            cold.partial = None;
+        }
         self.renew_generation(entry, now, &mut shard.outstanding, &mut out);
         // The partial report found its hold: Redis debited what it said
         // was spent, and holds the rest. (A report whose answer is lost
@@ -129,8 +131,11 @@ impl Leases {
         };
         self.renew_generation(entry, now, &mut shard.outstanding, &mut reports);
         let mut given = 0;
-        let rests: Vec<HoldRest> = entry.cold.rest.to_vec();
-        let partial = entry.cold.partial;
+        let (rests, partial): (Vec<HoldRest>, _) = entry
+            .cold
+            .as_ref()
+            .map(|c| (c.rest.to_vec(), c.partial))
+            .unwrap_or_default();
         for (hold, rest) in entry.holds_mut().iter_mut().zip(rests) {
             if partial == Some(rest.id) {
                 continue;
@@ -141,7 +146,7 @@ impl Leases {
         }
         shard.outstanding += given;
         while given < tokens
-            && let Some((id, granted)) = entry.cold.spent.pop_front()
+            && let Some((id, granted)) = entry.cold.as_mut().and_then(|c| c.spent.pop_front())
         {
             let back = granted.min(tokens - given);
             given += back;

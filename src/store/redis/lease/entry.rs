@@ -84,12 +84,17 @@ pub(super) struct Entry {
     /// none.
     pub(super) quiet_until: u64,
     pub(super) policy: Policy,
-    pub(super) cold: Box<Cold>,
+    /// Made when the key first asks for a lease (or has a long name): a
+    /// key checked a few times, never leased (most keys of an API keyed
+    /// by client address), takes the 128 bytes of its line pair alone.
+    pub(super) cold: Option<Box<Cold>>,
 }
 
 const _: () = assert!(size_of::<Entry>() == 128);
 
-/// What an entry keeps out of a check's way.
+/// What an entry keeps out of a check's way, once it has asked for a
+/// lease.
+#[derive(Default)]
 pub(super) struct Cold {
     /// The name, when longer than [`SHORT_NAME`].
     pub(super) long_name: Box<str>,
@@ -99,9 +104,11 @@ pub(super) struct Cold {
     /// the next lease request (a report of a hold spent whole changes only
     /// when Redis debits it: now, or at its expiry).
     pub(super) spent: VecDeque<(u64, u64)>,
-    /// This entry among those the name has had: a lease answered for an
-    /// earlier one (forgotten by a reset, or evicted, while the lease was
-    /// under way) is not this entry's to use.
+    /// This entry among those the name has had (given with the cold part,
+    /// from the map's count): a lease answered for an earlier one
+    /// (forgotten by a reset, or evicted, while the lease was under way)
+    /// is not this entry's to use. An entry without a cold part never
+    /// asked.
     pub(super) serial: u64,
     /// The hold whose partial report rides with the lease under way: a
     /// refund is not given back to it until the answer says what Redis
@@ -110,16 +117,24 @@ pub(super) struct Cold {
 }
 
 impl Entry {
-    pub(super) fn new(name: &str, policy: &Policy, serial: u64, now: u64) -> Self {
+    /// The entry of a key first seen at `now`; `serial` gives its serial
+    /// if it needs a cold part at once (a long name).
+    pub(super) fn new(name: &str, policy: &Policy, now: u64, serial: impl FnOnce() -> u64) -> Self {
         let given = name.as_bytes();
         let mut bytes = [0; SHORT_NAME];
-        let (name_len, long_name) = match (bytes.get_mut(..given.len()), u8::try_from(given.len()))
-        {
+        let (name_len, cold) = match (bytes.get_mut(..given.len()), u8::try_from(given.len())) {
             (Some(held), Ok(len)) => {
                 held.copy_from_slice(given);
-                (len, Box::default())
+                (len, None)
             }
-            _ => (LONG, name.into()),
+            _ => (
+                LONG,
+                Some(Box::new(Cold {
+                    long_name: name.into(),
+                    serial: serial(),
+                    ..Cold::default()
+                })),
+            ),
         };
         Entry {
             name_len,
@@ -135,19 +150,36 @@ impl Entry {
             born: now,
             quiet_until: 0,
             policy: policy.clone(),
-            cold: Box::new(Cold {
-                long_name,
-                rest: [HoldRest::default(); MAX_HOLDS],
-                spent: VecDeque::new(),
-                serial,
-                partial: None,
-            }),
+            cold,
         }
+    }
+
+    /// The cold part, made now (its serial from `serial`) if the entry has
+    /// none yet.
+    pub(super) fn cold_mut(&mut self, serial: impl FnOnce() -> u64) -> &mut Cold {
+        self.cold.get_or_insert_with(|| {
+            Box::new(Cold {
+                serial: serial(),
+                ..Cold::default()
+            })
+        })
+    }
+
+    /// Whether this entry asked for the lease `serial` was asked with.
+    pub(super) fn has_serial(&self, serial: u64) -> bool {
+        self.cold.as_ref().is_some_and(|c| c.serial == serial)
+    }
+
+    /// Holds spent whole whose reports wait for a lease request.
+    pub(super) fn spent_waiting(&self) -> usize {
+        self.cold.as_ref().map_or(0, |c| c.spent.len())
     }
 
     pub(super) fn name(&self) -> &[u8] {
         if self.name_len == LONG {
-            self.cold.long_name.as_bytes()
+            self.cold
+                .as_ref()
+                .map_or(&[][..], |c| c.long_name.as_bytes())
         } else {
             self.name
                 .get(..usize::from(self.name_len))
@@ -196,7 +228,8 @@ impl Entry {
         if i >= n {
             return None;
         }
-        let (spendable, rest) = (self.spendable.get_mut(i..n)?, self.cold.rest.get_mut(i..n)?);
+        let cold = self.cold.as_mut()?;
+        let (spendable, rest) = (self.spendable.get_mut(i..n)?, cold.rest.get_mut(i..n)?);
         let (Spendable { left, until }, HoldRest { id, granted, life }) =
             (*spendable.first()?, *rest.first()?);
         spendable.rotate_left(1);
@@ -216,7 +249,8 @@ impl Entry {
     /// [`MAX_HOLDS`] already.
     pub(super) fn push_hold(&mut self, hold: Hold) -> Result<(), Hold> {
         let i = usize::from(self.holds);
-        match (self.spendable.get_mut(i), self.cold.rest.get_mut(i)) {
+        let rest = self.cold.as_mut().and_then(|c| c.rest.get_mut(i));
+        match (self.spendable.get_mut(i), rest) {
             (Some(spendable), Some(rest)) => {
                 *spendable = Spendable {
                     left: hold.left,
@@ -242,8 +276,10 @@ impl Entry {
     /// already left the held count).
     pub(super) fn reported_part(&mut self, id: u64, spent: u64) -> bool {
         let n = usize::from(self.holds);
-        if let Some(rest) = self
-            .cold
+        let Some(cold) = self.cold.as_mut() else {
+            return false;
+        };
+        if let Some(rest) = cold
             .rest
             .get_mut(..n)
             .and_then(|r| r.iter_mut().find(|r| r.id == id))
@@ -251,7 +287,7 @@ impl Entry {
             rest.granted = rest.granted.saturating_sub(spent);
             return true;
         }
-        if let Some((_, granted)) = self.cold.spent.iter_mut().find(|(i, _)| *i == id) {
+        if let Some((_, granted)) = cold.spent.iter_mut().find(|(i, _)| *i == id) {
             *granted = granted.saturating_sub(spent);
         }
         false
@@ -261,7 +297,7 @@ impl Entry {
     pub(super) fn newest_quarter(&self) -> u64 {
         usize::from(self.holds)
             .checked_sub(1)
-            .and_then(|i| self.cold.rest.get(i))
+            .and_then(|i| self.cold.as_ref()?.rest.get(i))
             .map_or(0, |r| r.life / 4)
     }
 

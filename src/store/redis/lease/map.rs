@@ -207,8 +207,7 @@ impl Leases {
                 if full {
                     self.evict(entries, counts.outstanding, errand);
                 }
-                let serial = self.next_serial.fetch_add(1, Ordering::Relaxed);
-                let entry = Entry::new(name, policy, serial, now);
+                let entry = Entry::new(name, policy, now, || self.serial());
                 entries
                     .insert_unique(hash, entry, |e| self.hash(e.name()))
                     .into_mut()
@@ -313,10 +312,13 @@ impl Leases {
             };
             let granted = hold.granted;
             let report = self.report(self.keys(entry), &entry.policy, hold, now, outstanding);
-            if report.left == 0 && !report.expired && entry.cold.spent.len() < MAX_HOLDS {
-                entry.cold.spent.push_back((report.id, granted));
-            } else {
-                errand.reports.push(report);
+            match entry.cold.as_mut() {
+                Some(cold)
+                    if report.left == 0 && !report.expired && cold.spent.len() < MAX_HOLDS =>
+                {
+                    cold.spent.push_back((report.id, granted));
+                }
+                _ => errand.reports.push(report),
             }
         }
         // Spent from the hold that ends here first: a plain lease asked for
@@ -343,6 +345,7 @@ impl Leases {
         let sizing = Sizing {
             period: self.config.period,
             period_us: self.period_us,
+            serial: &|| self.serial(),
         };
         if let Some(mut ask) = sizing.next_lease(entry, now, prior, cost, errand.verify) {
             ask.asked.generation = self.generation();
@@ -350,6 +353,11 @@ impl Leases {
             errand.lease = Some(ask);
         }
         decided
+    }
+
+    /// A fresh entry serial (see `Cold::serial`).
+    pub(super) fn serial(&self) -> u64 {
+        self.next_serial.fetch_add(1, Ordering::Relaxed)
     }
 
     /// A fresh lease id.
@@ -401,7 +409,9 @@ impl Leases {
         for hold in entry.take_holds() {
             reports.push(self.report(self.keys(entry), &entry.policy, hold, now, outstanding));
         }
-        entry.cold.spent.clear();
+        if let Some(cold) = entry.cold.as_mut() {
+            cold.spent.clear();
+        }
     }
 
     /// Whether the holds of keys gone quiet are due to be swept now (at

@@ -24,18 +24,21 @@ impl Leases {
         outstanding: &mut u64,
         errand: &mut Errand,
     ) {
-        let victim = table
+        // The victim's place in the table's order, which does not change
+        // until it is taken out.
+        let place = table
             .iter()
             .take(8)
-            .find(|e| e.holds == 0 && !e.asking)
-            .or_else(|| table.iter().next())
-            .map(|e| (e.name_boxed(), e.cold.serial));
-        if let Some((name, serial)) = victim
-            && let Ok(found) = table.find_entry(self.hash(name.as_bytes()), |e| {
-                e.name() == name.as_bytes() && e.cold.serial == serial
+            .position(|e| e.holds == 0 && !e.asking)
+            .unwrap_or(0);
+        let mut seen = 0;
+        let victim = table
+            .extract_if(|_| {
+                seen += 1;
+                seen == place + 1
             })
-        {
-            let (entry, _) = found.remove();
+            .next();
+        if let Some(entry) = victim {
             errand.reports.extend(self.leaving(entry, outstanding));
         }
     }
@@ -58,8 +61,10 @@ impl Leases {
         let keys = self.keys(entry);
         let mut out: Vec<HoldReport> = entry
             .cold
-            .spent
-            .drain(..)
+            .as_mut()
+            .map(|c| std::mem::take(&mut c.spent))
+            .unwrap_or_default()
+            .into_iter()
             .map(|(id, _)| HoldReport {
                 keys: keys.clone(),
                 policy: entry.policy.clone(),
@@ -116,7 +121,7 @@ impl Leases {
             } = &mut *guard;
             for entry in entries.iter_mut() {
                 if now.saturating_sub(entry.seen) < quiet
-                    || (entry.holds == 0 && entry.cold.spent.is_empty())
+                    || (entry.holds == 0 && entry.spent_waiting() == 0)
                 {
                     continue;
                 }

@@ -8,13 +8,15 @@ use super::errand::{Asked, LeaseRequest};
 use super::{DEMAND_TO_LEASE, MAX_HOLDS, MIN_LEASE, ROOMY_SHARE};
 use crate::store::redis::encode::ROOMY;
 
-/// What sizing a lease needs to know of the map: its lease period.
-pub(super) struct Sizing {
+/// What sizing a lease needs to know of the map: its lease period, and
+/// where an entry's serial comes from when it first asks.
+pub(super) struct Sizing<'a> {
     pub(super) period: Duration,
     pub(super) period_us: u64,
+    pub(super) serial: &'a dyn Fn() -> u64,
 }
 
-impl Sizing {
+impl Sizing<'_> {
     /// The lease `entry` asks for after a check of `cost` at `now`, if one
     /// is due: when what is held runs low, the newest hold is in its last
     /// quarter, or a confirmation of the epoch is due (`verify`). `prior` is
@@ -114,23 +116,28 @@ impl Sizing {
             .saturating_sub(held);
         if want.max(roomy_want) >= MIN_LEASE && (low || aging) {
             entry.asking = true;
-            let carried = entry.cold.spent.pop_front().map(|(id, _)| id);
             // Besides a hold spent whole, the live one that spent most
             // reports that much, keeping the rest: what was spent leaves the
             // holds' share of the bucket (at most half of it, see
             // "Epochs" in the script) to the instances sharing the key.
-            let partial = entry
-                .holds()
-                .iter()
-                .zip(&entry.cold.rest)
-                .map(|(h, r)| (r.id, r.granted - h.left))
-                .filter(|&(_, spent)| spent > 0)
-                .max_by_key(|&(_, spent)| spent);
-            entry.cold.partial = partial.map(|(id, _)| id);
+            // (An entry without a cold part has no holds.)
+            let partial = entry.cold.as_ref().and_then(|cold| {
+                entry
+                    .holds()
+                    .iter()
+                    .zip(&cold.rest)
+                    .map(|(h, r)| (r.id, r.granted - h.left))
+                    .filter(|&(_, spent)| spent > 0)
+                    .max_by_key(|&(_, spent)| spent)
+            });
+            let cold = entry.cold_mut(self.serial);
+            let carried = cold.spent.pop_front().map(|(id, _)| id);
+            cold.partial = partial.map(|(id, _)| id);
+            let serial = cold.serial;
             return Some(LeaseRequest {
                 asked: Asked {
                     name: entry.name_boxed(),
-                    serial: entry.cold.serial,
+                    serial,
                     keys: Vec::new(),
                     policy: entry.policy.clone(),
                     id: 0,

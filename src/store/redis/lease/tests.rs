@@ -84,6 +84,62 @@ fn a_key_seen_a_few_times_gets_no_lease() {
     assert!(check(&leases, "few", &p).1.lease.is_some());
 }
 
+/// Whether the entry of `key` under `policy` has its cold part (`None`:
+/// no entry).
+fn has_cold(leases: &Leases, key: &str, policy: &Policy) -> Option<bool> {
+    let name = safe_key(key);
+    let hash = leases.hash(name.as_bytes());
+    let shard = leases.table.shard(hash);
+    shard
+        .entries
+        .find(hash, |e| e.is(name.as_bytes(), policy))
+        .map(|e| e.cold.is_some())
+}
+
+#[test]
+fn a_key_that_never_asked_for_a_lease_has_no_cold_part() {
+    let leases = leases();
+    let p = policy(&[Quota::per_second(100).unwrap()]);
+    for _ in 0..3 {
+        check(&leases, "few", &p);
+    }
+    assert_eq!(has_cold(&leases, "few", &p), Some(false));
+    // Its lease request makes it, and the answer finds it by its serial.
+    held(&leases, "few", &p, 7, 50);
+    assert_eq!(has_cold(&leases, "few", &p), Some(true));
+    assert!(
+        check(&leases, "few", &p).0.is_some(),
+        "decided from the hold"
+    );
+    // A name too long for the entry's line keeps it in the cold part.
+    let long = "l".repeat(SHORT_NAME + 1);
+    check(&leases, &long, &p);
+    assert_eq!(has_cold(&leases, &long, &p), Some(true));
+}
+
+#[test]
+fn a_full_map_evicts_a_key_without_holds_first() {
+    let config = LeaseConfig {
+        period: Duration::from_secs(1),
+        max_keys: 128,
+    };
+    let leases = Leases::new(config, "test", None, Arc::from("t:"));
+    let p = policy(&[Quota::per_second(100).unwrap()]);
+    // 16 shards of 8 keys; the held one is never the one evicted while
+    // the first 8 looked at include a key without holds.
+    held(&leases, "kept", &p, 7, 50);
+    for i in 0..1000 {
+        check(&leases, &format!("k{i}"), &p);
+        assert_eq!(has_cold(&leases, "kept", &p), Some(true), "after k{i}");
+        let len: usize = leases.table.shards().map(|s| s.entries.len()).sum();
+        assert!(len <= 128, "{len} keys in a map of 128");
+    }
+    assert!(
+        check(&leases, "kept", &p).0.is_some(),
+        "its hold still pays"
+    );
+}
+
 #[test]
 fn a_lease_answered_after_a_reset_is_given_back_not_used() {
     let p = policy(&[Quota::per_second(100).unwrap()]);
