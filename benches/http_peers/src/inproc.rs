@@ -471,6 +471,19 @@ fn main() -> Result<(), BoxError> {
                 "  ratio lease map / memory store {:.2}x",
                 bytes[1] / bytes[0]
             );
+            // Keys checked twice (no lease: a key is leased once it shows
+            // demand), most keys of an API keyed by client address: a
+            // Redis store's bytes a key with leases on and off.
+            let twice = [
+                fresh_bytes("redis-twice", k)?,
+                fresh_bytes("leased-twice", k)?,
+            ];
+            println!("\nresident bytes a key, {k} keys, each checked twice (fresh processes)");
+            println!(
+                "  Redis store, leases off {:>8.0}\n  Redis store, leases on  {:>8.0}",
+                twice[0], twice[1]
+            );
+            println!("  the lease map's share  {:>8.0}", twice[1] - twice[0]);
         }
     }
     Ok(())
@@ -566,12 +579,15 @@ fn bytes_mode(which: &str, k: usize) -> Result<(), BoxError> {
             std::hint::black_box(&gov);
             after
         }
-        "leased" => {
+        "leased" | "leased-twice" | "redis-twice" => {
             let url = std::env::var("REDIS_URL")?;
+            // Six checks a key give it a lease; two do not (a key is leased
+            // once it shows demand).
+            let checks = if which == "leased" { 6 } else { 2 };
             rt.block_on(async {
                 let store = tollgate::RedisStore::builder()
                     .url(url.as_str())
-                    .leases(true)
+                    .leases(which != "redis-twice")
                     .timeout(Duration::from_secs(5))
                     .build()?;
                 let toll = tollgate::RateLimiter::new(
@@ -581,16 +597,19 @@ fn bytes_mode(which: &str, k: usize) -> Result<(), BoxError> {
                 // Connected before the first reading.
                 let _ = toll.check("connect", 1).await?;
                 let connected = resident()?;
-                // Six checks a key, `WARM_KEYS` keys at a time (see `warm_engine`):
-                // the fourth asks for its lease. The tasks' blocks are
+                // `checks` a key, `WARM_KEYS` keys at a time (see
+                // `warm_engine`): of six, the fourth asks for its lease. The tasks' blocks are
                 // reused from one batch to the next, a few bytes a key.
                 for chunk in keys.chunks(WARM_KEYS) {
-                    let mut checks = tokio::task::JoinSet::new();
-                    for key in chunk.iter().flat_map(|key| [key; 6]) {
+                    let mut tasks = tokio::task::JoinSet::new();
+                    for key in chunk
+                        .iter()
+                        .flat_map(|key| std::iter::repeat_n(key, checks))
+                    {
                         let (toll, key) = (toll.clone(), key.clone());
-                        checks.spawn(async move { toll.check(&key, 1).await });
+                        tasks.spawn(async move { toll.check(&key, 1).await });
                     }
-                    while let Some(d) = checks.join_next().await {
+                    while let Some(d) = tasks.join_next().await {
                         let _ = d??;
                     }
                 }
