@@ -86,7 +86,12 @@ impl Leases {
                 }
             }
             // Nothing to spare (or no answer): not asked again for a period.
-            _ => entry.quiet_until = now.saturating_add(self.period_us),
+            // (The entry asked, so it has its cold part.)
+            _ => {
+                if let Some(cold) = entry.cold.as_mut() {
+                    cold.quiet_until = now.saturating_add(self.period_us);
+                }
+            }
         }
         out
     }

@@ -43,7 +43,6 @@ impl Sizing<'_> {
         // leases its bucket is gone once full again.
         if entry.asking
             || entry.holds().len() >= MAX_HOLDS
-            || now < entry.quiet_until
             || prior < cost.max(1) as f64 * DEMAND_TO_LEASE
         {
             return None;
@@ -114,7 +113,10 @@ impl Sizing<'_> {
         let roomy_want = roomy_wanted
             .saturating_add(roomy_wanted / 2)
             .saturating_sub(held);
-        if want.max(roomy_want) >= MIN_LEASE && (low || aging) {
+        // Nor while quiet after a grant of nothing (read last: it is in the
+        // entry's cold part, which only a lease request needs).
+        let quiet = entry.cold.as_ref().is_some_and(|c| now < c.quiet_until);
+        if want.max(roomy_want) >= MIN_LEASE && (low || aging) && !quiet {
             entry.asking = true;
             // Besides a hold spent whole, the live one that spent most
             // reports that much, keeping the rest: what was spent leaves the

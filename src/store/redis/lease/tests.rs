@@ -396,3 +396,27 @@ fn names_of_every_length_are_found_in_pieces() {
         );
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_grant_of_nothing_keeps_the_key_from_asking_for_a_period() {
+    let leases = leases();
+    let p = policy(&[Quota::per_second(100).unwrap()]);
+    let ask = (0..4)
+        .find_map(|_| check(&leases, "dry", &p).1.lease)
+        .expect("a key checked four times at once asks for a lease");
+    let back = leases.answered(
+        &Asked { id: 7, ..ask.asked },
+        Some(grant(&leases, 0, Duration::from_secs(60))),
+    );
+    assert!(back.is_empty(), "nothing granted, nothing to give back");
+    for n in 0..10 {
+        let (decided, errand) = check(&leases, "dry", &p);
+        assert!(decided.is_none(), "no hold to decide from");
+        assert!(errand.lease.is_none(), "check {n} within the period asks");
+    }
+    tokio::time::advance(Duration::from_millis(1_001)).await;
+    assert!(
+        (0..4).any(|_| check(&leases, "dry", &p).1.lease.is_some()),
+        "a period later it asks again"
+    );
+}
