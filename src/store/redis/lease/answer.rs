@@ -142,7 +142,7 @@ impl Leases {
             .map(|c| (c.rest.to_vec(), c.partial))
             .unwrap_or_default();
         for (hold, rest) in entry.holds_mut().iter_mut().zip(rests) {
-            if partial == Some(rest.id) {
+            if partial.is_some_and(|p| p.get() == rest.id) {
                 continue;
             }
             let back = (rest.granted - hold.left).min(tokens - given);

@@ -2,6 +2,7 @@
 //! holds, its demand, and whether a lease is being asked for.
 
 use std::collections::VecDeque;
+use std::num::NonZeroU64;
 
 use super::MAX_HOLDS;
 use crate::policy::Policy;
@@ -112,12 +113,16 @@ pub(super) struct Cold {
     pub(super) serial: u64,
     /// The hold whose partial report rides with the lease under way: a
     /// refund is not given back to it until the answer says what Redis
-    /// debited.
-    pub(super) partial: Option<u64>,
+    /// debited. (Lease ids are never 0: no room is lost to the `None`.)
+    pub(super) partial: Option<NonZeroU64>,
     /// No lease is asked for before then (after a grant of nothing); 0:
     /// none. Read only when a lease is about to be asked for.
     pub(super) quiet_until: u64,
 }
+
+/// A cold part fills a 128-byte block of the allocator (with its 8 bytes
+/// of header: one more byte, and it takes 144).
+const _: () = assert!(size_of::<Cold>() <= 120);
 
 impl Entry {
     /// The entry of a key first seen at `now`; `serial` gives its serial

@@ -134,7 +134,7 @@ impl Sizing<'_> {
             });
             let cold = entry.cold_mut(self.serial);
             let carried = cold.spent.pop_front().map(|(id, _)| id);
-            cold.partial = partial.map(|(id, _)| id);
+            cold.partial = partial.and_then(|(id, _)| std::num::NonZeroU64::new(id));
             let serial = cold.serial;
             return Some(LeaseRequest {
                 asked: Asked {
