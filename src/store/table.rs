@@ -243,6 +243,29 @@ impl<S: Shard> Table<S> {
 #[repr(align(128))]
 struct Padded<T>(T);
 
+/// Whether two names, each in two pieces, are the same bytes (compared as
+/// slices, a piece at a time).
+pub(crate) fn same_pieces(a: (&[u8], &[u8]), b: (&[u8], &[u8])) -> bool {
+    if a.0.len() + a.1.len() != b.0.len() + b.1.len() {
+        return false;
+    }
+    // Order the pair so that `short.0` is the shorter first piece: it
+    // matches the start of `long.0`, and `short.1` the rest of `long.0`
+    // followed by `long.1`.
+    let (short, long) = if a.0.len() <= b.0.len() {
+        (a, b)
+    } else {
+        (b, a)
+    };
+    let Some((head, tail)) = long.0.split_at_checked(short.0.len()) else {
+        return false;
+    };
+    let Some((middle, end)) = short.1.split_at_checked(tail.len()) else {
+        return false;
+    };
+    short.0 == head && middle == tail && end == long.1
+}
+
 /// Whether `a` and `b` are the same bytes (`a == b`), compared eight at a
 /// time in line: a check compares the name it looks for with the one it
 /// finds, a few tens of bytes, and a call of the C library's `memcmp` for

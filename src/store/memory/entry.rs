@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use crate::quota::Quota;
 use crate::store::bucket::Level;
-use crate::store::table::{Seed, same_bytes};
+use crate::store::table::{Seed, same_bytes, same_pieces as same};
 
 /// The most bytes of a name, after its known start, an entry holds itself.
 pub(super) const INLINE: usize = 36;
@@ -419,29 +419,6 @@ fn short(known: &Known, key: &str) -> Option<(u8, u8, [u8; INLINE])> {
     let mut held = [0; INLINE];
     held.get_mut(..bytes.len())?.copy_from_slice(bytes);
     Some((start, u8::try_from(bytes.len()).ok()?, held))
-}
-
-/// Whether two names, each in two pieces, are the same bytes (compared as
-/// slices, a piece at a time).
-fn same(a: (&[u8], &[u8]), b: (&[u8], &[u8])) -> bool {
-    if a.0.len() + a.1.len() != b.0.len() + b.1.len() {
-        return false;
-    }
-    // Order the pair so that `short.0` is the shorter first piece: it
-    // matches the start of `long.0`, and `short.1` the rest of `long.0`
-    // followed by `long.1`.
-    let (short, long) = if a.0.len() <= b.0.len() {
-        (a, b)
-    } else {
-        (b, a)
-    };
-    let Some((head, tail)) = long.0.split_at_checked(short.0.len()) else {
-        return false;
-    };
-    let Some((middle, end)) = short.1.split_at_checked(tail.len()) else {
-        return false;
-    };
-    short.0 == head && middle == tail && end == long.1
 }
 
 #[cfg(test)]

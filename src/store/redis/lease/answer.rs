@@ -24,7 +24,7 @@ impl Leases {
         let mut out = Vec::new();
         let now = self.now();
         let found = shard.entries.find_mut(hash, |e| {
-            e.name() == asked.name.as_bytes() && e.has_serial(asked.serial)
+            e.is_named(asked.name.as_bytes(), &self.starts) && e.has_serial(asked.serial)
         });
         let same_epoch = asked.generation == self.generation();
         let Some(entry) = found else {
@@ -130,7 +130,7 @@ impl Leases {
         let mut reports = Vec::new();
         let Some(entry) = shard
             .entries
-            .find_mut(hash, |e| e.is(name.as_bytes(), policy))
+            .find_mut(hash, |e| e.is(name.as_bytes(), policy, &self.starts))
         else {
             return (0, reports);
         };

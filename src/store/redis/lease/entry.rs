@@ -3,10 +3,11 @@
 
 use std::collections::VecDeque;
 use std::num::NonZeroU64;
+use std::sync::{Mutex, OnceLock};
 
 use super::MAX_HOLDS;
 use crate::policy::Policy;
-use crate::store::table::same_bytes;
+use crate::store::table::{KeyStart, same_bytes, same_pieces};
 
 /// One hold of this instance on a key's buckets, whole: as it comes into
 /// an entry and leaves it (an entry keeps what a check reads of it apart
@@ -36,9 +37,10 @@ pub(super) struct HoldRest {
     pub(super) life: u64,
 }
 
-/// The longest name held in its entry; a longer one is kept in the
-/// entry's cold part, a block of its own.
-pub(super) const SHORT_NAME: usize = 40;
+/// The longest name held in its entry, less a numbered start it begins
+/// with (see [`Starts`]); a longer one is kept in the entry's cold part, a
+/// block of its own.
+pub(super) const SHORT_NAME: usize = 39;
 
 /// The name length of an entry whose name is in its cold part.
 pub(super) const LONG: u8 = u8::MAX;
@@ -47,11 +49,11 @@ pub(super) const LONG: u8 = u8::MAX;
 /// being asked for.
 ///
 /// What a check reads fills two cache lines (`repr(C)`, aligned to them,
-/// 128 bytes: const-asserted): the name when it fits (40 bytes in all, a
-/// `policy:kind:` start and the value: a short verbatim value such as an
-/// IP address fits, as does `api:header:x-client:` and eight characters;
-/// a hashed one does not), the holds' tokens and ends, the demand and the
-/// times. What only a lease request, a report or an eviction reads is in
+/// 128 bytes: const-asserted): the name when it fits (39 bytes, less a
+/// `policy:kind:` start a layer or limiter of the map checks from holds,
+/// kept once for the map and numbered, see [`Starts`]: a verbatim value
+/// such as an IP address or a hashed one fits), the holds' tokens and
+/// ends, the demand and the times. What only a lease request, a report or an eviction reads is in
 /// `cold`, so the table of a busy instance's keys stays in a core's cache
 /// longer (it took 312 bytes a key); a longer name is there too, and every
 /// look-up of its key follows it (in process, the layer's own cost of a
@@ -74,6 +76,9 @@ pub(super) struct Entry {
     /// The server epoch's generation its holds were granted in (its low
     /// 32 bits; see `epoch.rs`).
     pub(super) generation: u32,
+    /// The number of the start the name begins with, kept in [`Starts`]
+    /// (`name` holds the rest); 0: none, `name` holds it all.
+    pub(super) start: u8,
     pub(super) name: [u8; SHORT_NAME],
     pub(super) spendable: [Spendable; MAX_HOLDS],
     /// A quarter of the newest hold's life: renewed when it has less left.
@@ -125,31 +130,45 @@ pub(super) struct Cold {
 const _: () = assert!(size_of::<Cold>() <= 120);
 
 impl Entry {
-    /// The entry of a key first seen at `now`; `serial` gives its serial
-    /// if it needs a cold part at once (a long name).
-    pub(super) fn new(name: &str, policy: &Policy, now: u64, serial: impl FnOnce() -> u64) -> Self {
-        let given = name.as_bytes();
-        let mut bytes = [0; SHORT_NAME];
-        let (name_len, cold) = match (bytes.get_mut(..given.len()), u8::try_from(given.len())) {
-            (Some(held), Ok(len)) => {
-                held.copy_from_slice(given);
-                (len, None)
-            }
-            _ => (
-                LONG,
-                Some(Box::new(Cold {
-                    long_name: name.into(),
-                    serial: serial(),
-                    ..Cold::default()
-                })),
-            ),
+    /// The entry of a key first seen at `now`, its name held less the
+    /// longest of `starts` it begins with; `serial` gives its serial if it
+    /// needs a cold part at once (a long name).
+    pub(super) fn new(
+        name: &str,
+        policy: &Policy,
+        now: u64,
+        starts: &Starts,
+        serial: impl FnOnce() -> u64,
+    ) -> Self {
+        let whole = name.as_bytes();
+        let (start, given) = match starts.longest(whole, SHORT_NAME) {
+            Some((number, len)) => (number, whole.get(len..).unwrap_or_default()),
+            None => (0, whole),
         };
+        let mut bytes = [0; SHORT_NAME];
+        let (start, name_len, cold) =
+            match (bytes.get_mut(..given.len()), u8::try_from(given.len())) {
+                (Some(held), Ok(len)) => {
+                    held.copy_from_slice(given);
+                    (start, len, None)
+                }
+                _ => (
+                    0,
+                    LONG,
+                    Some(Box::new(Cold {
+                        long_name: name.into(),
+                        serial: serial(),
+                        ..Cold::default()
+                    })),
+                ),
+            };
         Entry {
             name_len,
             holds: 0,
             asking: false,
             roomy: false,
             generation: 0,
+            start,
             name: bytes,
             spendable: [Spendable::default(); MAX_HOLDS],
             quarter: 0,
@@ -182,7 +201,9 @@ impl Entry {
         self.cold.as_ref().map_or(0, |c| c.spent.len())
     }
 
-    pub(super) fn name(&self) -> &[u8] {
+    /// What the entry holds of its name: all of it (a long one, in the
+    /// cold part), or what follows its start.
+    fn held_name(&self) -> &[u8] {
         if self.name_len == LONG {
             self.cold
                 .as_ref()
@@ -194,26 +215,46 @@ impl Entry {
         }
     }
 
-    pub(super) fn name_boxed(&self) -> Box<str> {
-        String::from_utf8_lossy(self.name()).into()
+    /// The name, in two pieces: its start (of `starts`; empty if none)
+    /// and the rest.
+    pub(super) fn name<'a>(&'a self, starts: &'a Starts) -> (&'a [u8], &'a [u8]) {
+        (starts.text(self.start), self.held_name())
+    }
+
+    pub(super) fn name_boxed(&self, starts: &Starts) -> Box<str> {
+        let (start, rest) = self.name(starts);
+        String::from_utf8_lossy(&[start, rest].concat()).into()
+    }
+
+    /// Whether this entry's name is `name`.
+    pub(super) fn is_named(&self, name: &[u8], starts: &Starts) -> bool {
+        same_pieces(self.name(starts), (name, &[]))
     }
 
     /// Whether this is the entry of `name` under `policy`.
     #[inline]
-    pub(super) fn is(&self, name: &[u8], policy: &Policy) -> bool {
-        self.name() == name && self.policy.same_counting(policy)
+    pub(super) fn is(&self, name: &[u8], policy: &Policy, starts: &Starts) -> bool {
+        self.is_named(name, starts) && self.policy.same_counting(policy)
     }
 
     /// Whether this is the entry of the name `start` + `value` under
-    /// `policy`, compared a piece at a time.
+    /// `policy`, compared a piece at a time: the value alone when the
+    /// entry holds its name after the same numbered start.
     #[inline]
-    pub(super) fn is_split(&self, start: &[u8], value: &[u8], policy: &Policy) -> bool {
-        let name = self.name();
-        name.len() == start.len() + value.len()
-            && name
-                .split_at_checked(start.len())
-                .is_some_and(|(a, b)| same_bytes(a, start) && same_bytes(b, value))
-            && self.policy.same_counting(policy)
+    pub(super) fn is_split(
+        &self,
+        start: &KeyStart,
+        value: &[u8],
+        policy: &Policy,
+        starts: &Starts,
+    ) -> bool {
+        let same = if self.start != 0 && start.number() == Some(self.start) {
+            let held = self.held_name();
+            held.len() == value.len() && same_bytes(held, value)
+        } else {
+            same_pieces(self.name(starts), (start.text().as_bytes(), value))
+        };
+        same && self.policy.same_counting(policy)
     }
 
     /// The holds in use, oldest first.
@@ -315,5 +356,72 @@ impl Entry {
             out.push(hold);
         }
         out
+    }
+}
+
+/// The starts (`policy:kind:`) of the names a map's layers and limiters
+/// check from holds, numbered 1 to 255 in the order they came (0 is none):
+/// an entry whose name begins with one keeps only the rest, so the name of
+/// a long policy, header and value fits its line pair. Kept once for the
+/// map (a start is a few bytes, every layer's names begin with its own)
+/// and read without a lock: a number, once given, never changes.
+pub(crate) struct Starts {
+    texts: Box<[OnceLock<Box<str>>]>,
+    adding: Mutex<()>,
+}
+
+impl Default for Starts {
+    fn default() -> Self {
+        Starts {
+            texts: (0..u8::MAX).map(|_| OnceLock::new()).collect(),
+            adding: Mutex::new(()),
+        }
+    }
+}
+
+impl Starts {
+    /// `start`'s number, given now if it has none (`None` once 255 are
+    /// given: its names are held whole).
+    pub(super) fn number(&self, start: &str) -> Option<u8> {
+        let _adding = crate::lock::lock(&self.adding);
+        for (number, slot) in (1..=u8::MAX).zip(self.texts.iter()) {
+            match slot.get() {
+                Some(text) if **text == *start => return Some(number),
+                Some(_) => {}
+                None => {
+                    return slot.set(start.into()).is_ok().then_some(number);
+                }
+            }
+        }
+        None
+    }
+
+    /// The start numbered `number`: empty for 0, or a number not given.
+    pub(super) fn text(&self, number: u8) -> &[u8] {
+        usize::from(number)
+            .checked_sub(1)
+            .and_then(|i| self.texts.get(i)?.get())
+            .map_or(&[][..], |text| text.as_bytes())
+    }
+
+    /// The longest start `name` begins with that leaves at most `rest`
+    /// bytes after it: its number and length.
+    fn longest(&self, name: &[u8], rest: usize) -> Option<(u8, usize)> {
+        let mut best: Option<(u8, usize)> = None;
+        for (number, slot) in (1..=u8::MAX).zip(self.texts.iter()) {
+            // Numbers are given in order: none after the first not given.
+            let Some(text) = slot.get() else {
+                break;
+            };
+            let len = text.len();
+            if len > 0
+                && name.starts_with(text.as_bytes())
+                && name.len() - len <= rest
+                && best.is_none_or(|(_, longest)| len > longest)
+            {
+                best = Some((number, len));
+            }
+        }
+        best
     }
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use hashbrown::HashTable;
 
-use super::entry::Entry;
+use super::entry::{Entry, Starts};
 use super::errand::{Errand, HoldReport};
 use super::sizing::{Sizing, decay};
 use super::{Counters, LeaseConfig, LeaseStats, MAX_HOLDS, MIN_LEASE};
@@ -89,6 +89,8 @@ pub(crate) struct Leases {
     prefix: Arc<str>,
     /// No sweep of quiet keys' holds before then (map clock).
     next_sweep: AtomicU64,
+    /// The starts of names its layers and limiters check, by number.
+    pub(super) starts: Starts,
 }
 
 impl Leases {
@@ -121,6 +123,7 @@ impl Leases {
             server,
             prefix,
             next_sweep: AtomicU64::new(0),
+            starts: Starts::default(),
         }
     }
 
@@ -128,7 +131,7 @@ impl Leases {
     /// what `RedisStore::bucket_keys` gives the key whose storage-safe form
     /// is the entry's name.
     pub(super) fn keys(&self, entry: &Entry) -> Vec<String> {
-        let name = String::from_utf8_lossy(entry.name());
+        let name = entry.name_boxed(&self.starts);
         entry
             .policy
             .key_tails()
@@ -160,9 +163,10 @@ impl Leases {
         })
     }
 
-    /// `start` (a safe key's) as [`check_held`](Self::check_held) takes it.
+    /// `start` (a safe key's) as [`check_held`](Self::check_held) takes it,
+    /// numbered: entries of names that begin with it keep only the rest.
     pub(crate) fn start(&self, start: &str) -> KeyStart {
-        self.table.start(start)
+        self.table.start(start).numbered(self.starts.number(start))
     }
 
     /// `name`'s hash, with this map's seed.
@@ -200,16 +204,21 @@ impl Leases {
         let mut guard = self.table.shard(hash);
         let full = self.table.is_full(&guard);
         let (entries, counts) = guard.parts();
-        let entry = match entries.find_entry(hash, |e| e.is(name.as_bytes(), policy)) {
+        let starts = &self.starts;
+        let entry = match entries.find_entry(hash, |e| e.is(name.as_bytes(), policy, starts)) {
             Ok(found) => found.into_mut(),
             Err(absent) => {
                 let entries = absent.into_table();
                 if full {
                     self.evict(entries, counts.outstanding, errand);
                 }
-                let entry = Entry::new(name, policy, now, || self.serial());
+                let entry = Entry::new(name, policy, now, starts, || self.serial());
+                let seed = self.table.hasher();
                 entries
-                    .insert_unique(hash, entry, |e| self.hash(e.name()))
+                    .insert_unique(hash, entry, |e| {
+                        let (start, rest) = e.name(starts);
+                        seed.hash_pair(start, rest)
+                    })
                     .into_mut()
             }
         };
@@ -255,7 +264,7 @@ impl Leases {
         let mut guard = self.table.shard(hash);
         let (entries, counts) = guard.parts();
         let entry = entries.find_mut(hash, |e| {
-            e.is_split(start.text().as_bytes(), value.as_bytes(), policy)
+            e.is_split(start, value.as_bytes(), policy, &self.starts)
         })?;
         // A hold that pays is kept by `spend_from`'s reports (it has tokens
         // left and time, in a confirmed epoch) and then spent from: it
@@ -350,6 +359,7 @@ impl Leases {
         if let Some(mut ask) = sizing.next_lease(entry, now, prior, cost, errand.verify) {
             ask.asked.generation = self.generation();
             ask.asked.keys = self.keys(entry);
+            ask.asked.name = entry.name_boxed(&self.starts);
             errand.lease = Some(ask);
         }
         decided

@@ -152,7 +152,7 @@ impl Leases {
                 ..
             } = &mut *guard;
             let ours = |e: &Entry| {
-                e.name() == name.as_bytes()
+                e.is_named(name.as_bytes(), &self.starts)
                     && e.policy
                         .key_tails()
                         .iter()

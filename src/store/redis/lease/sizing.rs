@@ -138,7 +138,8 @@ impl Sizing<'_> {
             let serial = cold.serial;
             return Some(LeaseRequest {
                 asked: Asked {
-                    name: entry.name_boxed(),
+                    // The caller writes it out.
+                    name: Box::default(),
                     serial,
                     keys: Vec::new(),
                     policy: entry.policy.clone(),

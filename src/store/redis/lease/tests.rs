@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::entry::SHORT_NAME;
+use super::entry::{self, SHORT_NAME};
 use super::sizing::decay;
 use super::*;
 use crate::decision::Decision;
@@ -92,7 +92,7 @@ fn has_cold(leases: &Leases, key: &str, policy: &Policy) -> Option<bool> {
     let shard = leases.table.shard(hash);
     shard
         .entries
-        .find(hash, |e| e.is(name.as_bytes(), policy))
+        .find(hash, |e| e.is(name.as_bytes(), policy, &leases.starts))
         .map(|e| e.cold.is_some())
 }
 
@@ -115,6 +115,57 @@ fn a_key_that_never_asked_for_a_lease_has_no_cold_part() {
     let long = "l".repeat(SHORT_NAME + 1);
     check(&leases, &long, &p);
     assert_eq!(has_cold(&leases, &long, &p), Some(true));
+}
+
+/// Whether the entry of `key` under `policy` holds its name in its line
+/// pair (`None`: no entry).
+fn held_inline(leases: &Leases, key: &str, policy: &Policy) -> Option<bool> {
+    let name = safe_key(key);
+    let hash = leases.hash(name.as_bytes());
+    let shard = leases.table.shard(hash);
+    shard
+        .entries
+        .find(hash, |e| e.is(name.as_bytes(), policy, &leases.starts))
+        .map(|e| e.name_len != entry::LONG)
+}
+
+#[test]
+fn names_after_a_numbered_start_are_held_in_the_entry() {
+    let leases = leases();
+    let p = policy(&[Quota::per_second(100).unwrap()]);
+    // A long policy and header name, and a hashed value's length.
+    let start = "a-long-policy-name:header:x-api-key:";
+    let value = |c: char| format!("#{}", c.to_string().repeat(32));
+    let before = format!("{start}{}", value('a'));
+    held(&leases, &before, &p, 1, 10);
+    assert_eq!(
+        held_inline(&leases, &before, &p),
+        Some(false),
+        "too long whole"
+    );
+    // A layer numbers its start when it is built: names made after it
+    // keep only the value.
+    let numbered = leases.start(start);
+    assert!(numbered.number().is_some());
+    let after = format!("{start}{}", value('b'));
+    held(&leases, &after, &p, 2, 10);
+    assert_eq!(held_inline(&leases, &after, &p), Some(true));
+    // Both are found from the start and the value, and whole, as one key.
+    for (key, v) in [(&before, value('a')), (&after, value('b'))] {
+        let mut errand = Errand::default();
+        let spent = leases.check_held(&numbered, &v, &p, 1, &mut errand);
+        let left = spent.map(|s| s.decision(&p.quotas()[0]).remaining());
+        assert_eq!(left, Some(9), "{key}");
+        assert_eq!(check(&leases, key, &p).0.map(|d| d.remaining()), Some(8));
+    }
+    // A start that is not the name's own is no match.
+    let other = leases.start("a-long-policy-name:header:x-api-kez:");
+    let mut errand = Errand::default();
+    assert!(
+        leases
+            .check_held(&other, &value('b'), &p, 1, &mut errand)
+            .is_none()
+    );
 }
 
 #[test]
