@@ -113,7 +113,8 @@ pub(crate) struct KeyStart {
     /// ends with `:`).
     state: Option<ahash::AHasher>,
     /// The start's number, in a table whose entries refer to starts by
-    /// number (the memory store's), if it has one there.
+    /// number (the memory store's, or the lease map's), if it has one
+    /// there.
     number: Option<u8>,
 }
 

@@ -62,7 +62,8 @@ pub(crate) struct LeaseRequest {
 pub(crate) struct Asked {
     /// The key's name in the map.
     pub(crate) name: Box<str>,
-    /// The entry's serial (see [`Entry`]).
+    /// The serial of the entry's cold part (`Cold::serial`: given when
+    /// the entry first asks, or is made with a long name).
     pub(crate) serial: u64,
     pub(crate) keys: Vec<String>,
     pub(crate) policy: Policy,

@@ -75,7 +75,7 @@ pub(crate) struct Leases {
     /// Where this instance's lease ids start.
     instance: u64,
     next_id: AtomicU64,
-    /// The next entry's serial.
+    /// The next cold part's serial (see `Cold::serial`).
     next_serial: AtomicU64,
     pub(crate) counters: Counters,
     /// The `store` label of the metrics.
@@ -131,12 +131,15 @@ impl Leases {
     /// what `RedisStore::bucket_keys` gives the key whose storage-safe form
     /// is the entry's name.
     pub(super) fn keys(&self, entry: &Entry) -> Vec<String> {
-        let name = entry.name_boxed(&self.starts);
-        entry
-            .policy
+        self.keys_named(&entry.name_boxed(&self.starts), &entry.policy)
+    }
+
+    /// [`keys`](Self::keys) of the entry named `name` under `policy`.
+    fn keys_named(&self, name: &str, policy: &Policy) -> Vec<String> {
+        policy
             .key_tails()
             .iter()
-            .map(|tail| storage_key(&self.prefix, &name, tail))
+            .map(|tail| storage_key(&self.prefix, name, tail))
             .collect()
     }
 
@@ -358,8 +361,9 @@ impl Leases {
         };
         if let Some(mut ask) = sizing.next_lease(entry, now, prior, cost, errand.verify) {
             ask.asked.generation = self.generation();
-            ask.asked.keys = self.keys(entry);
-            ask.asked.name = entry.name_boxed(&self.starts);
+            let name = entry.name_boxed(&self.starts);
+            ask.asked.keys = self.keys_named(&name, &entry.policy);
+            ask.asked.name = name;
             errand.lease = Some(ask);
         }
         decided
