@@ -471,3 +471,79 @@ async fn a_grant_of_nothing_keeps_the_key_from_asking_for_a_period() {
         "a period later it asks again"
     );
 }
+
+proptest::proptest! {
+    #![proptest_config(crate::hostile_input::config())]
+
+    /// Whatever starts are numbered, before the names' entries are made or
+    /// after, and however many (past the 255 numbers too: every split
+    /// checked numbers its head), each name is one entry, found whole and
+    /// from every split of it, deciding from its own hold.
+    #[test]
+    fn names_are_found_whatever_starts_are_numbered(
+        early in proptest::collection::vec("[ab:]{0,6}", 0..4),
+        names in proptest::collection::btree_set("[ab:]{1,50}", 1..6),
+        late in proptest::collection::vec("[ab:]{0,6}", 0..3),
+    ) {
+        let leases = leases();
+        let p = policy(&[Quota::per_second(100).unwrap()]);
+        for start in &early {
+            leases.start(start);
+        }
+        for (id, name) in (1..).zip(&names) {
+            held(&leases, name, &p, id, 1_000);
+        }
+        for start in &late {
+            leases.start(start);
+        }
+        for name in &names {
+            let mut left = 1_000;
+            for split in 1..name.len() {
+                let (head, tail) = name.split_at(split);
+                let mut errand = Errand::default();
+                let spent = leases.check_held(&leases.start(head), tail, &p, 1, &mut errand);
+                left -= 1;
+                let remaining = spent.map(|s| s.decision(&p.quotas()[0]).remaining());
+                proptest::prop_assert_eq!(remaining, Some(left), "{} at {}", name, split);
+            }
+            left -= 1;
+            let remaining = check(&leases, name, &p).0.map(|d| d.remaining());
+            proptest::prop_assert_eq!(remaining, Some(left), "{} whole", name);
+        }
+    }
+
+    /// An entry is its own name, split anywhere, and no other name near it
+    /// (one byte more, less or changed), whatever start it keeps its name
+    /// after. (A table asks only on a tag match, so the look-ups above
+    /// rarely ask an entry about another name.)
+    #[test]
+    fn an_entry_is_its_name_and_no_other(
+        starts in proptest::collection::vec("[ab:]{1,6}", 0..4),
+        name in "[ab:]{1,50}",
+        split in 0usize..52,
+    ) {
+        let leases = leases();
+        let p = policy(&[Quota::per_second(100).unwrap()]);
+        for start in &starts {
+            leases.start(start);
+        }
+        let entry = entry::Entry::new(&name, &p, 0, &leases.starts, || 1);
+        let flip = |c: char| if c == 'a' { "b" } else { "a" };
+        let mut near = vec![name.clone(), format!("{name}a"), format!("a{name}")];
+        if let (Some(first), Some(last)) = (name.chars().next(), name.chars().last()) {
+            near.push(name[1..].to_owned());
+            near.push(name[..name.len() - 1].to_owned());
+            near.push(format!("{}{}", flip(first), &name[1..]));
+            near.push(format!("{}{}", &name[..name.len() - 1], flip(last)));
+        }
+        for probe in near.iter().filter(|n| !n.is_empty()) {
+            let same = *probe == name;
+            let (head, tail) = probe.split_at(split.min(probe.len()));
+            let start = leases.start(head);
+            let is_split = entry.is_split(&start, tail.as_bytes(), &p, &leases.starts);
+            proptest::prop_assert_eq!(is_split, same, "{} as {}|{}", name, head, tail);
+            let is = entry.is(probe.as_bytes(), &p, &leases.starts);
+            proptest::prop_assert_eq!(is, same, "{} as {}", name, probe);
+        }
+    }
+}
