@@ -64,6 +64,8 @@ mod answer;
 mod entry;
 mod errand;
 mod map;
+#[cfg(test)]
+mod name_tests;
 mod release;
 mod sizing;
 #[cfg(test)]
